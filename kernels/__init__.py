@@ -1,0 +1,1 @@
+"""Triton kernels only (installed as seedfast.kernels). No autograd, no framework glue."""
