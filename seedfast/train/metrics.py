@@ -1,0 +1,93 @@
+"""Metrics: one JSON line per step in `metrics.jsonl`, mirrored to TensorBoard (and wandb when configured).
+
+On resume the log is cut back to the checkpointed step, so a run killed after logging step n but before
+checkpointing it does not log step n twice; a torn last line (killed mid-write) is dropped too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _clean(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf; keep them visible instead of failing
+    return value
+
+
+def truncate_metrics(path: str | Path, last_step: int) -> None:
+    """Keep only complete lines whose step is <= last_step (atomically)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("step", -1) <= last_step:
+            kept.append(line)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(x + "\n" for x in kept))
+    os.replace(tmp, path)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: str | Path, tensorboard: bool = True, wandb_project: str | None = None,
+                 config: dict[str, Any] | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._tb = None
+        self._wandb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.run_dir / "tb"))
+            except ImportError:  # tensorboard is an optional extra
+                self._tb = None
+        if wandb_project:
+            import wandb  # optional; only when configured
+
+            self._wandb = wandb.init(project=wandb_project, dir=str(self.run_dir), config=config or {})
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+        if self._tb is not None:
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()

@@ -1,0 +1,71 @@
+"""Phase timing with NVTX ranges, and the `--profile-steps A:B` window for `nsys --capture-range=cudaProfilerApi`."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+def _cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+class PhaseTimer:
+    """Accumulates wall time per phase for one step; each phase is also an NVTX range on CUDA."""
+
+    def __init__(self, synchronize: bool = True):
+        self.synchronize = synchronize and _cuda()
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if _cuda():
+            torch.cuda.nvtx.range_push(name)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.synchronize:
+                torch.cuda.synchronize()
+            self.seconds[name] += time.perf_counter() - start
+            if _cuda():
+                torch.cuda.nvtx.range_pop()
+
+    def metrics(self, prefix: str = "time/") -> dict[str, float]:
+        return {f"{prefix}{k}": v for k, v in self.seconds.items()}
+
+
+def parse_profile_steps(spec: str | None) -> tuple[int, int] | None:
+    """'5:7' -> (5, 7): profile steps 5 and 6 (start inclusive, stop exclusive)."""
+    if not spec:
+        return None
+    try:
+        a, b = (int(x) for x in spec.split(":"))
+    except ValueError as e:
+        raise ValueError(f"--profile-steps must look like A:B with integers A < B, got {spec!r}") from e
+    if not 0 <= a < b:
+        raise ValueError(f"--profile-steps must look like A:B with 0 <= A < B, got {spec!r}")
+    return a, b
+
+
+class ProfileWindow:
+    """Brackets steps [A, B) with cudaProfilerStart/Stop; does nothing without CUDA."""
+
+    def __init__(self, window: tuple[int, int] | None):
+        self.window = window
+        self.active = False
+
+    def before_step(self, step: int) -> None:
+        if self.window and _cuda() and step == self.window[0] and not self.active:
+            torch.cuda.cudart().cudaProfilerStart()
+            self.active = True
+
+    def after_step(self, step: int) -> None:
+        if self.active and step + 1 >= self.window[1]:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+            self.active = False
