@@ -1,0 +1,165 @@
+"""`seedfast <command> [CONFIG] [key=value ...] [flags]`: load the config, hand it to the command.
+
+Each command's implementation lives in its own module and is imported only when the command runs,
+so `--help` and config errors are instant and need neither torch nor a GPU. An implementation is
+`main(cfg: Config, **flags) -> int | None`, where `flags` are the command's own options that are not
+config keys (e.g. `split` for eval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from seedfast import __version__
+from seedfast.config import Config, ConfigError, load_config, options_help
+
+
+@dataclass(frozen=True)
+class Command:
+    module: str
+    attr: str
+    help: str
+
+
+COMMANDS: dict[str, Command] = {
+    "envs": Command("seedfast.envs.textworld_games", "envs_make_main", "generate environment games offline"),
+    "collect": Command("seedfast.rollout.collect", "main",
+                       "stage 1: roll out the base policy, label trajectories with the analyzer (JSONL)"),
+    "sft": Command("seedfast.train.sft", "main", "supervised fine-tuning: skill writing (+ behaviour cloning)"),
+    "train": Command("seedfast.train.rl", "main", "RL: grpo | sdar | seed | grsd (torchrun for several GPUs)"),
+    "eval": Command("seedfast.train.evaluate", "main", "evaluate a run's policy on the train or eval games"),
+    "score": Command("seedfast.train.score", "main",
+                     "score trajectories: per-token old / ref / skill log-probs and gates (JSONL)"),
+    "bench": Command("seedfast.train.bench", "main", "time the steps of one update on this config"),
+    "demo": Command("seedfast.train.demo", "main",
+                    "CPU demo: games, tokenizer, tiny model SFT, SEED and GRPO, eval, report"),
+}
+SHOW_CONFIG = "config"
+ENV_KINDS = ("textworld", "alfworld")
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    commands = "\n".join(f"  {name:<9}{c.help}" for name, c in COMMANDS.items())
+    p = argparse.ArgumentParser(
+        prog="seedfast",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Agentic RL with on-policy self-distillation (GRPO, SDAR, SEED, GRSD).",
+        epilog=f"commands:\n{commands}\n  {SHOW_CONFIG:<9}print the resolved config as YAML\n\n"
+               "`seedfast <command> --help` lists every config option with its default.",
+    )
+    p.add_argument("--version", action="version", version=f"seedfast {__version__}")
+    p.add_argument("command", choices=[*COMMANDS, SHOW_CONFIG], metavar="command")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return p
+
+
+def _command_parser(name: str) -> argparse.ArgumentParser:
+    about = COMMANDS[name].help if name in COMMANDS else "print the resolved config as YAML"
+    p = argparse.ArgumentParser(
+        prog=f"seedfast {name}" + (" make" if name == "envs" else ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=about,
+        usage=f"seedfast {name}{' make [textworld|alfworld]' if name == 'envs' else ''} "
+              "[CONFIG] [key=value ...] [options]",
+        epilog="config options (in the YAML file, or as key=value overrides):\n" + options_help(),
+    )
+    p.add_argument("items", nargs="*", metavar="CONFIG | key=value",
+                   help="a YAML config (or a run folder holding config.yaml), then dotted overrides")
+    if name == "envs":
+        p.add_argument("--type", dest="env.game_type", help="env.game_type, e.g. treasure_hunter")
+        p.add_argument("--levels", dest="env.levels", help="env.levels, e.g. 1-5")
+        p.add_argument("--train", dest="env.n_train", help="env.n_train: training games")
+        p.add_argument("--eval", dest="env.n_eval", help="env.n_eval: evaluation games")
+        p.add_argument("--out", dest="env.games_dir", help="env.games_dir")
+    if name in ("train", "sft"):
+        p.add_argument("--resume", dest="trainer.resume", metavar="auto|PATH",
+                       help="trainer.resume: auto = newest checkpoint of this run")
+    if name == "train":
+        p.add_argument("--profile-steps", dest="trainer.profile_steps", metavar="A:B",
+                       help="trainer.profile_steps: capture steps A through B")
+    if name == "eval":
+        p.add_argument("--split", choices=("train", "eval"), default="eval", help="games to evaluate on")
+    return p
+
+
+def _split_items(name: str, items: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Positional arguments -> (config path or None, dotted overrides)."""
+    path, overrides = None, []
+    for i, item in enumerate(items):
+        if "=" in item:
+            overrides.append(item)
+        elif name == "envs" and i == 0 and item == "make":
+            continue
+        elif name == "envs" and item in ENV_KINDS and not Path(item).exists():
+            overrides.append(f"env.kind={item}")
+        elif path is None:
+            path = item
+        else:
+            raise ConfigError(f"expected one config path, got {path!r} and {item!r} "
+                              "(overrides look like key=value)")
+    return path, overrides
+
+
+def _resolve(name: str, args: argparse.Namespace) -> tuple[Config, dict[str, Any]]:
+    if name == "envs" and (not args.items or args.items[0] != "make"):
+        raise ConfigError("usage: seedfast envs make [textworld|alfworld] [CONFIG] [key=value ...]")
+    path, overrides = _split_items(name, args.items)
+    flags: dict[str, Any] = {}
+    for dest, value in vars(args).items():
+        if dest == "items" or value is None:
+            continue
+        if "." in dest:
+            overrides.append(f"{dest}={value}")
+        else:
+            flags[dest] = value
+    cfg = load_config(path, overrides, command=name)
+    return cfg, flags
+
+
+def _implementation(command: Command) -> Callable[..., Any] | None:
+    """The command's main function, or None when its module is not written yet."""
+    try:
+        module = importlib.import_module(command.module)
+    except ModuleNotFoundError as e:
+        missing = e.name or ""
+        if command.module == missing or command.module.startswith(missing + "."):
+            return None
+        raise  # the module exists but one of its own imports is missing: show that error as it is
+    return getattr(module, command.attr, None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = _top_parser()
+    if not argv:
+        top.print_help(sys.stderr)
+        return 2
+    ns = top.parse_args(argv)
+    name = ns.command
+    args = _command_parser(name).parse_intermixed_args(ns.rest)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cfg, flags = _resolve(name, args)
+        for w in caught:
+            print(f"seedfast {name}: warning: {w.message}", file=sys.stderr)
+        if name == SHOW_CONFIG:
+            print(cfg.to_yaml(), end="")
+            return 0
+        command = COMMANDS[name]
+        run = _implementation(command)
+        if run is None:
+            print(f"seedfast {name}: not available yet ({command.module}:{command.attr} is not written)",
+                  file=sys.stderr)
+            return 1
+        return int(run(cfg, **flags) or 0)
+    except ConfigError as e:
+        print(f"seedfast {name}: config error: {e}", file=sys.stderr)
+        return 2

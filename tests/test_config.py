@@ -1,0 +1,316 @@
+"""seedfast.config: SPEC defaults, YAML + dotted overrides, every kind of error, round trip."""
+
+import dataclasses
+import warnings
+from pathlib import Path
+
+import pytest
+
+from seedfast.config import (
+    Config,
+    ConfigError,
+    ConfigWarning,
+    apply_overrides,
+    config_from_dict,
+    load_config,
+    option_keys,
+    options,
+    options_help,
+    parse_overrides,
+    parse_yaml,
+    validate,
+)
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def load(*overrides: str) -> Config:
+    return load_config(None, list(overrides))
+
+
+def test_defaults_are_the_spec_values():
+    c = Config()
+    spec = {  # SPEC.md sections 2, 4, 5, 6, written out by hand
+        "env.history_k": 5, "env.invalid_penalty": 0.1, "rollout.n": 8, "rollout.tasks_per_batch": 16,
+        "rollout.temperature": 1.0, "rollout.eval_temperature": 0.4, "rollout.max_prompt_length": 2048,
+        "rollout.max_response_tokens": 512, "loss.clip_low": 0.2, "loss.clip_high": 0.2, "loss.dual_clip": 3.0,
+        "loss.kl_coef": 0.01, "loss.kl_kind": "low_var_kl", "loss.entropy_coef": 0.001, "loss.opd_coef": 0.01,
+        "loss.opd_beta": 5.0, "loss.gate": "gap", "loss.agg": "token-mean", "loss.adv_norm": "mean_std",
+        "grsd.lam": 0.5, "grsd.g_max": 0.2, "grsd.eta": 0.0, "grsd.reflection_coef": 0.01,
+        "grsd.reflection_points": 3, "optim.lr": 1e-6, "optim.weight_decay": 0.01, "optim.grad_clip": 1.0,
+        "optim.schedule": "constant", "trainer.steps": 150, "sft.epochs": 3, "sft.lr": 5e-6,
+        "collect.tasks": 180, "collect.rollouts_per_task": 8, "skill.max_step_skills": 5,
+        "skill.teacher_params": "old", "skill.skill_mode": "episode_only", "run.out_dir": "runs",
+    }
+    for key, expected in spec.items():
+        section, _, name = key.partition(".")
+        assert getattr(getattr(c, section), name) == expected, key
+
+
+def test_default_config_is_valid_and_every_option_is_documented():
+    assert validate(Config()) == Config()
+    opts = options()
+    assert len(opts) == len(set(option_keys())) > 100
+    for o in opts:
+        assert o.doc.strip() and "\n" not in o.doc, o.key
+
+
+def test_overrides_parse_as_yaml_scalars():
+    c = load("trainer.steps=7", "optim.lr=3e-4", "loss.dual_clip=null", "log.tensorboard=false",
+             "optim.betas=[0.9, 0.95]", "algorithm=grpo", "env.levels=3-6", "rollout.temperature=2",
+             "trainer.profile_steps=5:7", "run.name=yes", "skill.external.endpoint=http://h:8000/v1?a=b")
+    assert c.trainer.steps == 7 and type(c.trainer.steps) is int
+    assert c.optim.lr == 3e-4  # plain PyYAML would leave '3e-4' a string
+    assert c.loss.dual_clip is None and c.log.tensorboard is False
+    assert c.optim.betas == [0.9, 0.95] and c.algorithm == "grpo"
+    assert c.env.levels == [3, 4, 5, 6]
+    assert c.rollout.temperature == 2.0 and type(c.rollout.temperature) is float
+    assert c.trainer.profile_steps == "5:7" and c.trainer.profile_range() == range(5, 8)  # not base-60
+    assert c.run.name == "yes"  # YAML 1.2: not a boolean
+    assert c.skill.external.endpoint == "http://h:8000/v1?a=b"  # split at the first '=' only
+
+
+def test_later_override_wins_and_input_is_untouched():
+    base = load("trainer.steps=3")
+    c = apply_overrides(base, ["trainer.steps=4", "trainer.steps=5"])
+    assert c.trainer.steps == 5 and base.trainer.steps == 3
+
+
+def test_parse_overrides_nests_dotted_keys():
+    assert parse_overrides(["a.b.c=1", "a.b.d=x", "e=[1, 2]"]) == {"a": {"b": {"c": 1, "d": "x"}}, "e": [1, 2]}
+
+
+@pytest.mark.parametrize("bad", ["trainer.steps", "=3", "trainer..steps=3", "trainer steps=3"])
+def test_malformed_override_is_named(bad):
+    with pytest.raises(ConfigError, match="must look like key=value") as e:
+        parse_overrides([bad])
+    assert repr(bad) in str(e.value)
+
+
+@pytest.mark.parametrize("key, suggestion", [
+    ("trainer.stepz", "trainer.steps"),   # typo in the field
+    ("trainr.steps", "trainer.steps"),    # typo in the section
+    ("trainer.lr", "optim.lr"),           # right field, wrong section
+    ("loss.clip_hi", "loss.clip_high"),
+    ("algoritm", "algorithm"),
+    ("skill.external.endpont", "skill.external.endpoint"),
+])
+def test_unknown_key_names_it_and_suggests_the_closest(key, suggestion):
+    with pytest.raises(ConfigError) as e:
+        load(f"{key}=1")
+    msg = str(e.value)
+    assert f"unknown config key '{key}'" in msg and f"did you mean '{suggestion}'" in msg
+
+
+def test_unknown_key_without_anything_close_has_no_suggestion():
+    with pytest.raises(ConfigError, match="unknown config key 'zzzqqq'") as e:
+        load("zzzqqq=1")
+    assert "did you mean" not in str(e.value)
+
+
+@pytest.mark.parametrize("override, key, allowed", [
+    ("loss.gate=gapp", "loss.gate", "gap, entropy, soft_or"),
+    ("algorithm=SEED", "algorithm", "grpo, sdar, seed, grsd"),
+    ("skill.insertion=late", "skill.insertion", "after_task, before_response, prepend"),
+    ("loss.agg=mean", "loss.agg", "token-mean, seq-mean-token-mean, seq-mean-token-sum"),
+    ("demo.algorithms=[grpo, ppo]", "demo.algorithms[1]", "grpo, sdar, seed, grsd"),
+])
+def test_bad_enum_names_key_and_allowed_values(override, key, allowed):
+    with pytest.raises(ConfigError) as e:
+        load(override)
+    msg = str(e.value)
+    assert msg.startswith(f"{key}:") and f"choose one of: {allowed}" in msg
+
+
+def test_bad_enum_suggests_the_close_value():
+    with pytest.raises(ConfigError, match="did you mean 'seed'"):
+        load("algorithm=SEED")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.steps=abc", "trainer.steps: expected int, got 'abc' (str)"),
+    ("trainer.steps=1.5", "trainer.steps: expected int, got 1.5 (float)"),
+    ("trainer.steps=true", "trainer.steps: expected int, got true (bool)"),
+    ("trainer.steps=null", "trainer.steps: expected int, got null (NoneType)"),
+    ("optim.lr=fast", "optim.lr: expected float, got 'fast' (str)"),
+    ("log.progress=maybe", "log.progress: expected bool, got 'maybe' (str)"),
+    ("log.progress=yes", "log.progress: expected bool, got 'yes' (str) (write true or false)"),
+    ("optim.betas=0.9", "optim.betas: expected list of float, got 0.9 (float)"),
+    ("optim.betas=[0.9, x]", "optim.betas[1]: expected float, got 'x' (str)"),
+    ("loss.dual_clip=big", "loss.dual_clip: expected float or null, got 'big' (str)"),
+    ("run.name=[a]", "run.name: expected str, got ['a'] (list)"),
+])
+def test_bad_type_names_key_value_and_expected_type(override, message):
+    with pytest.raises(ConfigError) as e:
+        load(override)
+    assert str(e.value).startswith(message), str(e.value)
+    assert f"from override {override!r}" in str(e.value)
+
+
+def test_section_and_leaf_shapes_are_checked():
+    with pytest.raises(ConfigError, match="model is a section, not a value"):
+        load("model=3")
+    with pytest.raises(ConfigError, match="trainer.steps: expected int, got {'a': 1}"):
+        load("trainer.steps={a: 1}")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("loss.clip_low=1.5", r"loss.clip_low: must be in \(0, 1\), got 1.5"),
+    ("loss.clip_high=0", r"loss.clip_high: must be in \(0, 1\), got 0.0"),
+    ("loss.dual_clip=0.5", r"loss.dual_clip: must be in \(1, inf\), got 0.5"),
+    ("rollout.top_p=1.5", r"rollout.top_p: must be in \(0, 1\], got 1.5"),
+    ("trainer.steps=0", r"trainer.steps: must be in \[1, inf\), got 0"),
+    ("optim.lr=-1e-5", r"optim.lr: must be in \(0, inf\), got -1e-05"),
+])
+def test_out_of_range_values_are_named(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load(override)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm=sdar"], "algorithm=sdar needs a static skill provider: set skill.library"),
+    (["skill.analyzer=external"], "skill.external.endpoint is required"),
+    (["skill.analyzer=external", "skill.external.endpoint=http://x/v1"], "skill.external.model is required"),
+    (["algorithm=grsd"], "skill.external.endpoint is required: algorithm=grsd"),
+    (["model.tiny.kv_heads=3"], "model.tiny.kv_heads=3 must divide model.tiny.heads=4"),
+    (["model.tiny.hidden=130"], "model.tiny.hidden=130 must be a multiple of model.tiny.heads=4"),
+    (["rollout.engine=vllm"], "rollout.engine=vllm needs an HF model folder in model.path"),
+    (["env.game_type=pick_two_obj"], "env.game_type: 'pick_two_obj' is not a textworld game type"),
+    (["env.levels=[0, 1]"], "env.levels: expected levels >= 1"),
+    (["trainer.profile_steps=7:5"], "trainer.profile_steps: expected A:B"),
+    (["trainer.micro_batch_tokens=1024"], "trainer.micro_batch_tokens=1024 is below the longest sample"),
+    (["optim.betas=[0.9]"], "optim.betas: expected two numbers"),
+    (["dist.tensor_parallel=2"], "need dist.strategy=megatron"),
+    (["demo.algorithms=[seed, seed]"], "demo.algorithms: expected distinct"),
+])
+def test_cross_field_rules(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load(*overrides)
+
+
+def test_cross_field_rules_accept_the_fixed_settings():
+    assert load("algorithm=sdar", "skill.library=skills.json").skill.library == "skills.json"
+    assert load("algorithm=sdar", "skill.analyzer=oracle").algorithm == "sdar"
+    assert load("algorithm=grsd", "grsd.judge=self").algorithm == "grsd"
+    c = load("env.kind=alfworld", "env.game_type=pick_two_obj", "env.n_train=null")
+    assert c.env.n_train is None
+
+
+def test_collect_needs_the_endpoint_only_for_that_command():
+    load_config(None, [])  # collect_analyzer=external without endpoint is fine for other commands
+    with pytest.raises(ConfigError, match="skill.external.endpoint is required: seedfast collect"):
+        load_config(None, [], command="collect")
+    load_config(None, ["skill.collect_analyzer=oracle"], command="collect")
+
+
+def test_suspicious_settings_warn():
+    with pytest.warns(ConfigWarning, match="rollout.n=1"):
+        load("rollout.n=1")
+    with pytest.warns(ConfigWarning, match="opd_coef=0 trains plain GRPO"):
+        load("loss.opd_coef=0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load("rollout.n=2")
+
+
+def test_validate_catches_values_set_in_code():
+    c = Config()
+    c.trainer.steps = "many"
+    with pytest.raises(ConfigError, match="trainer.steps: expected int"):
+        validate(c)
+    c = Config()
+    c.optim.lr = 1  # normalized to float
+    assert type(validate(c).optim.lr) is float
+    with pytest.raises(TypeError, match="cfg must be a seedfast Config"):
+        validate({"trainer": {}})
+
+
+def test_yaml_round_trip(tmp_path):
+    c = load("run.name=rt", f"run.out_dir={tmp_path}", "algorithm=grsd", "grsd.judge=self", "optim.lr=3e-7",
+             "loss.dual_clip=null", "env.levels=2-4", "optim.betas=[0.8, 0.95]", "run.name=on",
+             "trainer.profile_steps=5:7", "model.tiny.rope_theta=1000000", "skill.library=1:2",
+             "demo.algorithms=[seed]", "sft.max_seconds=12.5")
+    assert parse_yaml(c.to_yaml()) == c.to_dict()
+    assert config_from_dict(parse_yaml(c.to_yaml())) == c
+    path = c.save()
+    assert path == tmp_path / "on" / "config.yaml"
+    assert load_config(path) == c
+    assert load_config(path.parent) == c  # a run folder stands for its config.yaml
+
+
+def test_every_option_survives_the_round_trip():
+    data = Config().to_dict()
+    for key in option_keys():
+        node = data
+        for part in key.split(".")[:-1]:
+            node = node[part]
+        assert key.split(".")[-1] in node, key
+    assert config_from_dict(parse_yaml(Config().to_yaml())) == Config()
+
+
+def test_yaml_file_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  steps: [1\n")
+    with pytest.raises(ConfigError, match=f"{bad}: not valid YAML"):
+        load_config(bad)
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="config: expected a mapping"):
+        load_config(bad)
+    bad.write_text("trainer:\n  stepz: 3\n  eval_every: 2\n")
+    with pytest.raises(ConfigError, match=rf"unknown config key 'trainer.stepz' \(did you mean 'trainer.steps'\?\) "
+                                          rf"\(in {bad}\)"):
+        load_config(bad)
+    bad.write_text("trainr:\n  steps: 3\n  eval_every: 2\n")
+    with pytest.raises(ConfigError, match="unknown config key 'trainr' \\(did you mean 'trainer'"):
+        load_config(bad)
+
+
+def test_empty_sections_and_files_keep_defaults(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("")
+    assert load_config(f) == Config()
+    f.write_text("loss:\ntrainer:\n  steps: 9\n")
+    c = load_config(f, ["trainer.eval_every=3"])
+    assert (c.trainer.steps, c.trainer.eval_every, c.loss) == (9, 3, Config().loss)
+
+
+def test_help_lists_every_option_with_a_default_that_parses_back():
+    text = options_help()
+    seen = {}
+    for line in text.splitlines():
+        if " = " in line:
+            key, _, rest = line.strip().partition(" = ")
+            seen[key] = rest.split("  ")[0]
+    defaults = {o.key: o.default for o in options()}
+    assert set(seen) == set(defaults)
+    for key, shown in seen.items():
+        assert parse_yaml(shown) == defaults[key], key
+    assert "[gap|entropy|soft_or]" in text
+
+
+def test_shipped_configs_load():
+    demo = load_config(CONFIGS / "demo_cpu.yaml")
+    assert (demo.model.path, demo.model.tiny.hidden, demo.model.tiny.layers) == (None, 128, 4)
+    assert (demo.env.kind, demo.env.game_type) == ("textworld", "treasure_hunter")
+    assert (demo.rollout.tasks_per_batch, demo.rollout.n) == (8, 8) and 8 <= demo.trainer.steps <= 12
+    assert demo.sft.behaviour_cloning and demo.sft.prompt_loss and demo.sft.skill_augment
+    assert set(demo.demo.algorithms) == {"seed", "grpo"}
+    for name in ("qwen2.5-7b_alfworld_8xh100.yaml", "qwen2.5-3b_alfworld.yaml"):
+        c = load_config(CONFIGS / name, command="collect")
+        assert c.env.kind == "alfworld" and c.algorithm == "seed"
+        paper = {"rollout.n": 8, "rollout.tasks_per_batch": 16, "trainer.steps": 150, "optim.lr": 1e-6,
+                 "optim.weight_decay": 0.01, "optim.grad_clip": 1.0, "optim.schedule": "constant",
+                 "rollout.max_prompt_length": 2048, "rollout.max_response_tokens": 512,
+                 "rollout.temperature": 1.0, "rollout.eval_temperature": 0.4, "sft.epochs": 3, "sft.lr": 5e-6,
+                 "collect.tasks": 180, "collect.rollouts_per_task": 8, "env.history_k": 5}
+        for key, expected in paper.items():
+            section, _, field = key.partition(".")
+            assert getattr(getattr(c, section), field) == expected, (name, key)
+
+
+def test_schema_is_plain_dataclasses():
+    # Other modules take sections by type (e.g. a LossConfig); keep them real dataclasses.
+    assert all(dataclasses.is_dataclass(getattr(Config(), f.name)) or f.name == "algorithm"
+               for f in dataclasses.fields(Config))
