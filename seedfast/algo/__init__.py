@@ -1,1 +1,8 @@
-"""algo"""
+"""The math of SPEC §4–5 in plain torch: advantages, losses and gates, GRSD modulation.
+
+    from seedfast.algo import advantage, grsd, losses
+"""
+
+from . import advantage, aggregation, grsd, losses
+
+__all__ = ["advantage", "aggregation", "grsd", "losses"]
