@@ -29,7 +29,7 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "envs": Command("seedfast.envs.textworld_games", "envs_make_main", "generate environment games offline"),
+    "envs": Command("seedfast.envs.textworld_games", "make_from_config", "generate environment games offline"),
     "collect": Command("seedfast.rollout.collect", "main",
                        "stage 1: roll out the base policy, label trajectories with the analyzer (JSONL)"),
     "sft": Command("seedfast.train.sft", "main", "supervised fine-tuning: skill writing (+ behaviour cloning)"),

@@ -1,0 +1,64 @@
+"""The hindsight-skill analyzer prompt (SPEC §6): trajectory -> JSON {"episode_summary", "episode_skill"}.
+
+The same messages serve the external analyzer (stage 1 labels), the skill-writing SFT and the policy
+analyzing its own rollouts (stage 2), so what the policy learns to answer is what it is later asked.
+"""
+
+from __future__ import annotations
+
+import json
+
+from seedfast.envs.trajectory import Trajectory
+from seedfast.skills.render import outcome_line, render_turns
+from seedfast.skills.result import MAX_STEP_SKILLS, SkillResult, check_skill_mode
+
+SYSTEM_PROMPT = "You analyze finished episodes of a text-game agent and answer with one JSON object."
+SUMMARY_PLACEHOLDER = "<one or two sentences on what happened>"
+SKILL_PLACEHOLDER = "<the skill>"
+STEP_SKILL_PLACEHOLDER = "<one imperative sentence>"
+PLACEHOLDERS = (SUMMARY_PLACEHOLDER, SKILL_PLACEHOLDER, STEP_SKILL_PLACEHOLDER)
+
+_SUCCESS_RULE = ("The episode SUCCEEDED. Write the skill as a workflow for similar tasks: the decision rule "
+                 "that made it work and the order of the actions that solved it.")
+_FAILURE_RULE = ("The episode FAILED. Write the skill as avoidance rules for similar tasks: the core mistake "
+                 "that made it fail and the warning signs that should have revealed it.")
+
+
+def build_analyzer_messages(trajectory: Trajectory, skill_mode: str = "episode_only",
+                            max_observation_chars: int = 400, max_steps: int = 30) -> list[dict[str, str]]:
+    """Chat messages (system + user) asking for the hindsight skill of one trajectory."""
+    if not isinstance(trajectory, Trajectory):
+        raise TypeError(f"trajectory must be a Trajectory, got {type(trajectory).__name__}")
+    check_skill_mode(skill_mode)
+    schema = {"episode_summary": SUMMARY_PLACEHOLDER, "episode_skill": SKILL_PLACEHOLDER}
+    parts = [
+        f"Task: {trajectory.task}",
+        f"Outcome: {outcome_line(trajectory)}",
+        "Trajectory:\n" + render_turns(trajectory, max_observation_chars, max_steps),
+        _SUCCESS_RULE if trajectory.won else _FAILURE_RULE,
+        "The skill must help on other tasks of this kind: do not just repeat the task.",
+        "Answer with one JSON object and nothing else:\n" + json.dumps(schema),
+    ]
+    if skill_mode != "episode_only":
+        need = "must" if skill_mode == "step_only" else "may"
+        parts.append(f'You {need} add "step_skills": an object that maps a 0-based step index to '
+                     f"{STEP_SKILL_PLACEHOLDER} for at most {MAX_STEP_SKILLS} critical steps, "
+                     'e.g. {"1": "Open the fridge before taking the milk."}.')
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
+def analyzer_sft_messages(trajectory: Trajectory, result: SkillResult, skill_mode: str = "episode_only",
+                          **prompt_options: int) -> list[dict[str, str]]:
+    """Prompt plus the validated answer, as one conversation for skill-writing SFT."""
+    if not result.valid:
+        raise ValueError(f"only valid skills make SFT targets (this one: {result.reason})")
+    messages = build_analyzer_messages(trajectory, skill_mode, **prompt_options)
+    return [*messages, {"role": "assistant", "content": canonical_answer(result)}]
+
+
+def canonical_answer(result: SkillResult) -> str:
+    """The JSON a valid result stands for, in the fixed key order the prompt shows."""
+    answer: dict[str, object] = {"episode_summary": result.summary or "", "episode_skill": result.skill or ""}
+    if result.step_skills:
+        answer["step_skills"] = {str(k): v for k, v in sorted(result.step_skills.items())}
+    return json.dumps(answer, ensure_ascii=False)
