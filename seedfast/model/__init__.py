@@ -1,1 +1,23 @@
-"""model"""
+"""The decoder (Llama / Qwen2 / Qwen3, HF weight names), varlen attention backends, packed KV, HF checkpoint I/O."""
+
+from .attention import BACKENDS, VarlenPlan, resolve_backend, varlen_attention
+from .config import SUPPORTED_MODEL_TYPES, DecoderConfig
+from .decoder import Decoder, build_decoder
+from .hf_io import load_hf, save_hf
+from .kv import PackedKV
+from .packing import make_cu_seqlens
+
+__all__ = [
+    "BACKENDS",
+    "SUPPORTED_MODEL_TYPES",
+    "Decoder",
+    "DecoderConfig",
+    "PackedKV",
+    "VarlenPlan",
+    "build_decoder",
+    "load_hf",
+    "make_cu_seqlens",
+    "resolve_backend",
+    "save_hf",
+    "varlen_attention",
+]

@@ -1,0 +1,70 @@
+"""SDPA backend: pad the packed sequences into one batch and mask per sequence.
+
+Padded query rows are allowed to see every key (their output is dropped): a fully masked row would give NaN
+in forward and NaN gradients for the real keys in backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from .attention import VarlenPlan
+
+_HAS_ENABLE_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+@dataclass
+class SdpaState:
+    batch: int
+    max_q: int
+    max_k: int
+    q_gather: torch.Tensor  # [B * max_q] index into cat(q, zero row)
+    k_gather: torch.Tensor  # [B * max_k] index into cat(k, zero row)
+    q_valid: torch.Tensor  # [Tq] rows of the flat padded output that are real queries, in packed order
+    mask: torch.Tensor | None  # [B, 1, max_q, max_k] bool, or None when plain causal suffices
+    is_causal: bool
+
+
+def prepare(plan: VarlenPlan, device: torch.device) -> SdpaState:
+    B, max_q, max_k = plan.num_sequences, plan.max_q, plan.max_k
+    lens_q = torch.tensor(plan.lens_q, device=device)
+    lens_k = torch.tensor(plan.lens_k, device=device)
+    iq = torch.arange(max_q, device=device)
+    ik = torch.arange(max_k, device=device)
+    q_real = iq[None, :] < lens_q[:, None]  # [B, max_q]
+    k_real = ik[None, :] < lens_k[:, None]
+    starts_q = torch.tensor(plan.cu_q_list[:-1], device=device)[:, None]
+    starts_k = torch.tensor(plan.cu_k_list[:-1], device=device)[:, None]
+    q_gather = torch.where(q_real, starts_q + iq[None, :], plan.total_q).reshape(-1)
+    k_gather = torch.where(k_real, starts_k + ik[None, :], plan.total_k).reshape(-1)
+    q_valid = q_real.reshape(-1).nonzero().squeeze(1)
+    no_padding = all(lq == max_q for lq in plan.lens_q) and all(lk == max_q for lk in plan.lens_k)
+    if no_padding:
+        return SdpaState(B, max_q, max_k, q_gather, k_gather, q_valid, None, True)
+    offset = (lens_k - lens_q)[:, None, None]
+    mask = (ik[None, None, :] <= iq[None, :, None] + offset) & k_real[:, None, :]
+    mask = mask | ~q_real[:, :, None]
+    return SdpaState(B, max_q, max_k, q_gather, k_gather, q_valid, mask[:, None], False)
+
+
+def _pad(x: torch.Tensor, gather: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """[T, heads, hd] -> [B, heads, length, hd] with zero rows where a sequence is shorter."""
+    x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])[gather]
+    return x.view(batch, length, *x.shape[1:]).transpose(1, 2)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: SdpaState, scale: float | None) -> torch.Tensor:
+    qp = _pad(q, s.q_gather, s.batch, s.max_q)
+    kp = _pad(k, s.k_gather, s.batch, s.max_k)
+    vp = _pad(v, s.k_gather, s.batch, s.max_k)
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1 and not _HAS_ENABLE_GQA:
+        kp, vp = kp.repeat_interleave(groups, dim=1), vp.repeat_interleave(groups, dim=1)
+    kwargs = {"enable_gqa": True} if groups > 1 and _HAS_ENABLE_GQA else {}
+    out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=s.mask, is_causal=s.is_causal, scale=scale, **kwargs)
+    return out.transpose(1, 2).reshape(s.batch * s.max_q, *q.shape[1:])[s.q_valid]

@@ -1,0 +1,229 @@
+"""The decoder (Llama / Qwen2 / Qwen3) over packed variable-length sequences, returning final hidden states.
+
+    hidden = model(input_ids [T] int64, cu_seqlens [B+1] int32)                       # [T, d], after final norm
+    hidden, kv = model(ids, cu, position_ids=None, past=past_kv, return_kv=True)
+    logits would be hidden @ model.lm_head_weight.T -- never formed here (seedfast.ops streams it)
+
+Parameter names are transformers' own (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ...,
+model.norm.weight, lm_head.weight when untied), so HF state dicts load without a mapping table.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .attention import VarlenPlan, check_backend
+from .config import DecoderConfig
+from .kv import PackedKV, concat_gather_index
+from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
+from .packing import check_cu_seqlens, check_input_ids, lengths_of, positions_in_sequence
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        d, hd = config.hidden_size, config.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(hd, config.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        plan: VarlenPlan,
+        past_k: torch.Tensor | None,
+        past_v: torch.Tensor | None,
+        merge_index: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        T = x.shape[0]
+        q = self.q_proj(x).view(T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(T, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(T, self.n_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_all, v_all = k, v
+        if past_k is not None:
+            k_all = torch.cat([past_k, k])[merge_index]
+            v_all = torch.cat([past_v, v])[merge_index]
+        out = plan(q, k_all, v_all, scale=self.head_dim**-0.5)
+        return self.o_proj(out.reshape(T, self.n_heads * self.head_dim)), k, v
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, h, cos, sin, plan, past_k, past_v, merge_index):
+        attn, k, v = self.self_attn(self.input_layernorm(h), cos, sin, plan, past_k, past_v, merge_index)
+        h = h + attn
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, k, v
+
+
+class DecoderStack(nn.Module):
+    """HF's `model.` submodule: embeddings, layers, final norm."""
+
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class Decoder(nn.Module):
+    def __init__(self, config: DecoderConfig, attn_backend: str = "auto") -> None:
+        super().__init__()
+        self.config = config
+        self.attn_backend = check_backend(attn_backend)
+        self.gradient_checkpointing = False  # recompute each layer in backward (saves activation memory)
+        self.model = DecoderStack(config)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # a plain attribute, not a buffer: stays fp32 under model.to(bfloat16) and out of the state dict
+        self.inv_freq = rope_inv_freq(config)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """[V, d] LM head (the embedding matrix when tied)."""
+        if self.config.tie_word_embeddings:
+            return self.model.embed_tokens.weight
+        return self.lm_head.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        past: PackedKV | None = None,
+        return_kv: bool = False,
+        attn_backend: str | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, PackedKV]:
+        """Final hidden states [T, d] of a packed batch (after the final norm, never logits).
+
+        position_ids default to 0, 1, ... per sequence, offset by that sequence's past length. With `past`,
+        sequence b attends to past[b] and then causally to its own new tokens. `return_kv` also returns the new
+        tokens' (post-RoPE) keys/values as a PackedKV laid out like input_ids.
+        """
+        embed = self.model.embed_tokens.weight
+        ids = self._check_ids(input_ids, embed.device)
+        T = ids.shape[0]
+        cu = check_cu_seqlens(cu_seqlens, T)
+        past_cu = self._check_past(past, len(cu) - 1, embed) if past is not None else None
+        if position_ids is None:
+            offsets = lengths_of(past_cu) if past_cu is not None else None
+            position_ids = positions_in_sequence(cu, ids.device, offsets)
+        else:
+            _check_position_ids(position_ids, ids)
+
+        merge_index = None
+        cu_k = cu_seqlens
+        if past is not None:
+            cu_k = past.cu_seqlens.to(cu_seqlens.device) + cu_seqlens
+            merge_index, _ = concat_gather_index(past.cu_seqlens.to(ids.device), cu_seqlens.to(ids.device))
+        plan = VarlenPlan(cu_seqlens, cu_k, attn_backend or self.attn_backend)
+
+        if self.inv_freq.device != ids.device:
+            self.inv_freq = self.inv_freq.to(ids.device)
+        h = self.model.embed_tokens(ids)
+        cos, sin = rope_cos_sin(self.inv_freq, position_ids, h.dtype)
+        keys, values = [], []
+        for i, layer in enumerate(self.model.layers):
+            pk, pv = (past.keys[i], past.values[i]) if past is not None else (None, None)
+            if self.gradient_checkpointing and torch.is_grad_enabled():
+                h, k, v = checkpoint(layer, h, cos, sin, plan, pk, pv, merge_index, use_reentrant=False)
+            else:
+                h, k, v = layer(h, cos, sin, plan, pk, pv, merge_index)
+            if return_kv:
+                keys.append(k)
+                values.append(v)
+        h = self.model.norm(h)
+        if return_kv:
+            return h, PackedKV(keys, values, cu_seqlens)
+        return h
+
+    def init_weights(self, seed: int = 0) -> Decoder:
+        """From-scratch init (HF convention): normal(0, initializer_range) weights, zero biases, unit norms."""
+        std = self.config.initializer_range
+        device = self.model.embed_tokens.weight.device
+        gen = torch.Generator(device=device).manual_seed(seed)
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, nn.Linear | nn.Embedding):
+                    module.weight.normal_(0.0, std, generator=gen)
+                    if getattr(module, "bias", None) is not None:
+                        module.bias.zero_()
+                elif isinstance(module, RMSNorm):
+                    module.weight.fill_(1.0)
+        return self
+
+    def _check_ids(self, input_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+        ids = check_input_ids(input_ids)
+        if ids.device != device:
+            raise ValueError(f"input_ids is on {ids.device} but the model is on {device}")
+        vocab = self.config.vocab_size
+        if ids.numel() and bool(((ids < 0) | (ids >= vocab)).any()):
+            bad = ids[(ids < 0) | (ids >= vocab)][:5].tolist()
+            raise ValueError(f"input_ids must lie in [0, vocab_size={vocab}), got e.g. {bad}")
+        return ids
+
+    def _check_past(self, past: PackedKV, batch: int, embed: torch.Tensor) -> list[int]:
+        if not isinstance(past, PackedKV):
+            raise TypeError(f"past must be a PackedKV, got {type(past).__name__}")
+        past_cu = past.check()
+        cfg = self.config
+        if past.num_layers != cfg.num_hidden_layers:
+            raise ValueError(f"past has {past.num_layers} layers, the model has {cfg.num_hidden_layers}")
+        if len(past_cu) - 1 != batch:
+            raise ValueError(f"past holds {len(past_cu) - 1} sequences but cu_seqlens describes {batch}")
+        expected = (cfg.num_key_value_heads, cfg.head_dim)
+        if tuple(past.keys[0].shape[1:]) != expected:
+            raise ValueError(
+                f"past keys must be [tokens, {expected[0]}, {expected[1]}], got {tuple(past.keys[0].shape)}"
+            )
+        if past.keys[0].dtype != embed.dtype or past.keys[0].device != embed.device:
+            raise ValueError(
+                f"past is {past.keys[0].dtype} on {past.keys[0].device}, the model {embed.dtype} on {embed.device}"
+            )
+        return past_cu
+
+
+def _check_position_ids(position_ids: object, ids: torch.Tensor) -> None:
+    if not isinstance(position_ids, torch.Tensor):
+        raise TypeError(f"position_ids must be a torch.Tensor or None, got {type(position_ids).__name__}")
+    if position_ids.dtype != torch.int64 or position_ids.shape != ids.shape:
+        raise ValueError(
+            f"position_ids must be int64 of shape {tuple(ids.shape)}, got {position_ids.dtype} "
+            f"{tuple(position_ids.shape)}"
+        )
+    if position_ids.device != ids.device:
+        raise ValueError(f"position_ids is on {position_ids.device} but input_ids on {ids.device}")
+
+
+def build_decoder(
+    config: DecoderConfig,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    attn_backend: str = "auto",
+    seed: int | None = 0,
+) -> Decoder:
+    """A from-scratch decoder; weights initialized with `seed` (None leaves torch's default init)."""
+    model = Decoder(config, attn_backend=attn_backend)
+    model = model.to(device=device, dtype=dtype)
+    if seed is not None:
+        model.init_weights(seed)
+    return model
