@@ -1,0 +1,91 @@
+"""Environments addressed by slot, as the agent loop drives them: a worker pool, or in-process.
+
+`reset({slot: spec})` starts an episode of the environment `spec` names (a game path) in each slot and
+returns an Observation, or a str saying why it failed; `step({slot: action})` returns
+(observation, reward, done, info) per slot, `info["error"]` marking a failed environment. Failures come
+back as values, never as exceptions, so one broken game never stops a rollout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from seedfast.envs.base import Environment, Observation
+from seedfast.envs.workers import EnvPool
+
+StepOut = tuple[Observation, float, bool, dict]
+
+
+class EnvSlots(Protocol):
+    n_slots: int
+
+    def reset(self, specs: Mapping[int, Any]) -> dict[int, Observation | str]: ...
+
+    def step(self, actions: Mapping[int, str]) -> dict[int, StepOut]: ...
+
+
+class PoolEnvSlots:
+    """Slots backed by seedfast.envs.workers.EnvPool (one process per slot, per-step timeouts)."""
+
+    def __init__(self, pool: EnvPool) -> None:
+        self.pool = pool
+        self.n_slots = pool.n_workers
+
+    def reset(self, specs: Mapping[int, Any]) -> dict[int, Observation | str]:
+        results = self.pool.reset(dict(specs))
+        return {slot: t.info["error"] if "error" in t.info else t.observation for slot, t in results.items()}
+
+    def step(self, actions: Mapping[int, str]) -> dict[int, StepOut]:
+        results = self.pool.step(dict(actions))
+        return {slot: (t.observation, t.reward, t.done, t.info) for slot, t in results.items()}
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class LocalEnvSlots:
+    """`n_slots` environments built by `make_env(spec)` in this process and stepped one after the other."""
+
+    def __init__(self, make_env: Callable[[Any], Environment], n_slots: int) -> None:
+        if not isinstance(n_slots, int) or n_slots < 1:
+            raise ValueError(f"n_slots must be a positive int, got {n_slots!r}")
+        self._make_env = make_env
+        self.n_slots = n_slots
+        self._envs: dict[int, tuple[Any, Environment]] = {}
+
+    def reset(self, specs: Mapping[int, Any]) -> dict[int, Observation | str]:
+        out: dict[int, Observation | str] = {}
+        for slot, spec in specs.items():
+            try:
+                if slot not in self._envs or self._envs[slot][0] != spec:
+                    self._close(slot)
+                    self._envs[slot] = (spec, self._make_env(spec))
+                out[slot] = self._envs[slot][1].reset()
+            except Exception as err:  # reported as a failed episode, never raised
+                self._envs.pop(slot, None)
+                out[slot] = f"{type(err).__name__}: {err}"
+        return out
+
+    def step(self, actions: Mapping[int, str]) -> dict[int, StepOut]:
+        out: dict[int, StepOut] = {}
+        for slot, action in actions.items():
+            try:
+                out[slot] = self._envs[slot][1].step(action)
+            except Exception as err:
+                out[slot] = (Observation("", ""), 0.0, True, {"won": False, "error": f"{type(err).__name__}: {err}"})
+        return out
+
+    def close(self) -> None:
+        for slot in list(self._envs):
+            self._close(slot)
+
+    def _close(self, slot: int) -> None:
+        if slot in self._envs:
+            self._envs.pop(slot)[1].close()
+
+    def __enter__(self) -> LocalEnvSlots:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

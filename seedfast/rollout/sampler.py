@@ -1,0 +1,192 @@
+"""Own batched generation engine for seedfast decoders (CPU and GPU), with a KV cache.
+
+    sampler = Sampler(model, seed=0)
+    ids = sampler.generate(prompts, max_new_tokens=64, temperature=1.0, top_p=1.0, stop_ids=[im_end])
+    gens = sampler.generate_full(...)            # + sampling log-probs and finish reasons
+
+All prompts are prefilled in one packed forward (identical prompts once); then every unfinished sequence
+advances by one token per forward, attending to its preallocated KV cache (kv_cache.py). Logits exist only
+for the last position of each sequence ([B, V] per step: sampling, not training). A sequence finishes when
+it emits a stop id (kept in its output) or reaches max_new_tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from seedfast.model.packing import make_cu_seqlens
+from seedfast.rollout.engine import Generation
+from seedfast.rollout.kv_cache import StaticKVCache, decode_step
+from seedfast.rollout.sampling import check_sampling_args, sample_next
+
+
+class Sampler:
+    """Generation engine over a seedfast `Decoder` (anything with its forward and `lm_head_weight`).
+
+    `use_cache=False` re-runs the whole sequence every step (the no-cache baseline of tests and benchmarks).
+    `max_batch_sequences` splits very large requests into chunks generated one after the other.
+    Sampling draws from a torch.Generator seeded with `seed`; `generate(..., seed=s)` reseeds it.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        seed: int = 0,
+        use_cache: bool = True,
+        max_batch_sequences: int | None = None,
+    ) -> None:
+        if not hasattr(model, "lm_head_weight"):
+            raise TypeError(f"model must be a seedfast Decoder (with lm_head_weight), got {type(model).__name__}")
+        if max_batch_sequences is not None and max_batch_sequences < 1:
+            raise ValueError(f"max_batch_sequences must be None or >= 1, got {max_batch_sequences!r}")
+        self.model = model
+        self.use_cache = use_cache
+        self.max_batch_sequences = max_batch_sequences
+        self.device = model.lm_head_weight.device
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+
+    def generate(
+        self,
+        prompt_token_lists: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_ids: Sequence[int] = (),
+        seed: int | None = None,
+    ) -> list[list[int]]:
+        """Generated ids per prompt (the engine protocol)."""
+        gens = self.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, seed)
+        return [g.token_ids for g in gens]
+
+    def generate_full(
+        self,
+        prompt_token_lists: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_ids: Sequence[int] = (),
+        seed: int | None = None,
+    ) -> list[Generation]:
+        """Generated ids, their sampling log-probs (see sampling.sample_next) and finish reasons."""
+        prompts = self._check_prompts(prompt_token_lists)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        check_sampling_args(temperature, top_p)
+        stops = self._check_stop_ids(stop_ids)
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        chunk = self.max_batch_sequences or max(len(prompts), 1)
+        out: list[Generation] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(prompts), chunk):
+                    out += self._generate_batch(prompts[start : start + chunk], max_new_tokens, temperature,
+                                                top_p, stops)
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _generate_batch(
+        self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float, stops: torch.Tensor
+    ) -> list[Generation]:
+        B, device = len(prompts), self.device
+        tokens = torch.zeros(B, max_new, dtype=torch.long, device=device)
+        logprobs = torch.zeros(B, max_new, dtype=torch.float32, device=device)
+        lengths = torch.zeros(B, dtype=torch.long, device=device)
+        stopped = torch.zeros(B, dtype=torch.bool, device=device)
+        # row r of the running batch (and of the cache) holds sequence seq_of_row[r]
+        seq_of_row = torch.arange(B, device=device)
+        alive = torch.ones(B, dtype=torch.bool, device=device)
+
+        hidden, cache = self._prefill(prompts, max_new)
+        for step in range(max_new):
+            live = alive.nonzero().squeeze(1)
+            seqs = seq_of_row[live]
+            next_tok, next_lp = sample_next(self._logits(hidden[live]), temperature, top_p, self.generator)
+            tokens[seqs, step] = next_tok
+            logprobs[seqs, step] = next_lp
+            lengths[seqs] += 1
+            hit_stop = torch.isin(next_tok, stops)
+            stopped[seqs] = hit_stop
+            alive[live[hit_stop]] = False
+            if step + 1 == max_new or not bool(alive.any()):
+                break
+            if cache is None:
+                seq_of_row = seq_of_row[alive]
+                alive = alive[alive]
+                hidden = self._forward_whole(prompts, seq_of_row, tokens[:, : step + 1])
+                continue
+            feed = torch.zeros_like(seq_of_row)
+            feed[live] = next_tok
+            # finished rows ride along (their outputs are ignored) until they are a quarter of the batch
+            if 4 * int((~alive).sum()) >= alive.numel():
+                keep = alive.nonzero().squeeze(1)
+                cache, seq_of_row, alive, feed = cache.select(keep), seq_of_row[keep], alive[keep], feed[keep]
+            hidden = decode_step(self.model, cache, feed)
+
+        lengths_list, stopped_list = lengths.tolist(), stopped.tolist()
+        tokens_list, logprobs_list = tokens.tolist(), logprobs.tolist()
+        return [
+            Generation(tokens_list[b][: lengths_list[b]], logprobs_list[b][: lengths_list[b]],
+                       "stop" if stopped_list[b] else "length")
+            for b in range(B)
+        ]
+
+    def _prefill(self, prompts: list[list[int]], max_new: int) -> tuple[torch.Tensor, StaticKVCache | None]:
+        """Last-position hidden states [B, d] of all prompts (one packed forward) and the filled cache.
+
+        Identical prompts (the N trajectories of a task at their first step, or after the same actions) are
+        run once and share their keys/values.
+        """
+        first_of: dict[tuple[int, ...], int] = {}
+        inverse = torch.tensor([first_of.setdefault(tuple(p), len(first_of)) for p in prompts], device=self.device)
+        unique = list(first_of)
+        ids = torch.tensor([t for p in unique for t in p], dtype=torch.long, device=self.device)
+        cu = make_cu_seqlens([len(p) for p in unique], self.device)
+        last = cu[1:].long() - 1
+        if not self.use_cache:
+            return self.model(ids, cu)[last][inverse], None
+        hidden, kv = self.model(ids, cu, return_kv=True)
+        if len(unique) < len(prompts):
+            kv = kv.select(inverse)
+        return hidden[last][inverse], StaticKVCache.from_packed(kv, max(len(p) for p in prompts) + max_new)
+
+    def _forward_whole(self, prompts: list[list[int]], seqs: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+        """No cache: last hidden state of each sequence in `seqs`, re-running prompt + generated tokens."""
+        rows = seqs.tolist()
+        prompt_ids = [torch.tensor(prompts[b], dtype=torch.long, device=self.device) for b in rows]
+        ids = torch.cat([t for p, g in zip(prompt_ids, generated[seqs]) for t in (p, g)])
+        cu = make_cu_seqlens([len(prompts[b]) + generated.shape[1] for b in rows], self.device)
+        return self.model(ids, cu)[cu[1:].long() - 1]
+
+    def _logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        return (last_hidden @ self.model.lm_head_weight.T).float()
+
+    def _check_prompts(self, prompt_token_lists: Sequence[Sequence[int]]) -> list[list[int]]:
+        if isinstance(prompt_token_lists, (str, bytes)) or not isinstance(prompt_token_lists, Sequence):
+            raise TypeError("prompt_token_lists must be a list of token-id lists")
+        vocab = self.model.lm_head_weight.shape[0]
+        prompts = []
+        for i, prompt in enumerate(prompt_token_lists):
+            ids = prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt
+            if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+                raise TypeError(f"prompt {i} must be a sequence of token ids, got {type(prompt).__name__}")
+            if len(ids) == 0:
+                raise ValueError(f"prompt {i} is empty: generation needs at least one prompt token")
+            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+                bad = next(t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab)
+                raise ValueError(f"prompt {i} holds {bad!r}, not a token id in [0, vocab_size={vocab})")
+            prompts.append(list(ids))
+        return prompts
+
+    def _check_stop_ids(self, stop_ids: Sequence[int]) -> torch.Tensor:
+        ids = list(stop_ids) if stop_ids is not None else []
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+            raise TypeError(f"stop_ids must be ints, got {ids!r}")
+        return torch.tensor(ids, dtype=torch.long, device=self.device)

@@ -1,0 +1,196 @@
+"""The KV-cache sampler against full re-forwards with materialized logits (the independent reference)."""
+
+import pytest
+import torch
+
+from seedfast.model import DecoderConfig, build_decoder, make_cu_seqlens
+from seedfast.rollout.kv_cache import StaticKVCache, decode_step
+from seedfast.rollout.sampler import Sampler
+
+VOCAB = 300
+
+
+def tiny(model_type="qwen3", tie=True, seed=0):
+    cfg = DecoderConfig(model_type=model_type, vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tie)
+    model = build_decoder(cfg, dtype=torch.float32, attn_backend="sdpa", seed=seed)
+    with torch.no_grad():  # a peaked next-token distribution, so greedy choices are not near-ties
+        model.lm_head_weight.mul_(8.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny()
+
+
+def random_prompts(n, low=1, high=40, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high, (n,), generator=gen).tolist()
+    return [torch.randint(0, VOCAB, (length,), generator=gen).tolist() for length in lengths]
+
+
+def last_logits(model, seqs):
+    """Reference: full forward of every sequence, logits of its last position in fp64."""
+    ids = torch.tensor([t for s in seqs for t in s])
+    cu = make_cu_seqlens([len(s) for s in seqs])
+    with torch.no_grad():
+        hidden = model(ids, cu)[cu[1:].long() - 1]
+    return hidden.double() @ model.lm_head_weight.double().T
+
+
+def reference_greedy(model, prompts, max_new, stop_ids):
+    outs = [[] for _ in prompts]
+    live = list(range(len(prompts)))
+    for _ in range(max_new):
+        if not live:
+            break
+        logits = last_logits(model, [prompts[b] + outs[b] for b in live])
+        for b, token in zip(live, logits.argmax(-1).tolist()):
+            outs[b].append(token)
+        live = [b for b in live if outs[b][-1] not in stop_ids]
+    return outs
+
+
+@pytest.mark.parametrize("model_type, tie", [("llama", False), ("qwen2", True), ("qwen3", False)])
+def test_decode_step_matches_full_forward(model_type, tie):
+    model = tiny(model_type, tie, seed=1)
+    prompts = random_prompts(5, seed=1) + [[7]]
+    extra = [torch.randint(0, VOCAB, (3,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(6)]
+    with torch.no_grad():
+        ids = torch.tensor([t for p in prompts for t in p])
+        cu = make_cu_seqlens([len(p) for p in prompts])
+        _, kv = model(ids, cu, return_kv=True)
+        cache = StaticKVCache.from_packed(kv, capacity=max(map(len, prompts)) + 3)
+        for step in range(3):
+            hidden = decode_step(model, cache, torch.tensor([e[step] for e in extra]))
+            seqs = [p + e[: step + 1] for p, e in zip(prompts, extra)]
+            full_ids = torch.tensor([t for s in seqs for t in s])
+            full_cu = make_cu_seqlens([len(s) for s in seqs])
+            expected = model(full_ids, full_cu)[full_cu[1:].long() - 1]
+            torch.testing.assert_close(hidden, expected, atol=1e-5, rtol=1e-5)
+    assert cache.lengths.tolist() == [len(p) + 3 for p in prompts]
+
+
+def test_kv_cache_select_keeps_rows_and_rejects_overflow(model):
+    prompts = [[1, 2, 3], [4, 5]]
+    with torch.no_grad():
+        _, kv = model(torch.tensor([1, 2, 3, 4, 5]), make_cu_seqlens([3, 2]), return_kv=True)
+        cache = StaticKVCache.from_packed(kv, capacity=4)
+        one = cache.select(torch.tensor([1]))
+        assert one.lengths.tolist() == [2]
+        torch.testing.assert_close(one.keys[0][0, :, :2], kv.keys[0][3:5].transpose(0, 1))
+        decode_step(model, cache, torch.tensor([9, 9]))  # row 0 is now full
+        assert cache.lengths.tolist() == [4, 3]
+        with pytest.raises(ValueError, match="KV cache is full"):
+            decode_step(model, cache, torch.tensor([9, 9]))
+        with pytest.raises(ValueError, match="capacity"):
+            StaticKVCache.from_packed(kv, capacity=len(prompts[0]) - 1)
+
+
+def test_greedy_with_cache_equals_without_cache_and_reference(model):
+    prompts = random_prompts(9, seed=2) + [[3]]
+    stop_ids = [11, 42, 97, 150, 222]  # some sequences stop early, so finished rows get dropped mid-batch
+    cached = Sampler(model).generate(prompts, 12, temperature=0.0, stop_ids=stop_ids)
+    uncached = Sampler(model, use_cache=False).generate(prompts, 12, temperature=0.0, stop_ids=stop_ids)
+    expected = reference_greedy(model, prompts, 12, stop_ids)
+    assert cached == expected
+    assert uncached == expected
+    lengths = {len(o) for o in cached}
+    assert len(lengths) > 1, "the stop ids should end sequences at different steps"
+
+
+def test_finish_reason_and_stop_token_kept(model):
+    prompts = random_prompts(6, seed=3)
+    free = Sampler(model).generate_full(prompts, 5, temperature=0.0)
+    stop = free[0].token_ids[2]
+    gens = Sampler(model).generate_full(prompts, 5, temperature=0.0, stop_ids=[stop])
+    for f, g in zip(free, gens):
+        if stop in f.token_ids:
+            cut = f.token_ids.index(stop) + 1
+            assert g.token_ids == f.token_ids[:cut] and g.finish_reason == "stop"
+        else:
+            assert g.token_ids == f.token_ids and g.finish_reason == "length"
+    assert gens[0].token_ids[-1] == stop and len(gens[0].token_ids) <= 3
+
+
+def test_returned_logprobs_are_temperature_scaled_logprobs(model):
+    prompts = random_prompts(4, seed=4)
+    temperature = 0.7
+    gens = Sampler(model, seed=5).generate_full(prompts, 4, temperature=temperature)
+    for prompt, gen in zip(prompts, gens):
+        for t, (token, logprob) in enumerate(zip(gen.token_ids, gen.logprobs)):
+            logits = last_logits(model, [prompt + gen.token_ids[:t]])[0]
+            expected = torch.log_softmax(logits / temperature, -1)[token].item()
+            assert abs(logprob - expected) < 1e-4
+
+
+def test_temperature_zero_is_deterministic_whatever_the_seed(model):
+    prompts = random_prompts(5, seed=6)
+    a = Sampler(model, seed=1).generate(prompts, 8, temperature=0.0)
+    b = Sampler(model, seed=2).generate(prompts, 8, temperature=0.0, top_p=0.5)
+    assert a == b
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent(model):
+    prompts = random_prompts(6, seed=7)
+    sampler = Sampler(model, seed=3)
+    first = sampler.generate(prompts, 10, temperature=1.5)
+    assert Sampler(model, seed=3).generate(prompts, 10, temperature=1.5) == first
+    assert sampler.generate(prompts, 10, temperature=1.5, seed=3) == first  # reseeding per call
+    assert Sampler(model, seed=4).generate(prompts, 10, temperature=1.5) != first
+    # the cache does not change what is sampled: the same random draws meet the same distributions
+    assert Sampler(model, seed=3, use_cache=False).generate(prompts, 10, temperature=1.5) == first
+
+
+def test_tiny_top_p_is_greedy(model):
+    prompts = random_prompts(5, seed=8)
+    greedy = Sampler(model).generate(prompts, 6, temperature=0.0)
+    assert Sampler(model, seed=9).generate(prompts, 6, temperature=1.0, top_p=1e-6) == greedy
+
+
+def test_chunked_batches_give_the_same_tokens(model):
+    prompts = random_prompts(7, seed=9)
+    whole = Sampler(model).generate(prompts, 6, temperature=0.0, stop_ids=[5])
+    assert Sampler(model, max_batch_sequences=3).generate(prompts, 6, temperature=0.0, stop_ids=[5]) == whole
+
+
+def test_model_mode_is_restored(model):
+    model.train()
+    Sampler(model).generate([[1, 2]], 2, temperature=0.0)
+    assert model.training
+    model.eval()
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, match",
+    [
+        (([[]], 4), {}, "prompt 0 is empty"),
+        (([[1, VOCAB]], 4), {}, "prompt 0 holds 300"),
+        (([[1, -1]], 4), {}, "prompt 0 holds -1"),
+        (([[1]], 0), {}, "max_new_tokens"),
+        (([[1]], 4), {"temperature": -1.0}, "temperature"),
+        (([[1]], 4), {"top_p": 0.0}, "top_p"),
+    ],
+)
+def test_bad_input_is_named(model, args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Sampler(model).generate(*args, **kwargs)
+
+
+def test_bad_types_are_named(model):
+    with pytest.raises(TypeError, match="prompt_token_lists"):
+        Sampler(model).generate("hello", 4)
+    with pytest.raises(TypeError, match="stop_ids"):
+        Sampler(model).generate([[1]], 4, stop_ids=["<|im_end|>"])
+    with pytest.raises(TypeError, match="lm_head_weight"):
+        Sampler(torch.nn.Linear(2, 2))
+
+
+def test_identical_prompts_share_prefill_but_sample_independently(model):
+    prompts = random_prompts(2, seed=10) * 4  # a GRPO group: the same prompt N times
+    greedy = Sampler(model).generate(prompts, 6, temperature=0.0, stop_ids=[5])
+    assert greedy == reference_greedy(model, prompts, 6, [5])
+    sampled = Sampler(model, seed=11).generate(prompts, 6, temperature=2.0)
+    assert len({tuple(s) for s in sampled[0::2]}) > 1
+    assert Sampler(model, seed=11, use_cache=False).generate(prompts, 6, temperature=2.0) == sampled
