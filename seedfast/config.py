@@ -118,6 +118,9 @@ class EnvConfig:
     history_k: int = opt(5, "past (observation, action) pairs kept in each step prompt", ge=0)
     invalid_penalty: float = opt(0.1, "reward subtracted at a step whose action is invalid", ge=0)
     step_timeout_s: float = opt(30.0, "seconds one environment step may take", gt=0)
+    isolation: Literal["process", "inline"] = opt(
+        "process", "process = one worker process per slot (timeouts, crash recovery); inline = in this process")
+    slots: int = opt(0, "environments stepped at once during rollout; 0 = tasks_per_batch x n", ge=0)
 
 
 @dataclass
@@ -194,7 +197,8 @@ class GRSDConfig:
     eta: float = opt(0.0, "dead zone: |q| at or below eta is zeroed", ge=0)
     reflection_coef: float = opt(0.01, "weight alpha of the RL loss on reflection tokens", ge=0)
     reflection_points: int = opt(3, "numbered key points per reflection", ge=1)
-    judge: Literal["external", "self"] = opt("external", "who scores reflections 0-3")
+    judge: Literal["external", "oracle"] = opt(
+        "external", "who scores reflections 0-3: an external model, or the walkthrough oracle (tests, CPU demo)")
     max_reflection_tokens: int = opt(256, "tokens per reflection", ge=1)
     max_guidance_tokens: int = opt(384, "tokens of the DO / AVOID group guidance", ge=1)
 
@@ -248,6 +252,9 @@ class SFTConfig:
     prompt_loss: bool = opt(False, "behaviour cloning: loss on prompt tokens too (teaches the language)")
     skill_augment: bool = opt(False, "behaviour cloning: also show prompts with an oracle skill inserted")
     skill_augment_fraction: float = opt(0.5, "share of behaviour-cloning samples given a skill", ge=0, le=1)
+    skill_writing_fraction: float = opt(1.0, "share of games whose replays also give skill-writing examples",
+                                        ge=0, le=1)
+    schedule: Literal["constant", "cosine"] = opt("cosine", "SFT learning-rate schedule after warm-up")
 
 
 @dataclass

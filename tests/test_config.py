@@ -191,7 +191,7 @@ def test_cross_field_rules(overrides, message):
 def test_cross_field_rules_accept_the_fixed_settings():
     assert load("algorithm=sdar", "skill.library=skills.json").skill.library == "skills.json"
     assert load("algorithm=sdar", "skill.analyzer=oracle").algorithm == "sdar"
-    assert load("algorithm=grsd", "grsd.judge=self").algorithm == "grsd"
+    assert load("algorithm=grsd", "grsd.judge=oracle").algorithm == "grsd"
     c = load("env.kind=alfworld", "env.game_type=pick_two_obj", "env.n_train=null")
     assert c.env.n_train is None
 
@@ -226,7 +226,7 @@ def test_validate_catches_values_set_in_code():
 
 
 def test_yaml_round_trip(tmp_path):
-    c = load("run.name=rt", f"run.out_dir={tmp_path}", "algorithm=grsd", "grsd.judge=self", "optim.lr=3e-7",
+    c = load("run.name=rt", f"run.out_dir={tmp_path}", "algorithm=grsd", "grsd.judge=oracle", "optim.lr=3e-7",
              "loss.dual_clip=null", "env.levels=2-4", "optim.betas=[0.8, 0.95]", "run.name=on",
              "trainer.profile_steps=5:7", "model.tiny.rope_theta=1000000", "skill.library=1:2",
              "demo.algorithms=[seed]", "sft.max_seconds=12.5")

@@ -1,0 +1,167 @@
+"""The privileged text of each algorithm (SPEC §1), per trajectory, and its failures counted.
+
+- seed: π_old analyzes each trajectory into a hindsight skill (episode skill, optional step skills).
+- sdar: a static provider (skill library per task type).
+- grsd: reflections (sampled) → judge scores → for groups with a success and a failure, guidance written by
+  the policy (greedy) from the success and failure reflections; the guidance is that group's privileged text.
+- grpo: none.
+A trajectory whose text failed (parse error, analyzer error) gets None: it leaves OPD, never RL (SPEC §6).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from seedfast.config import Config
+from seedfast.envs.trajectory import Trajectory
+from seedfast.skills import grsd as grsd_text
+from seedfast.skills.analyzers import make_analyzer
+from seedfast.skills.chat_client import ChatClient
+from seedfast.skills.library import SkillLibrary
+from seedfast.skills.policy_text import chat_prompt_ids, generate_texts
+
+
+@dataclass
+class Reflections:
+    """GRSD stage A: one reflection per trajectory, its prompt/response ids (for its own RL loss) and score."""
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    texts: list[str]
+    valid: list[bool]
+    scores: list[float]  # NaN where invalid or unscored
+
+
+@dataclass
+class Privileged:
+    episode: list[str | None]  # per trajectory
+    step: list[dict[int, str]] = field(default_factory=list)  # per trajectory: step index -> step skill
+    metrics: dict[str, float] = field(default_factory=dict)
+    reflections: Reflections | None = None
+
+
+def _external_client(cfg: Config) -> ChatClient:
+    ext = cfg.skill.external
+    return ChatClient(base_url=ext.endpoint, model=ext.model, api_key_env=ext.api_key_env, timeout_s=ext.timeout_s,
+                      max_retries=ext.retries, max_concurrency=ext.concurrency, temperature=ext.temperature)
+
+
+def _seed_skills(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, tokenizer: Any) -> Privileged:
+    kind = cfg.skill.analyzer
+    if kind == "self":
+        analyzer = make_analyzer("self", engine=engine, tokenizer=tokenizer, skill_mode=cfg.skill.skill_mode,
+                                 max_new_tokens=cfg.skill.max_analysis_tokens,
+                                 max_prompt_tokens=cfg.rollout.max_prompt_length)
+    elif kind == "external":
+        analyzer = make_analyzer("external", client=_external_client(cfg), skill_mode=cfg.skill.skill_mode)
+    else:
+        analyzer = make_analyzer("oracle", skill_mode=cfg.skill.skill_mode)
+    try:
+        results = analyzer.analyze(list(trajectories))
+        reasons = Counter(r.reason for r in results)
+    except Exception as err:  # a failing analyzer masks OPD for the batch; the run goes on
+        results, reasons = [], Counter({f"analyzer_error:{type(err).__name__}": len(trajectories)})
+    episode: list[str | None] = [None] * len(trajectories)
+    step: list[dict[int, str]] = [{} for _ in trajectories]
+    for i, r in enumerate(results):
+        if r.valid:
+            episode[i] = r.skill if cfg.skill.skill_mode != "step_only" else None
+            step[i] = dict(r.step_skills) if cfg.skill.skill_mode != "episode_only" else {}
+    n = max(len(trajectories), 1)
+    metrics = {"skill/parse_rate": sum(e is not None or bool(s) for e, s in zip(episode, step)) / n}
+    for reason, count in reasons.items():
+        if reason != "ok":
+            metrics[f"skill/fail_{reason}"] = count / n
+    return Privileged(episode, step, metrics)
+
+
+def _sdar_skills(cfg: Config, trajectories: Sequence[Trajectory]) -> Privileged:
+    library = SkillLibrary.from_file(cfg.skill.library)
+    episode: list[str | None] = []
+    failures = 0
+    for t in trajectories:
+        try:
+            episode.append(library.for_trajectory(t))
+        except (KeyError, ValueError):
+            episode.append(None)
+            failures += 1
+    return Privileged(episode, [{} for _ in trajectories],
+                      {"skill/parse_rate": 1 - failures / max(len(trajectories), 1)})
+
+
+def _grsd_guidance(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, tokenizer: Any,
+                   group_of: Sequence[int], judge: Any) -> Privileged:
+    # stage A: reflections, sampled from the policy
+    prompts = [chat_prompt_ids(tokenizer, grsd_text.build_reflection_messages(t)) for t in trajectories]
+    gens = engine.generate_full(prompts, cfg.grsd.max_reflection_tokens, cfg.rollout.temperature,
+                                cfg.rollout.top_p, _stop_ids(tokenizer))
+    texts = tokenizer.batch_decode([g.token_ids for g in gens], skip_special_tokens=True)
+    parsed = [grsd_text.parse_reflection(t) for t in texts]
+    valid = [p.valid for p in parsed]
+    try:
+        raw_scores = judge.score(list(trajectories), [p.text if p.valid else "" for p in parsed])
+    except Exception:  # a failing judge gives no reflection signal this step; counted below
+        raw_scores = [None] * len(trajectories)
+    scores = [float(s) if (s is not None and v) else float("nan") for s, v in zip(raw_scores, valid)]
+    reflections = Reflections(prompts, [list(g.token_ids) for g in gens], texts, valid, scores)
+    # stage B: guidance for groups with a success and a failure (greedy policy snapshot)
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(group_of):
+        groups.setdefault(g, []).append(i)
+    contrast = {g: idx for g, idx in groups.items()
+                if any(trajectories[i].won for i in idx) and not all(trajectories[i].won for i in idx)}
+    episode: list[str | None] = [None] * len(trajectories)
+    asks, owners = [], []
+    for g, idx in contrast.items():
+        succ = [parsed[i].text for i in idx if trajectories[i].won and parsed[i].valid]
+        fail = [parsed[i].text for i in idx if not trajectories[i].won and parsed[i].valid]
+        if succ and fail:
+            msgs = grsd_text.build_guidance_messages(trajectories[idx[0]].task, succ, fail)
+            asks.append(chat_prompt_ids(tokenizer, msgs))
+            owners.append(g)
+    answers = generate_texts(engine, tokenizer, asks, cfg.grsd.max_guidance_tokens, temperature=0.0, top_p=1.0,
+                             stop_ids=_stop_ids(tokenizer)) if asks else []
+    n_valid = 0
+    for g, answer in zip(owners, answers):
+        guidance = grsd_text.validate_guidance(answer)
+        if guidance.valid:
+            n_valid += 1
+            for i in groups[g]:
+                episode[i] = guidance.text
+    n = max(len(trajectories), 1)
+    metrics = {
+        "grsd/reflection_valid_rate": sum(valid) / n,
+        "grsd/judged_rate": sum(s == s for s in scores) / n,
+        "grsd/contrast_groups": float(len(contrast)),
+        "grsd/guidance_valid": float(n_valid),
+        "skill/parse_rate": n_valid / max(len(contrast), 1),
+    }
+    return Privileged(episode, [{} for _ in trajectories], metrics, reflections)
+
+
+def _stop_ids(tokenizer: Any) -> list[int]:
+    from seedfast.rollout.agent_loop import stop_token_ids
+
+    return stop_token_ids(tokenizer)
+
+
+def make_judge(cfg: Config) -> Any:
+    if cfg.grsd.judge == "external":
+        return grsd_text.ExternalJudge(_external_client(cfg))
+    return grsd_text.OracleJudge()
+
+
+def privileged_text(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
+                    group_of: Sequence[int], judge: Any = None) -> Privileged:
+    if cfg.algorithm == "seed":
+        return _seed_skills(cfg, trajectories, engine, tokenizer)
+    if cfg.algorithm == "sdar":  # a static provider: the library file, else per-task oracle/external skills
+        if cfg.skill.library:
+            return _sdar_skills(cfg, trajectories)
+        return _seed_skills(cfg, trajectories, engine, tokenizer)
+    if cfg.algorithm == "grsd":
+        return _grsd_guidance(cfg, trajectories, engine, tokenizer, group_of, judge or make_judge(cfg))
+    return Privileged([None] * len(trajectories), [{} for _ in trajectories])

@@ -1,0 +1,332 @@
+"""Stage 2: the RL loop of DESIGN §1, for grpo / sdar / seed / grsd.
+
+    rollout (π_old) → privileged text → step samples → shared-prefix scoring (ℓold, ℓskill) and ℓref
+    → advantages (GRSD modulation) → mini-batch updates through the fused loss → metrics → checkpoint
+
+Every step draws its randomness from (run.seed, step) alone, and a checkpoint holds the model, optimizer and
+scheduler: a run killed at any moment and resumed reproduces the uninterrupted run's metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from seedfast.algo import advantage as adv_math
+from seedfast.algo import grsd as grsd_math
+from seedfast.config import Config, ConfigError
+from seedfast.model import save_hf
+from seedfast.rollout.agent_loop import Task, run_agent_loop
+from seedfast.rollout.sampler import Sampler
+from seedfast.scoring import score, score_reference
+from seedfast.scoring.sample import StepSample
+from seedfast.train.batch import build_samples
+from seedfast.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from seedfast.train.evaluate import evaluate
+from seedfast.train.metrics import MetricsLogger, truncate_metrics
+from seedfast.train.privileged import Privileged, make_judge, privileged_text
+from seedfast.train.profiling import PhaseTimer, ProfileWindow, parse_profile_steps
+from seedfast.train.setup import (
+    agent_config,
+    device_of,
+    load_policy,
+    load_run_tokenizer,
+    load_tasks,
+    make_env_slots,
+    make_optimizer,
+    policy_path,
+)
+from seedfast.train.update import UpdateBatch, grad_norm_and_clip, minibatch_loss_backward
+
+USES_TEACHER = {"seed", "sdar", "grsd"}
+
+
+def step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def choose_tasks(pool: list[Task], k: int, seed: int, step: int) -> list[Task]:
+    rng = np.random.default_rng([seed, step])
+    idx = rng.choice(len(pool), size=min(k, len(pool)), replace=False)
+    return [pool[i] for i in sorted(idx)]
+
+
+class Trainer:
+    def __init__(self, cfg: Config, *, policy_dir: str | Path | None = None, run_dir: str | Path | None = None):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir or cfg.run_dir)
+        self.device = device_of(cfg)
+        start = Path(policy_dir) if policy_dir else policy_path(cfg)
+        self.policy = load_policy(cfg, start, self.device)
+        self.tokenizer = load_run_tokenizer(cfg, start)
+        self.uses_kl = cfg.loss.kl_coef > 0
+        self.ref = None
+        if self.uses_kl:
+            ref_dir = Path(cfg.model.ref_path) if cfg.model.ref_path else start
+            self.ref = load_policy(cfg, ref_dir, self.device, trainable=False).eval()
+        self.optimizer, self.scheduler = make_optimizer(cfg, self.policy)
+        self.train_tasks = load_tasks(cfg, "train")
+        self.eval_tasks = load_tasks(cfg, "eval")
+        if cfg.trainer.eval_games:
+            self.eval_tasks = self.eval_tasks[: cfg.trainer.eval_games]
+        n_slots = cfg.env.slots or cfg.rollout.tasks_per_batch * cfg.rollout.n
+        self.envs = make_env_slots(cfg, n_slots)
+        self.judge = make_judge(cfg) if cfg.algorithm == "grsd" else None
+        self.bad_steps = 0
+        self.step = 0
+        self.log = None
+
+    # ------------------------------------------------------------------ one RL step
+
+    def rl_step(self, step: int) -> dict[str, float]:
+        timer = PhaseTimer()
+        seed_everything(step_seed(self.cfg.run.seed, step))
+        result = self.rollout(step, timer)
+        return self.learn(step, result, timer)
+
+    def rollout(self, step: int, timer: PhaseTimer) -> Any:
+        cfg = self.cfg
+        tasks = choose_tasks(self.train_tasks, cfg.rollout.tasks_per_batch, cfg.run.seed, step)
+        self.policy.eval()
+        with timer.phase("rollout"):
+            return run_agent_loop(self._engine(step), self.tokenizer, tasks, self.envs,
+                                  agent_config(cfg, n=cfg.rollout.n, temperature=cfg.rollout.temperature))
+
+    def _engine(self, step: int) -> Sampler:
+        return Sampler(self.policy, seed=step_seed(self.cfg.run.seed, step))
+
+    def learn(self, step: int, result: Any, timer: PhaseTimer) -> dict[str, float]:
+        """Everything after the rollout: privileged text, samples, scoring, advantages, update."""
+        cfg = self.cfg
+        engine = self._engine(step)
+        self.policy.eval()
+        trajectories, records = result.trajectories, result.steps
+        metrics: dict[str, float] = {f"rollout/{k}": float(v) for k, v in result.stats.as_dict().items()}
+        group_of = [t.meta["group_id"] for t in trajectories]
+        privileged: Privileged | None = None
+        if cfg.algorithm in USES_TEACHER:
+            with timer.phase("analyze"):
+                privileged = privileged_text(cfg, trajectories, engine=engine, tokenizer=self.tokenizer,
+                                             group_of=group_of, judge=self.judge)
+            metrics.update(privileged.metrics)
+        samples, sample_metrics = build_samples(cfg, records, privileged, self.tokenizer)
+        metrics.update(sample_metrics)
+        if not samples:
+            raise RuntimeError(f"step {step}: the rollout produced no step samples")
+
+        with timer.phase("score"):
+            scores = score(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
+                           temperature=cfg.rollout.temperature)
+            ref_lp = None
+            if self.ref is not None:
+                ref_lp = score_reference(self.ref, samples, token_budget=cfg.trainer.micro_batch_tokens,
+                                         temperature=cfg.rollout.temperature).logprob
+        metrics.update(_rollout_gap(samples, scores.logprob))
+
+        with timer.phase("advantage"):
+            rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+            groups = [s.group_id for s in samples]
+            advantages = adv_math.grpo(rewards, groups, norm=cfg.loss.adv_norm, eps=cfg.loss.adv_eps)
+            if cfg.algorithm == "grsd":
+                advantages, grsd_metrics = _grsd_modulate(cfg, samples, scores, advantages, trajectories)
+                metrics.update(grsd_metrics)
+        metrics["train/reward_mean"] = float(rewards.mean())
+        metrics["train/advantage_zero_frac"] = float((advantages == 0).float().mean())
+
+        use_opd = cfg.algorithm in ("seed", "sdar") and cfg.loss.opd_coef > 0 and scores.teacher_mask is not None
+        batch = UpdateBatch(samples, advantages, scores.logprob,
+                            ref_logprob=ref_lp,
+                            teacher_logprob=scores.teacher_logprob if use_opd else None,
+                            teacher_mask=scores.teacher_mask if use_opd else None)
+        self.policy.train()
+        with timer.phase("update"):
+            metrics.update(self._update(batch, use_opd=use_opd))
+            if cfg.algorithm == "grsd" and privileged is not None and privileged.reflections is not None:
+                metrics.update(self._reflection_update(privileged, group_of))
+        self.scheduler.step()
+
+        n_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+        total_time = sum(timer.seconds.values())
+        metrics.update(timer.metrics())
+        metrics.update({
+            "train/success_rate": sum(t.won for t in trajectories) / max(len(trajectories), 1),
+            "train/episode_length": sum(len(t.steps) for t in trajectories) / max(len(trajectories), 1),
+            "train/samples": float(len(samples)),
+            "throughput/tokens_per_s": n_tokens / max(total_time, 1e-9),
+            "optim/lr": self.scheduler.get_last_lr()[0],
+        })
+        if torch.cuda.is_available():
+            metrics["memory/peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        return metrics
+
+    def _update(self, batch: UpdateBatch, use_opd: bool) -> dict[str, float]:
+        cfg = self.cfg
+        n = len(batch.samples)
+        gen = torch.Generator().manual_seed(step_seed(cfg.run.seed, self.step) + 1)
+        out: dict[str, float] = {}
+        applied = 0
+        for _ in range(cfg.trainer.ppo_epochs):
+            order = torch.randperm(n, generator=gen).tolist()
+            size = math.ceil(n / cfg.trainer.mini_batches)
+            for start in range(0, n, size):
+                index = sorted(order[start:start + size])
+                self.optimizer.zero_grad(set_to_none=True)
+                loss, m = minibatch_loss_backward(
+                    self.policy, batch, index, cfg.loss, use_kl=self.uses_kl, use_opd=use_opd,
+                    temperature=cfg.rollout.temperature, token_budget=cfg.trainer.micro_batch_tokens)
+                norm = grad_norm_and_clip(self.policy, cfg.optim.grad_clip)
+                if not (math.isfinite(loss) and math.isfinite(norm)):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.bad_steps += 1
+                    out["train/skipped_nonfinite"] = out.get("train/skipped_nonfinite", 0) + 1
+                    continue
+                self.bad_steps = 0
+                self.optimizer.step()
+                applied += 1
+                out.update({f"loss/{k}": v for k, v in m.items()})
+                out["loss/total"] = loss
+                out["optim/grad_norm"] = norm
+        out["optim/updates_applied"] = float(applied)
+        if self.bad_steps >= cfg.trainer.max_bad_steps:
+            raise FloatingPointError(
+                f"{self.bad_steps} non-finite updates in a row (trainer.max_bad_steps={cfg.trainer.max_bad_steps})")
+        return out
+
+    def _reflection_update(self, privileged: Privileged, group_of: list[int]) -> dict[str, float]:
+        """GRSD stage A: PPO-clip on the reflection tokens with judge-normalized advantages, weight α (SPEC §5)."""
+        refl = privileged.reflections
+        keep = [i for i, ids in enumerate(refl.response_ids) if ids]
+        if not keep:
+            return {}
+        scores_t = torch.tensor([refl.scores[i] for i in keep], dtype=torch.float32)
+        adv = grsd_math.reflection_advantages(scores_t, [group_of[i] for i in keep])
+        if not bool((adv != 0).any()):
+            return {"grsd/reflection_loss": 0.0}
+        samples = [StepSample(prompt_ids=refl.prompt_ids[i], response_ids=refl.response_ids[i], sample_id=("refl", i))
+                   for i in keep]
+        old = score(self.policy, samples, token_budget=self.cfg.trainer.micro_batch_tokens,
+                    temperature=self.cfg.rollout.temperature).logprob
+        batch = UpdateBatch(samples, adv, old, loss_scale=self.cfg.grsd.reflection_coef)
+        loss_cfg = self.cfg.loss.__class__(**{**self.cfg.loss.__dict__, "kl_coef": 0.0, "entropy_coef": 0.0,
+                                               "opd_coef": 0.0})
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, _ = minibatch_loss_backward(self.policy, batch, list(range(len(samples))), loss_cfg, use_kl=False,
+                                          use_opd=False, temperature=self.cfg.rollout.temperature,
+                                          token_budget=self.cfg.trainer.micro_batch_tokens)
+        norm = grad_norm_and_clip(self.policy, self.cfg.optim.grad_clip)
+        if math.isfinite(loss) and math.isfinite(norm):
+            self.optimizer.step()
+        return {"grsd/reflection_loss": loss}
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self, resume: str | None = None, profile_steps: str | None = None) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        ckpt_dir = self.run_dir / "ckpt"
+        start = 0
+        resume = resume or cfg.trainer.resume
+        if resume:
+            path = latest_checkpoint(ckpt_dir) if resume == "auto" else Path(resume)
+            if path is not None:
+                state = load_checkpoint(path, self.policy, self.optimizer, self.scheduler)
+                start = state["step"]
+                self.bad_steps = state.get("bad_steps", 0)
+        truncate_metrics(self.run_dir / "metrics.jsonl", start - 1)
+        self.log = MetricsLogger(self.run_dir, tensorboard=cfg.log.tensorboard, wandb_project=cfg.log.wandb_project)
+        window = ProfileWindow(parse_profile_steps(profile_steps or cfg.trainer.profile_steps))
+        history = []
+        try:
+            for step in range(start, cfg.trainer.steps):
+                self.step = step
+                window.before_step(step)
+                t0 = time.perf_counter()
+                metrics = self.rl_step(step)
+                metrics["time/step"] = time.perf_counter() - t0
+                last = step + 1 == cfg.trainer.steps
+                if (cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0) or last:
+                    metrics.update(evaluate(cfg, self.policy, self.tokenizer, self.eval_tasks,
+                                            seed=step_seed(cfg.run.seed, step) + 2))
+                window.after_step(step)
+                self.log.log(step, metrics)
+                history.append({"step": step, **metrics})
+                if (cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0) or last:
+                    save_checkpoint(ckpt_dir, step + 1, self.policy, self.optimizer, self.scheduler,
+                                    {"bad_steps": self.bad_steps}, keep=cfg.trainer.keep_checkpoints)
+            save_hf(self.policy, self.run_dir / "hf")
+            self.tokenizer.save_pretrained(str(self.run_dir / "hf"))
+        finally:
+            self.log.close()
+        return history
+
+    def close(self) -> None:
+        close = getattr(self.envs, "close", None)
+        if close:
+            close()
+
+
+def _rollout_gap(samples: list[StepSample], old_logprob: torch.Tensor) -> dict[str, float]:
+    """Train-vs-rollout log-prob gap: a silent weight-sync failure shows here first (PITFALLS)."""
+    rollout = [s.meta.get("rollout_logprobs") for s in samples]
+    if any(r is None for r in rollout):
+        return {}
+    gap = (old_logprob.cpu() - torch.cat(rollout)).abs()
+    return {"rollout/logprob_gap_mean": float(gap.mean()), "rollout/logprob_gap_max": float(gap.max())}
+
+
+def _grsd_modulate(cfg: Config, samples: list[StepSample], scores: Any, advantages: torch.Tensor,
+                   trajectories: list) -> tuple[torch.Tensor, dict[str, float]]:
+    """Turn-level modulation with δ = mean ℓguide − mean ℓold over the action tokens (SPEC §5)."""
+    if scores.teacher_logprob is None:
+        return advantages, {}
+    n = len(samples)
+    lengths = torch.tensor([len(s.response_ids) for s in samples])
+    width = int(lengths.max())
+    guide = torch.zeros(n, width)
+    old = torch.zeros(n, width)
+    mask = torch.zeros(n, width)
+    for i in range(n):
+        lo, hi = int(scores.offsets[i]), int(scores.offsets[i + 1])
+        old[i, : hi - lo] = scores.logprob[lo:hi].cpu()
+        guide[i, : hi - lo] = scores.teacher_logprob[lo:hi].cpu()
+        mask[i, : hi - lo] = 1
+    delta = grsd_math.turn_delta(guide, old, mask)
+    has_guide = torch.tensor([s.has_teacher for s in samples])
+    contrast = torch.tensor([
+        bool(has_guide[i]) and any(t.won for t in trajectories if t.meta["group_id"] == samples[i].group_id)
+        and not all(t.won for t in trajectories if t.meta["group_id"] == samples[i].group_id)
+        for i in range(n)])
+    # groups whose guidance failed keep Â = A, like groups without contrast
+    contrast_by_group = {}
+    for i in range(n):
+        contrast_by_group[samples[i].group_id] = contrast_by_group.get(samples[i].group_id, True) and bool(contrast[i])
+    contrast = torch.tensor([contrast_by_group[s.group_id] for s in samples])
+    delta = torch.where(contrast, delta, torch.zeros_like(delta))
+    out = grsd_math.modulate(advantages, delta, [s.group_id for s in samples], contrast, lam=cfg.grsd.lam,
+                             g_max=cfg.grsd.g_max, eta=cfg.grsd.eta)
+    changed = (out != advantages).float().mean()
+    return out, {"grsd/modulated_frac": float(changed), "grsd/delta_mean": float(delta[contrast].mean())
+                 if bool(contrast.any()) else 0.0}
+
+
+def main(cfg: Config, resume: str | None = None, profile_steps: str | None = None, **_: Any) -> int:
+    if cfg.trainer.steps < 1:
+        raise ConfigError("trainer.steps must be >= 1")
+    cfg.save()
+    trainer = Trainer(cfg)
+    try:
+        trainer.run(resume=resume, profile_steps=profile_steps)
+    finally:
+        trainer.close()
+    return 0

@@ -1,0 +1,267 @@
+"""`seedfast sft CONFIG`: stage-1 supervised fine-tuning (skill writing, + behaviour cloning for tiny models).
+
+    main(cfg)  ->  <run_dir>/sft/ (config.json, safetensors, tokenizer)  +  <run_dir>/sft_metrics.jsonl
+
+Data (sft_data): skill-writing pairs from sft.data (default: this run's collect output, when it exists);
+with sft.behaviour_cloning, every walkthrough step of the training games as the agent loop prompts it
+(+ oracle-skill copies with sft.skill_augment) and, when there is no pairs file, oracle skill-writing
+pairs on those walkthroughs and a few failed variants. The policy is model.path, or a from-scratch tiny
+decoder whose BPE tokenizer is trained on the same game text (build_tiny).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seedfast.config import Config, ConfigError
+from seedfast.model import DecoderConfig, build_decoder, load_hf, save_hf
+from seedfast.model.tokenizer import load_tokenizer, render_chat, save_tokenizer, train_tokenizer
+from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, PromptStyle, Turn, user_parts
+from seedfast.skills.analyzers import oracle_answer
+from seedfast.skills.prompts import build_analyzer_messages
+from seedfast.train import sft_data
+from seedfast.train.sft_loop import SFTStats, evaluate_loss, train_sft  # noqa: F401 (re-exported)
+from seedfast.train.sft_replay import GameReplays, replay_games
+from seedfast.train.skill_text import oracle_plan, render_skill
+
+__all__ = ["build_tiny", "evaluate_loss", "load_policy", "main", "pairs_path", "save_policy", "sft_examples",
+           "tokenizer_corpus", "train_sft"]
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SFT_DIR, METRICS_NAME, TOKENIZER_DIR = "sft", "sft_metrics.jsonl", "tokenizer"
+NO_DATA = ("no SFT data: set sft.data to a JSONL of (messages -> answer) pairs, run `seedfast collect` "
+           "first, or set sft.behaviour_cloning=true")
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+
+def pairs_path(cfg: Config) -> Path | None:
+    """sft.data (it must exist), else this run's collect output if it exists, else None."""
+    if cfg.sft.data:
+        path = Path(cfg.sft.data)
+        if not path.is_file():
+            raise ConfigError(f"sft.data={cfg.sft.data!r} is not a file")
+        return path
+    collected = (Path(cfg.collect.out) if cfg.collect.out else cfg.run_dir / "collect") / "skill_sft.jsonl"
+    return collected if collected.is_file() else None
+
+
+def walkthrough_replays(cfg: Config) -> list[GameReplays]:
+    """The RL run's training games (train/setup.load_tasks), each walkthrough played, with failed variants."""
+    from seedfast.train.setup import load_tasks
+
+    if cfg.env.kind != "textworld":
+        raise ConfigError(f"sft.behaviour_cloning needs TextWorld walkthroughs; env.kind={cfg.env.kind!r} "
+                          "has none")
+    return replay_games(load_tasks(cfg, "train"), seed=cfg.run.seed)
+
+
+def prompt_style(cfg: Config) -> PromptStyle:
+    """The agent loop's prompt style for this config (as collect and the RL loop build it)."""
+    return PromptStyle(history_k=cfg.env.history_k)
+
+
+def sft_examples(cfg: Config, tokenizer: Any, replays: Sequence[GameReplays],
+                 pairs_file: Path | None) -> tuple[list[sft_data.SFTExample], dict[str, Any]]:
+    """All examples the config asks for, and counts for the log."""
+    examples: list[sft_data.SFTExample] = []
+    skipped: Counter = Counter()
+    limit, sft = cfg.rollout.max_prompt_length, cfg.sft
+    if pairs_file is not None:
+        examples += sft_data.jsonl_examples(tokenizer, pairs_file, max_prompt_tokens=limit)
+    if sft.behaviour_cloning:
+        examples += sft_data.bc_examples(
+            tokenizer, [g.success for g in replays], style=prompt_style(cfg), max_prompt_tokens=limit,
+            prompt_loss=sft.prompt_loss, skill_insertion=cfg.skill.insertion if sft.skill_augment else None,
+            skill_fraction=sft.skill_augment_fraction, max_skill_tokens=cfg.skill.max_skill_tokens,
+            seed=cfg.run.seed)
+        if pairs_file is None:
+            # sft.skill_writing_fraction (if the config has it): the share of games whose replays are
+            # also turned into skill-writing pairs; their prompts are long, so this is a compute knob
+            share = getattr(sft, "skill_writing_fraction", 1.0)
+            chosen = random.Random(cfg.run.seed).sample(range(len(replays)), round(share * len(replays)))
+            trajectories = [t for i in sorted(chosen) for t in (replays[i].success, *replays[i].failures)]
+            written, skipped = sft_data.skill_writing_examples(
+                tokenizer, trajectories, skill_mode=cfg.skill.skill_mode, max_prompt_tokens=limit)
+            examples += written
+    if not examples:
+        raise ConfigError(NO_DATA)
+    counts = {**sft_data.summarize(examples), **{f"skipped/{k}": v for k, v in skipped.items()}}
+    return examples, {**counts, "pairs_file": str(pairs_file) if pairs_file else None}
+
+
+def tokenizer_corpus(replays: Sequence[GameReplays], pairs: Sequence[tuple[list[dict], str, str]],
+                     style: PromptStyle, skill_mode: str = "episode_only") -> list[str]:
+    """ChatML text of what SFT and RL show the tiny model: step prompts with their answers, skills,
+    analyzer prompts with their answers, pairs from a file, and the fixed feedback texts."""
+    from seedfast.envs.textworld_env import INVALID_ACTION_TEXT
+
+    texts = [UNPARSABLE_FEEDBACK, INVALID_ACTION_TEXT]
+    for game in replays:
+        trajectory = game.success
+        for index, step in enumerate(trajectory.steps):
+            history = [Turn(s.observation, s.action) for s in trajectory.steps[:index]]
+            parts = user_parts(trajectory.task, history, step.observation, step.admissible_actions, index,
+                               style)
+            user = "".join(text for _, text in parts)
+            messages = [{"role": "system", "content": style.system}, {"role": "user", "content": user}]
+            texts += [render_chat(messages, add_generation_prompt=True) + f"<action>{step.action}</action>",
+                      render_skill(oracle_plan(trajectory.actions, index))]
+        for t in (trajectory, *game.failures):
+            answer = json.dumps(oracle_answer(t, with_step_skills=skill_mode != "episode_only"))
+            texts.append(render_chat([*build_analyzer_messages(t, skill_mode),
+                                      {"role": "assistant", "content": answer}]))
+    texts += [render_chat([*prompt, {"role": "assistant", "content": answer}]) for prompt, answer, _ in pairs]
+    return texts
+
+
+# ---------------------------------------------------------------------------------------------- policy
+
+
+def build_tiny(cfg: Config, texts: Sequence[str], tokenizer: Any = None) -> tuple[torch.nn.Module, Any]:
+    """(decoder, tokenizer) from scratch: a byte-level BPE trained on `texts` (unless `tokenizer` is given)
+    and the model.tiny decoder (Qwen3 style; Llama style without qk_norm), fp32, initialized with run.seed."""
+    tiny = cfg.model.tiny
+    if tokenizer is None:
+        tokenizer = train_tokenizer(list(texts), vocab_size=tiny.bpe_vocab_size,
+                                    min_frequency=tiny.bpe_min_frequency)
+    vocab = tiny.vocab_size if tiny.vocab_size is not None else len(tokenizer)
+    if vocab < len(tokenizer):
+        raise ConfigError(f"model.tiny.vocab_size={vocab} is below the tokenizer's {len(tokenizer)} tokens")
+    config = DecoderConfig(
+        model_type="qwen3" if tiny.qk_norm else "llama", vocab_size=vocab, hidden_size=tiny.hidden,
+        intermediate_size=tiny.intermediate, num_hidden_layers=tiny.layers, num_attention_heads=tiny.heads,
+        num_key_value_heads=tiny.kv_heads, max_position_embeddings=tiny.max_seq_len,
+        rope_theta=tiny.rope_theta, tie_word_embeddings=tiny.tie_embeddings,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    model = build_decoder(config, dtype=torch.float32, attn_backend=_attn_backend(cfg), seed=cfg.run.seed)
+    return model, tokenizer
+
+
+def _attn_backend(cfg: Config) -> str:
+    return "sdpa" if cfg.model.attn_backend == "eager" else cfg.model.attn_backend
+
+
+def load_policy(cfg: Config, corpus: Sequence[str]) -> tuple[torch.nn.Module, Any]:
+    """(fp32 model, tokenizer): model.path with model.tokenizer (default: the same folder); or a tiny
+    decoder whose tokenizer is model.tokenizer or <run_dir>/tokenizer if one is there, else trained on
+    `corpus` and saved to <run_dir>/tokenizer."""
+    tok_dir = Path(cfg.model.tokenizer) if cfg.model.tokenizer else None
+    if cfg.model.path:
+        path = Path(cfg.model.path)
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model.path={cfg.model.path!r} is not an HF model folder (no config.json)")
+        tok_dir = tok_dir or path
+        if not (tok_dir / "tokenizer_config.json").is_file():
+            raise ConfigError(f"no tokenizer in {str(tok_dir)!r}: set model.tokenizer to a tokenizer folder")
+        return load_hf(path, dtype=torch.float32, attn_backend=_attn_backend(cfg)), load_tokenizer(tok_dir)
+    tok_dir = tok_dir or cfg.run_dir / TOKENIZER_DIR
+    have = (tok_dir / "tokenizer_config.json").is_file()
+    if not have and not corpus:
+        raise ConfigError("a tiny model needs text to train its tokenizer on: set sft.behaviour_cloning=true "
+                          "or give sft.data")
+    model, tokenizer = build_tiny(cfg, corpus, load_tokenizer(tok_dir) if have else None)
+    if not have:
+        _write_folder(tok_dir, lambda tmp: save_tokenizer(tokenizer, tmp))
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def _write_folder(final: Path, write: Callable[[Path], Any]) -> Path:
+    """`write(tmp)` into a fresh folder beside `final`, then swap it into place (two renames)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
+    old = final.parent / f".{final.name}.old-{os.getpid()}"
+    try:
+        write(tmp)
+        if final.exists():
+            os.rename(final, old)
+        os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def save_policy(model: torch.nn.Module, tokenizer: Any, out: str | Path, dtype: torch.dtype) -> Path:
+    """An HF folder (weights cast to `dtype`, config.json, tokenizer) written whole, then renamed to `out`."""
+    state = {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+
+    def write(tmp: Path) -> None:
+        weights = save_hf(model, tmp / "hf", state_dict=state)
+        for f in weights.iterdir():
+            os.rename(f, tmp / f.name)
+        weights.rmdir()
+        save_tokenizer(tokenizer, tmp)
+
+    return _write_folder(Path(out), write)
+
+
+class JsonlLog:
+    """One JSON object per line, the file started afresh."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def main(cfg: Config, **_flags: Any) -> int:
+    """Entry point of `seedfast sft CONFIG`."""
+    from seedfast.train.setup import device_of
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("seedfast sft runs in one process (one device); run it without torchrun "
+                          "(distributed SFT is not written yet)")
+    if cfg.trainer.resume:
+        print(f"seedfast sft: trainer.resume={cfg.trainer.resume!r} is ignored: SFT has no checkpoints and "
+              "starts afresh", file=sys.stderr)
+    torch.manual_seed(cfg.run.seed)
+    device = device_of(cfg)
+    pairs_file = pairs_path(cfg)
+    if pairs_file is None and not cfg.sft.behaviour_cloning:
+        raise ConfigError(NO_DATA)
+    if cfg.model.path and not (Path(cfg.model.path) / "config.json").is_file():
+        raise ConfigError(f"model.path={cfg.model.path!r} is not an HF model folder (no config.json)")
+    replays = walkthrough_replays(cfg) if cfg.sft.behaviour_cloning else []
+    corpus: list[str] = []
+    if not cfg.model.path:
+        pairs = sft_data.read_pairs(pairs_file) if pairs_file is not None else []
+        corpus = tokenizer_corpus(replays, pairs, prompt_style(cfg), cfg.skill.skill_mode)
+    model, tokenizer = load_policy(cfg, corpus)
+    examples, counts = sft_examples(cfg, tokenizer, replays, pairs_file)
+    model.to(device)
+
+    log = JsonlLog(cfg.run_dir / METRICS_NAME)
+    log({"event": "data", "games": len(replays), **counts})
+    autocast = DTYPES[cfg.model.dtype] if device.type == "cuda" and cfg.model.dtype != "fp32" else None
+    stats: SFTStats = train_sft(model, examples, cfg.sft, seed=cfg.run.seed, log_fn=log,
+                                progress=cfg.log.progress and sys.stderr.isatty(), autocast_dtype=autocast)
+    out = save_policy(model.cpu(), tokenizer, cfg.run_dir / SFT_DIR, DTYPES[cfg.model.dtype])
+    log({"event": "done", **vars(stats), "out": str(out)})
+    losses = f"loss {stats.first_loss:.3f} -> {stats.last_loss:.3f}" if stats.steps else "no step"
+    print(f"sft: {stats.steps} steps ({stats.epochs:.2f} epochs, {stats.elapsed_s:.0f} s) on "
+          f"{counts['examples']} examples, {losses}; saved {out}")
+    return 0

@@ -1,0 +1,236 @@
+"""The SFT training loop: packed varlen batches, NLL through linear_logprob on the loss rows only, AdamW.
+
+    stats = train_sft(model, examples, cfg.sft, seed=0, log_fn=print)
+
+No padding and no [tokens x vocab] logits: the decoder runs over the packed batch, and only the hidden
+rows that predict a loss token go through the streamed LM head. Deterministic given the seed (the
+shuffle and everything else; the model's own kernels permitting).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from seedfast.model.packing import make_cu_seqlens
+from seedfast.ops import linear_logprob
+from seedfast.train.sft_data import EXAMPLE_KINDS, SFTExample
+
+SCHEDULES = ("constant", "cosine")
+
+
+@dataclass
+class SFTStats:
+    steps: int
+    epochs: float  # passes over the data done (fractional when stopped by the time budget)
+    tokens: int  # tokens run through the model
+    loss_tokens: int
+    first_loss: float | None
+    last_loss: float | None
+    elapsed_s: float
+    stopped_by_time: bool
+
+
+def check_examples(examples: Sequence[SFTExample], vocab_size: int, batch_tokens: int) -> None:
+    """One clear error naming the example that cannot be trained on."""
+    if not examples:
+        raise ValueError("examples is empty: there is nothing to train on")
+    for i, ex in enumerate(examples):
+        if not isinstance(ex, SFTExample):
+            raise TypeError(f"examples[{i}] must be an SFTExample, got {type(ex).__name__}")
+        if ex.n_loss_tokens == 0:
+            raise ValueError(f"example {ex.source!r} has no loss token")
+        if len(ex.input_ids) > batch_tokens:
+            raise ValueError(f"example {ex.source!r} has {len(ex.input_ids)} tokens, more than "
+                             f"sft.batch_tokens={batch_tokens}; a sample is never split")
+        bad = [t for t in ex.input_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"example {ex.source!r} holds token id {bad[0]} outside the vocabulary "
+                             f"[0, {vocab_size})")
+
+
+def plan_batches(lengths: Sequence[int], batch_tokens: int, epochs: int,
+                 seed: int) -> list[tuple[int, list[int]]]:
+    """(epoch, example indices) per optimizer step: each epoch a seeded shuffle, cut at batch_tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    plan: list[tuple[int, list[int]]] = []
+    for epoch in range(epochs):
+        batch: list[int] = []
+        size = 0
+        for i in torch.randperm(len(lengths), generator=gen).tolist():
+            if batch and size + lengths[i] > batch_tokens:
+                plan.append((epoch, batch))
+                batch, size = [], 0
+            batch.append(i)
+            size += lengths[i]
+        if batch:
+            plan.append((epoch, batch))
+    return plan
+
+
+def lr_at(step: int, total: int, lr: float, warmup: int = 0, schedule: str = "cosine",
+          min_ratio: float = 0.0) -> float:
+    """Learning rate of optimizer step `step` (0-based) of `total`: linear warm-up over `warmup` steps,
+    then constant, or cosine from lr towards lr * min_ratio (reached one step after the last)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule {schedule!r} is not one of {SCHEDULES}")
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if schedule == "constant":
+        return lr
+    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # [T]
+    cu_seqlens: torch.Tensor  # [B+1] int32
+    rows: torch.Tensor  # [N] hidden rows that predict a loss token
+    targets: torch.Tensor  # [N] the tokens they predict
+    row_kind: torch.Tensor  # [N] index into EXAMPLE_KINDS
+
+
+def pack(examples: Sequence[SFTExample], device: torch.device | str) -> PackedBatch:
+    ids, rows, targets, kinds, offset = [], [], [], [], 0
+    for ex in examples:
+        ids += ex.input_ids
+        for t in range(1, len(ex.input_ids)):
+            if ex.loss_mask[t]:
+                rows.append(offset + t - 1)
+                targets.append(ex.input_ids[t])
+                kinds.append(EXAMPLE_KINDS.index(ex.kind))
+        offset += len(ex.input_ids)
+
+    def tensor(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    cu_seqlens = make_cu_seqlens([len(e.input_ids) for e in examples], device)
+    return PackedBatch(tensor(ids), cu_seqlens, tensor(rows), tensor(targets), tensor(kinds))
+
+
+def token_logprobs(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
+    """[N] log-probs of the batch's loss tokens (differentiable when grad is enabled)."""
+    hidden = model(batch.input_ids, batch.cu_seqlens)[batch.rows]
+    weight = model.lm_head_weight
+    if weight.dtype != hidden.dtype:  # autocast: the fp32 master weight meets bf16 activations
+        weight = weight.to(hidden.dtype)
+    return linear_logprob(hidden, weight, batch.targets).logprob
+
+
+def _loss_by_kind(logprob: torch.Tensor, kinds: torch.Tensor) -> dict[str, float]:
+    sums = torch.zeros(len(EXAMPLE_KINDS), dtype=torch.float64)
+    sums.index_add_(0, kinds.cpu(), -logprob.double().cpu())
+    counts = torch.bincount(kinds.cpu(), minlength=len(EXAMPLE_KINDS))
+    return {f"loss/{k}": float(sums[i] / counts[i]) for i, k in enumerate(EXAMPLE_KINDS) if counts[i]}
+
+
+@torch.no_grad()
+def evaluate_loss(model: torch.nn.Module, examples: Sequence[SFTExample],
+                  batch_tokens: int) -> dict[str, float]:
+    """Mean NLL over all loss tokens ("loss") and per example kind ("loss/<kind>"), no gradient."""
+    device = model.lm_head_weight.device
+    check_examples(examples, model.lm_head_weight.shape[0], batch_tokens)
+    lengths = [len(e.input_ids) for e in examples]
+    was_training = model.training
+    model.eval()
+    try:
+        logprobs, kinds = [], []
+        for _, index in plan_batches(lengths, batch_tokens, 1, 0):
+            batch = pack([examples[i] for i in index], device)
+            logprobs.append(token_logprobs(model, batch).float())
+            kinds.append(batch.row_kind)
+    finally:
+        model.train(was_training)
+    logprob, kind = torch.cat(logprobs), torch.cat(kinds)
+    return {"loss": float(-logprob.double().mean()), **_loss_by_kind(logprob, kind)}
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not on norms and biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr)
+
+
+def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, *, seed: int = 0,
+              max_seconds: float | None = None, log_fn: Callable[[dict[str, Any]], None] | None = None,
+              progress: bool = False, schedule: str | None = None, grad_clip: float | None = 1.0,
+              autocast_dtype: torch.dtype | None = None) -> SFTStats:
+    """Fine-tune `model` (a seedfast Decoder) on `examples` with cfg (seedfast.config.SFTConfig).
+
+    cfg.epochs passes, each a seeded shuffle packed into batches of at most cfg.batch_tokens tokens, one
+    AdamW step per batch (lr with cfg.warmup_steps and `schedule`, default cfg.schedule if the config has
+    it, else cosine), gradient norm clipped to `grad_clip`. Stops between steps once `max_seconds`
+    (default cfg.max_seconds) have passed. `log_fn` gets one metrics dict per step.
+    """
+    schedule = schedule or getattr(cfg, "schedule", "cosine")
+    max_seconds = cfg.max_seconds if max_seconds is None else max_seconds
+    device = model.lm_head_weight.device
+    check_examples(examples, model.lm_head_weight.shape[0], cfg.batch_tokens)
+    plan = plan_batches([len(e.input_ids) for e in examples], cfg.batch_tokens, cfg.epochs, seed)
+    per_epoch = [sum(e == epoch for e, _ in plan) for epoch in range(cfg.epochs)]
+    place = [i - sum(per_epoch[:e]) + 1 for i, (e, _) in enumerate(plan)]  # steps done in its epoch, incl.
+    optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    autocast = nullcontext() if autocast_dtype is None else torch.autocast(device.type, dtype=autocast_dtype)
+    stats = SFTStats(0, 0.0, 0, 0, None, None, 0.0, False)
+    bar = _progress_bar(len(plan)) if progress else None
+    was_training = model.training
+    model.train()
+    start = time.perf_counter()
+    try:
+        for step, (epoch, index) in enumerate(plan):
+            if max_seconds is not None and time.perf_counter() - start >= max_seconds:
+                stats.stopped_by_time = True
+                break
+            lr = lr_at(step, len(plan), cfg.lr, cfg.warmup_steps, schedule)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = pack([examples[i] for i in index], device)
+            with autocast:
+                logprob = token_logprobs(model, batch)
+            loss = -logprob.mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else math.inf)
+            optimizer.step()
+
+            value = float(loss.detach())
+            stats.steps, stats.last_loss = step + 1, value
+            stats.first_loss = value if stats.first_loss is None else stats.first_loss
+            stats.tokens += int(batch.input_ids.numel())
+            stats.loss_tokens += int(batch.rows.numel())
+            stats.epochs = epoch + place[step] / per_epoch[epoch]
+            stats.elapsed_s = time.perf_counter() - start
+            if log_fn is not None:
+                log_fn({"step": step + 1, "epoch": round(stats.epochs, 4), "loss": value, "lr": lr,
+                        "grad_norm": float(norm), "tokens": int(batch.input_ids.numel()),
+                        "loss_tokens": int(batch.rows.numel()), "elapsed_s": round(stats.elapsed_s, 3),
+                        "tokens_per_s": round(stats.tokens / max(stats.elapsed_s, 1e-9), 1),
+                        **_loss_by_kind(logprob.detach().float(), batch.row_kind)})
+            if bar is not None:
+                bar[0].update(bar[1], advance=1, description=f"sft loss {value:.3f}")
+    finally:
+        if bar is not None:
+            bar[0].stop()
+    stats.elapsed_s = time.perf_counter() - start
+    model.train(was_training)
+    return stats
+
+
+def _progress_bar(total: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    task = bar.add_task("sft", total=total)
+    bar.start()
+    return bar, task

@@ -1,0 +1,124 @@
+"""The policy update: mini-batches of step samples → packed forward → fused loss (no logits) → optimizer step.
+
+Aggregation weights are computed over the whole mini-batch before it is cut into micro-batches, so the sum of
+the micro-batch losses is exactly the mini-batch loss (SPEC §4: the token count is the global one) and the
+result does not depend on the token budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from seedfast.algo import losses
+from seedfast.config import LossConfig
+from seedfast.ops import fused_loss
+from seedfast.scoring.packing import pack_single, split_by_budget
+from seedfast.scoring.sample import StepSample
+
+
+@dataclass
+class UpdateBatch:
+    """Everything the loss needs, per sample (response tokens packed in sample order, like `Scores`)."""
+
+    samples: list[StepSample]
+    advantages: torch.Tensor  # [S] per sample, or [N] per response token
+    old_logprob: torch.Tensor  # [N]
+    ref_logprob: torch.Tensor | None = None  # [N]
+    teacher_logprob: torch.Tensor | None = None  # [N], 0 where teacher_mask is False
+    teacher_mask: torch.Tensor | None = None  # [N] bool
+    loss_scale: float = 1.0  # e.g. GRSD's α for reflection samples
+
+    def __post_init__(self) -> None:
+        lengths = torch.tensor([len(s.response_ids) for s in self.samples], dtype=torch.long)
+        self.offsets = torch.zeros(len(self.samples) + 1, dtype=torch.long)
+        self.offsets[1:] = torch.cumsum(lengths, 0)
+        n = int(self.offsets[-1])
+        for name in ("old_logprob", "ref_logprob", "teacher_logprob", "teacher_mask"):
+            t = getattr(self, name)
+            if t is not None and t.shape != (n,):
+                raise ValueError(f"UpdateBatch.{name} must have shape ({n},) (all response tokens), "
+                                 f"got {tuple(t.shape)}")
+        if self.advantages.shape == (len(self.samples),):
+            self.advantages = torch.repeat_interleave(self.advantages, lengths)
+        elif self.advantages.shape != (n,):
+            raise ValueError(f"UpdateBatch.advantages must be [{len(self.samples)}] per sample or [{n}] per token, "
+                             f"got {tuple(self.advantages.shape)}")
+
+    def token_slice(self, i: int) -> slice:
+        return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
+
+
+def _token_weights(batch: UpdateBatch, index: list[int], agg: str) -> torch.Tensor:
+    """Aggregation weights of the mini-batch `index`, flattened to its response tokens (sample order)."""
+    lengths = [len(batch.samples[i].response_ids) for i in index]
+    mask = torch.zeros(len(index), max(lengths, default=0))
+    for r, n in enumerate(lengths):
+        mask[r, :n] = 1
+    weights = losses.aggregation_weights(mask, agg)
+    return torch.cat([weights[r, :n] for r, n in enumerate(lengths)]) if lengths else torch.zeros(0)
+
+
+def _gather(t: torch.Tensor | None, batch: UpdateBatch, index: list[int]) -> torch.Tensor | None:
+    if t is None:
+        return None
+    return torch.cat([t[batch.token_slice(i)] for i in index])
+
+
+def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cfg: LossConfig, *,
+                            use_kl: bool, use_opd: bool, temperature: float, token_budget: int,
+                            attn_backend: str | None = None) -> tuple[float, dict[str, float]]:
+    """Forward + backward of one mini-batch (gradients accumulate in the parameters); returns (loss, metrics)."""
+    weights_all = _token_weights(batch, index, loss_cfg.agg) * batch.loss_scale
+    pos = {i: k for k, i in enumerate(index)}
+    local_offsets = torch.zeros(len(index) + 1, dtype=torch.long)
+    local_offsets[1:] = torch.cumsum(torch.tensor([len(batch.samples[i].response_ids) for i in index]), 0)
+    costs = [(len(batch.samples[i].prompt_ids) + len(batch.samples[i].response_ids) - 1,) for i in index]
+    groups = split_by_budget(costs, token_budget, [batch.samples[i].describe(i) for i in index])
+    device = model.lm_head_weight.device
+    total_loss, sums, weight_sum = 0.0, {}, 0.0
+    for group in groups:
+        micro = [index[g] for g in group]
+        packed = pack_single([batch.samples[i] for i in micro]).to(device)
+        hidden = model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids,
+                       attn_backend=attn_backend)
+        w = torch.cat([weights_all[int(local_offsets[pos[i]]):int(local_offsets[pos[i] + 1])] for i in micro])
+        teacher_mask = _gather(batch.teacher_mask, batch, micro) if use_opd else None
+        loss, metrics = fused_loss(
+            hidden[packed.rows], model.lm_head_weight, packed.targets,
+            token_weights=w.to(device),
+            advantages=_gather(batch.advantages, batch, micro).to(device),
+            old_logprob=_gather(batch.old_logprob, batch, micro).to(device),
+            ref_logprob=_gather(batch.ref_logprob, batch, micro).to(device) if use_kl else None,
+            teacher_logprob=_gather(batch.teacher_logprob, batch, micro).to(device) if use_opd else None,
+            teacher_mask=teacher_mask.to(device) if teacher_mask is not None else None,
+            clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
+            kl_coef=loss_cfg.kl_coef if use_kl else 0.0, kl_kind=loss_cfg.kl_kind,
+            entropy_coef=loss_cfg.entropy_coef, opd_coef=loss_cfg.opd_coef if use_opd else 0.0,
+            opd_beta=loss_cfg.opd_beta, gate=loss_cfg.gate, temperature=temperature,
+        )
+        loss.backward()
+        total_loss += float(loss.detach())
+        # metrics are means weighted by this micro-batch's weights: re-weight to the mini-batch
+        wsum = float(w.sum())
+        weight_sum += wsum
+        for k, v in metrics.items():
+            v = float(v)
+            if k == "ratio_min":
+                sums[k] = min(sums.get(k, math.inf), v)
+            elif k == "ratio_max":
+                sums[k] = max(sums.get(k, -math.inf), v)
+            else:
+                sums[k] = sums.get(k, 0.0) + v * wsum
+    out = {k: (v if k.startswith("ratio_") else v / max(weight_sum, 1e-12)) for k, v in sums.items()}
+    return total_loss, out
+
+
+def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else math.inf)
+    return float(norm)

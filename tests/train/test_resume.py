@@ -1,0 +1,58 @@
+"""Kill -9 twice and resume: the metrics equal those of an uninterrupted run with the same seed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from seedfast.train.checkpoint import list_checkpoints
+
+VOLATILE = ("time/", "throughput/", "memory/")
+
+
+def _cmd(overrides, games, out, policy, *extra):
+    return [sys.executable, "-m", "seedfast", "train", *overrides(games, out), "algorithm=grpo",
+            "trainer.steps=3", "trainer.checkpoint_every=1", "trainer.keep_checkpoints=3",
+            f"trainer.init_from={policy}", *extra]
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _stable(path):
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def _run_until_checkpoint(cmd, ckpt_dir, step, timeout=300):
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.name == f"step_{step}" for p in list_checkpoints(ckpt_dir)):
+            break
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def test_killed_twice_and_resumed_equals_uninterrupted(overrides, tiny_policy, train_games, tmp_path):
+    straight = tmp_path / "straight"
+    subprocess.run(_cmd(overrides, train_games, straight, tiny_policy), env=_env(), check=True,
+                   capture_output=True)
+
+    killed = tmp_path / "killed"
+    cmd = _cmd(overrides, train_games, killed, tiny_policy)
+    ckpt = killed / "t" / "ckpt"
+    _run_until_checkpoint(cmd, ckpt, 1)
+    _run_until_checkpoint([*cmd, "--resume", "auto"], ckpt, 2)
+    subprocess.run([*cmd, "--resume", "auto"], env=_env(), check=True, capture_output=True)
+
+    expected = _stable(straight / "t" / "metrics.jsonl")
+    got = _stable(killed / "t" / "metrics.jsonl")
+    assert [r["step"] for r in got] == [0, 1, 2]
+    assert got == expected

@@ -1,0 +1,241 @@
+"""The SFT loop and `seedfast sft`: loss and update against materialized references, packing, schedule,
+determinism, memorizing real walkthroughs, and the saved HF folder."""
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from seedfast.config import ConfigError, load_config
+from seedfast.envs.textworld_games import load_manifest
+from seedfast.model import DecoderConfig, build_decoder, load_hf
+from seedfast.model.tokenizer import load_tokenizer, train_tokenizer
+from seedfast.rollout.actions import parse_action
+from seedfast.rollout.agent_loop import Task, stop_token_ids
+from seedfast.rollout.prompts import PromptStyle
+from seedfast.rollout.sampler import Sampler
+from seedfast.train import sft
+from seedfast.train.sft_data import SFTExample, action_response_ids, bc_examples, make_example
+from seedfast.train.sft_loop import evaluate_loss, lr_at, plan_batches, train_sft
+from seedfast.train.sft_replay import replay_games
+
+STYLE = PromptStyle(history_k=1)
+
+
+class SFT:
+    """The SFTConfig fields train_sft reads."""
+
+    def __init__(self, **kw):
+        self.epochs, self.lr, self.batch_tokens, self.weight_decay, self.warmup_steps = 1, 1e-3, 4096, 0.0, 0
+        self.max_seconds = None
+        self.__dict__.update(kw)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices: one intra-op thread is as fast alone and far faster beside other test workers."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def replays(train_games):
+    tasks = [Task.from_record(r) for r in load_manifest(train_games, split="train")]
+    return replay_games(tasks, failures=False)
+
+
+@pytest.fixture(scope="module")
+def tok(replays):
+    return train_tokenizer(sft.tokenizer_corpus(replays, [], STYLE), vocab_size=500)
+
+
+@pytest.fixture(scope="module")
+def bc(tok, replays):
+    return bc_examples(tok, [g.success for g in replays], style=STYLE)
+
+
+def tiny(tok, hidden=32, layers=1, seed=0):
+    cfg = DecoderConfig(model_type="qwen3", vocab_size=len(tok), hidden_size=hidden,
+                        intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
+                        num_key_value_heads=2, tie_word_embeddings=True)
+    return build_decoder(cfg, dtype=torch.float32, attn_backend="sdpa", seed=seed)
+
+
+def reference_loss(model, examples):
+    """Mean NLL over all loss tokens: a separate forward per example, materialized fp64 log-softmax."""
+    total, count = 0.0, 0
+    for ex in examples:
+        ids = torch.tensor(ex.input_ids)
+        hidden = model(ids, torch.tensor([0, len(ids)], dtype=torch.int32))
+        logp = torch.log_softmax(hidden.double() @ model.lm_head_weight.double().T, dim=-1)
+        rows = [t - 1 for t in range(1, len(ids)) if ex.loss_mask[t]]
+        total = total - logp[rows, ids[[r + 1 for r in rows]]].sum()
+        count += len(rows)
+    return total / count
+
+
+def test_first_loss_gradient_and_update_equal_a_materialized_reference(tok, bc):
+    model = tiny(tok)
+    ref = copy.deepcopy(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    logs = []
+    train_sft(model, bc, SFT(lr=1e-2), log_fn=logs.append)  # one batch holds every example: one step
+    assert len(logs) == 1 and logs[0]["loss_tokens"] == sum(e.n_loss_tokens for e in bc)
+    loss = reference_loss(ref, bc)
+    assert logs[0]["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+    assert norm > 1.0 and logs[0]["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
+    for (name, p), q, p0 in zip(model.named_parameters(), ref.parameters(), before):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-4, msg=name)  # the clipped gradient
+        # AdamW's first step, by hand: lr * g / (|g| + eps), no weight decay
+        adam = p0 - 1e-2 * p.grad / (p.grad.abs() + 1e-8)
+        torch.testing.assert_close(p, adam, atol=1e-7, rtol=1e-6, msg=name)
+
+
+def test_per_kind_loss_and_evaluate_loss_match_the_reference(tok, bc):
+    model = tiny(tok)
+    skill = make_example(bc[0].input_ids[:30], bc[1].input_ids[-5:], kind="skill", source="s")
+    got = evaluate_loss(model, [*bc, skill], batch_tokens=900)  # several batches
+    with torch.no_grad():
+        assert got["loss"] == pytest.approx(reference_loss(model, [*bc, skill]).item(), rel=1e-5)
+        assert got["loss/bc"] == pytest.approx(reference_loss(model, bc).item(), rel=1e-5)
+        assert got["loss/skill"] == pytest.approx(reference_loss(model, [skill]).item(), rel=1e-5)
+
+
+def test_packing_plan_keeps_the_budget_and_every_example_once_per_epoch():
+    lengths = [5, 9, 3, 7, 7, 2, 10, 1]
+    plan = plan_batches(lengths, batch_tokens=12, epochs=3, seed=1)
+    assert plan == plan_batches(lengths, batch_tokens=12, epochs=3, seed=1)
+    assert plan != plan_batches(lengths, batch_tokens=12, epochs=3, seed=2)
+    for epoch in range(3):
+        batches = [b for e, b in plan if e == epoch]
+        assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+        assert all(sum(lengths[i] for i in b) <= 12 for b in batches)
+        # greedy: the next example of the order would not have fit
+        for b, nxt in zip(batches, batches[1:]):
+            assert sum(lengths[i] for i in b) + lengths[nxt[0]] > 12
+
+
+def test_learning_rate_schedule_by_hand():
+    assert [lr_at(s, 10, 1.0, warmup=2) for s in (0, 1)] == [0.5, 1.0]
+    assert lr_at(2, 10, 1.0, warmup=2) == 1.0
+    assert lr_at(6, 10, 1.0, warmup=2) == pytest.approx(0.5)  # halfway through the 8 cosine steps
+    assert lr_at(9, 10, 1.0, warmup=2) == pytest.approx(0.5 * (1 + math.cos(math.pi * 7 / 8)))
+    assert lr_at(6, 10, 1.0, warmup=2, min_ratio=0.2) == pytest.approx(0.6)
+    assert lr_at(7, 10, 2.0, schedule="constant") == 2.0
+    with pytest.raises(ValueError, match="schedule"):
+        lr_at(0, 10, 1.0, schedule="linear")
+
+
+def test_same_seed_same_run_and_the_time_budget_stops_between_steps(tok, bc):
+    def run(seed, **kw):
+        model, logs = tiny(tok), []
+        stats = train_sft(model, bc, SFT(epochs=2, batch_tokens=900, warmup_steps=1, **kw), seed=seed,
+                          log_fn=logs.append)
+        return model, logs, stats
+
+    a, logs_a, stats = run(0)
+    b, logs_b, _ = run(0)
+    c, logs_c, _ = run(1)
+    assert stats.steps == len(logs_a) > 2 and stats.epochs == 2.0 and not stats.stopped_by_time
+    assert [r["loss"] for r in logs_a] == [r["loss"] for r in logs_b]
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert [r["loss"] for r in logs_a] != [r["loss"] for r in logs_c]
+    assert all(r["tokens"] <= 900 for r in logs_a)
+    assert logs_a[0]["lr"] == pytest.approx(1e-3) and logs_a[-1]["lr"] < 1e-3  # warm-up, then cosine
+    _, logs, stopped = run(0, max_seconds=1e-9)
+    assert stopped.stopped_by_time and stopped.steps == 0 and not logs
+
+
+def test_examples_that_cannot_train_are_named(tok, bc):
+    model = tiny(tok)
+    with pytest.raises(ValueError, match=r"'treasure_hunter.* tokens, more than sft.batch_tokens=50"):
+        train_sft(model, bc, SFT(batch_tokens=50))
+    silent = SFTExample([1, 2, 3], [False, False, False], "bc", "no-loss")
+    with pytest.raises(ValueError, match="'no-loss' has no loss token"):
+        train_sft(model, [silent], SFT())
+    outside = make_example([1, 2], [len(tok) + 5], kind="bc", source="big-id")
+    with pytest.raises(ValueError, match="'big-id' holds token id"):
+        train_sft(model, [outside], SFT())
+    with pytest.raises(ValueError, match="empty"):
+        train_sft(model, [], SFT())
+
+
+def test_short_sft_memorizes_the_walkthroughs(tok, bc, replays):
+    model = tiny(tok, hidden=64, layers=2)
+    stats = train_sft(model, bc, SFT(epochs=40, lr=1e-2), schedule="constant")
+    assert stats.steps == 40 and stats.last_loss < 0.1 * stats.first_loss
+    sampler = Sampler(model)
+    stops = stop_token_ids(tok)
+    for example, (game, i) in zip(bc, [(g, i) for g in replays for i in range(len(g.success.steps))]):
+        action = game.success.steps[i].action
+        prompt = example.input_ids[: -len(action_response_ids(tok, action))]
+        out = sampler.generate([prompt], max_new_tokens=16, temperature=0.0, stop_ids=stops)[0]
+        assert parse_action(tok.decode(out, skip_special_tokens=True)) == action
+
+
+@pytest.mark.gpu
+def test_autocast_bf16_training_on_cuda_lowers_the_loss(tok, bc):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    model = tiny(tok, hidden=64, layers=2).cuda()
+    stats = train_sft(model, bc, SFT(epochs=30, lr=1e-2), schedule="constant", autocast_dtype=torch.bfloat16)
+    assert model.lm_head_weight.dtype == torch.float32 and stats.last_loss < 0.3 * stats.first_loss
+
+
+# ------------------------------------------------------------------------------------------- seedfast sft
+
+
+def test_main_trains_saves_a_loadable_hf_folder_and_logs(overrides, train_games, tmp_path, capsys):
+    cfg = load_config(None, [*overrides(train_games, tmp_path), "sft.skill_augment=true", "sft.epochs=2",
+                             "sft.skill_augment_fraction=1.0", "skill.insertion=after_task"])
+    assert sft.main(cfg) == 0
+    out = cfg.run_dir / "sft"
+    rows = [json.loads(line) for line in (cfg.run_dir / "sft_metrics.jsonl").read_text().splitlines()]
+    data, steps, done = rows[0], rows[1:-1], rows[-1]
+    assert data["event"] == "data" and data["games"] == 2
+    assert data["examples/bc"] == data["examples/bc_skill"] == 4 and data["examples/skill"] > 2
+    assert len(steps) == done["steps"] > 0 and done["epochs"] == 2.0 and done["out"] == str(out)
+    assert "sft:" in capsys.readouterr().out
+
+    model = load_hf(out)
+    run_tok = load_tokenizer(cfg.run_dir / "tokenizer")
+    hf_tok = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    text = "<|im_start|>user\nYour task: go south<|im_end|>\n"
+    assert hf_tok.encode(text, add_special_tokens=False) == run_tok.encode(text, add_special_tokens=False)
+    assert model.config.vocab_size == len(hf_tok) and hf_tok.eos_token == "<|im_end|>"
+    init, _ = sft.build_tiny(cfg, [], run_tok)  # the same seed's untrained weights
+    trained = dict(model.named_parameters())
+    assert all(p.dtype == torch.float32 for p in trained.values())
+    assert any(not torch.equal(p, trained[n]) for n, p in init.named_parameters())
+    assert not [p.name for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
+
+    # a second run with model.path = that folder, on pairs from a JSONL file only (no behaviour cloning)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"messages": [{"role": "user", "content": "Your task: go south"}],
+                                 "answer": "<action>go south</action>"}) + "\n")
+    again = load_config(None, [*overrides(train_games, tmp_path / "b"), f"model.path={out}",
+                               f"sft.data={pairs}", "sft.behaviour_cloning=false", "model.dtype=bf16"])
+    assert sft.main(again) == 0
+    reloaded = load_hf(again.run_dir / "sft")
+    assert {p.dtype for p in reloaded.parameters()} == {torch.bfloat16}
+    data = json.loads((again.run_dir / "sft_metrics.jsonl").read_text().splitlines()[0])
+    assert data["examples/jsonl"] == 1 and data["examples"] == 1
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.path={tmp}/nowhere", r"model\.path=.*is not an HF model folder"),
+    ("env.games_dir={tmp}/no_games", r"env\.games_dir"),
+    ("sft.data={tmp}/missing.jsonl", r"sft\.data=.*is not a file"),
+    ("sft.behaviour_cloning=false", r"no SFT data"),
+])
+def test_main_names_what_is_missing(overrides, train_games, tmp_path, override, message):
+    cfg = load_config(None, [*overrides(train_games, tmp_path), override.format(tmp=tmp_path)])
+    with pytest.raises(ConfigError, match=message):
+        sft.main(cfg)
