@@ -1,0 +1,288 @@
+"""Ahead-of-time compile report of every Triton kernel configuration the dispatch can choose. No GPU needed.
+
+For each kernel variant (flags the launcher sets), each autotune candidate of seedfast.kernels.configs and
+each architecture (sm_90: H100/H200, sm_80: A100), compile with Triton's own toolchain and report
+registers, spills (ptxas -v), stack/local bytes (cuobjdump), shared memory, and whether the PTX uses
+wgmma (sm_90) or mma (sm_80). Writes benchmarks/results/kernel_report.json and prints a table.
+
+    python benchmarks/kernel_report.py            # everything, bf16 and fp32 (several minutes on 2 cores)
+    python benchmarks/kernel_report.py --quick    # one configuration per kernel variant
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernels, never interpreter stand-ins
+
+import triton  # noqa: E402
+from seedfast.kernels import autotuned, linear_logprob_bwd, linear_logprob_fwd, matmul, token_loss  # noqa: E402
+from seedfast.kernels import configs as C  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+# Largest dynamic shared memory one block may opt into (CUDA programming guide, compute capabilities).
+SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}
+ARCHS = (90, 80)
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "kernel_report.json")
+
+
+@dataclass
+class Variant:
+    """One kernel as the launcher calls it: argument types, fixed constexprs, and its candidate configs."""
+    kernel: str
+    name: str
+    fn: object
+    signature: dict[str, str]          # every non-constexpr argument -> Triton type
+    constexprs: dict[str, object]      # flags, and strides the JIT sees as 1
+    divisible: tuple[str, ...]         # arguments the JIT sees as multiples of 16
+    configs: dict = field(default_factory=dict)  # arch -> candidate configs
+
+
+def _candidates(tuned_name: str, dtype: str) -> dict:
+    """What the dispatch can pick: the autotune candidates of kernels/autotuned.py, per architecture."""
+    return {arch: autotuned.candidates(tuned_name, arch, fp32=dtype == "fp32") for arch in ARCHS}
+
+
+def _same_for_all(config) -> dict:
+    return {arch: [config] for arch in ARCHS}
+
+
+def _ptrs(dtype: str, *names: str) -> dict[str, str]:
+    return {n: f"*{dtype}" for n in names}
+
+
+def variants(dtype: str = "bf16") -> list[Variant]:
+    prec = "ieee" if dtype == "fp32" else "tf32"
+    out = []
+    fwd_sig = {**_ptrs(dtype, "h_ptr", "ht_ptr", "w_ptr"), "y_ptr": "*i64",
+               **_ptrs("fp32", "m_ptr", "s_ptr", "u_ptr", "zy_ptr", "mt_ptr", "st_ptr", "zyt_ptr"),
+               "N": "i32", "V": "i32", "D": "i32", "n_splits": "i32", "group_n": "i32", "stride_hn": "i32",
+               "stride_htn": "i32", "stride_wv": "i32", "inv_temp": "fp32"}
+    fwd_div = ("h_ptr", "ht_ptr", "w_ptr", "y_ptr", "m_ptr", "s_ptr", "u_ptr", "zy_ptr", "mt_ptr", "st_ptr",
+               "zyt_ptr", "V", "D", "stride_hn", "stride_htn", "stride_wv")
+    for teacher, tuned_name in ((False, "fwd_single"), (True, "fwd_dual")):
+        for entropy in (False, True):
+            out.append(Variant(
+                "fwd", f"{'dual' if teacher else 'single'}{'+entropy' if entropy else ''}",
+                linear_logprob_fwd.linear_logprob_fwd_kernel, fwd_sig,
+                dict(stride_hd=1, stride_htd=1, stride_wd=1, HAS_TEACHER=teacher, WITH_ENTROPY=entropy,
+                     DOT_PRECISION=prec), fwd_div, _candidates(tuned_name, dtype)))
+    red_sig = {**_ptrs("fp32", "m_ptr", "s_ptr", "u_ptr", "zy_ptr", "mt_ptr", "st_ptr", "zyt_ptr"),
+               "y_ptr": "*i64", **_ptrs("fp32", "logprob_ptr", "entropy_ptr", "lse_ptr", "teacher_logprob_ptr"),
+               "N": "i32", "n_splits": "i32", "ignore_index": "i32"}
+    for teacher in (False, True):
+        for entropy in (False, True):
+            out.append(Variant(
+                "reduce", f"{'dual' if teacher else 'single'}{'+entropy' if entropy else ''}",
+                linear_logprob_fwd.linear_logprob_reduce_kernel, red_sig,
+                dict(HAS_TEACHER=teacher, WITH_ENTROPY=entropy), tuple(k for k in red_sig if k.endswith("_ptr")),
+                _same_for_all(triton.Config({"BLOCK": C.REDUCE_BLOCK}, num_warps=4))))
+    grad_sig = {**_ptrs(dtype, "h_ptr", "w_ptr"), "y_ptr": "*i64",
+                **_ptrs("fp32", "lse_ptr", "ent_ptr", "a_ptr", "b_ptr"), "g_ptr": f"*{dtype}",
+                "N": "i32", "D": "i32", "v_start": "i32", "v_stop": "i32", "stride_hn": "i32", "stride_wv": "i32",
+                "stride_gn": "i32", "inv_temp": "fp32"}
+    grad_div = tuple(k for k in grad_sig if k.endswith("_ptr")) + ("D", "v_start", "stride_hn", "stride_wv",
+                                                                    "stride_gn")
+    for has_b in (False, True):
+        out.append(Variant("grad_logits", "a+b" if has_b else "a", linear_logprob_bwd.linear_logprob_grad_logits_kernel,
+                           grad_sig, dict(stride_hd=1, stride_wd=1, HAS_B=has_b, DOT_PRECISION=prec), grad_div,
+                           _candidates("grad_logits", dtype)))
+    mm_sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "M": "i32", "N": "i32", "K": "i32"}
+    # dW[chunk] = Gᵀ·H: A = Gᵀ (stride_am = 1), written in the weight dtype.
+    out.append(Variant("matmul", "dW=G^T.H", matmul.matmul_kernel,
+                       {**mm_sig, "c_ptr": f"*{dtype}", "stride_ak": "i32", "stride_bk": "i32", "stride_cm": "i32"},
+                       dict(stride_am=1, stride_bn=1, stride_cn=1, ACCUMULATE=False, DOT_PRECISION=prec),
+                       ("a_ptr", "b_ptr", "c_ptr", "N", "stride_ak", "stride_bk", "stride_cm"),
+                       _candidates("matmul_dw", dtype)))
+    # dH += G·W[chunk] into the fp32 buffer.
+    out.append(Variant("matmul", "dH+=G.W", matmul.matmul_kernel,
+                       {**mm_sig, "c_ptr": "*fp32", "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32"},
+                       dict(stride_ak=1, stride_bn=1, stride_cn=1, ACCUMULATE=True, DOT_PRECISION=prec),
+                       ("a_ptr", "b_ptr", "c_ptr", "N", "K", "stride_am", "stride_bk", "stride_cm"),
+                       _candidates("matmul_dh", dtype)))
+    tl_sig = {**_ptrs("fp32", "lp_ptr", "ent_ptr", "old_ptr", "ref_ptr", "teacher_ptr", "tmask_ptr", "adv_ptr",
+                      "w_ptr", "a_ptr", "b_ptr", "stats_ptr"), "N": "i32",
+              **{k: "fp32" for k in ("clip_low", "clip_high", "dual_clip", "kl_coef", "entropy_coef", "opd_coef",
+                                     "opd_beta")}}
+    def loss_flags(entropy, kl_kind, opd, gate):
+        return dict(HAS_ENTROPY=entropy, HAS_DUAL_CLIP=True, KL_KIND=kl_kind, HAS_OPD=opd, HAS_TMASK=opd,
+                    GATE=gate, WRITE_B=entropy)
+
+    # Every branch of the kernel: the three KL kinds and the three gates, and the plain policy loss.
+    loss_variants = (("k3+soft_or+H", loss_flags(True, 3, True, 2)), ("k1+gap", loss_flags(False, 1, True, 0)),
+                     ("k2+entropy gate", loss_flags(True, 2, True, 1)), ("pg only", loss_flags(False, 0, False, 0)))
+    for label, flags in loss_variants:
+        out.append(Variant("token_loss", label, token_loss.token_loss_kernel, tl_sig, flags,
+                           tuple(k for k in tl_sig if k.endswith("_ptr")),
+                           _same_for_all(triton.Config({"BLOCK": C.TOKEN_LOSS_BLOCK},
+                                                       num_warps=C.TOKEN_LOSS_NUM_WARPS))))
+    return out
+
+
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def _ptxas(arch: int) -> str:
+    """The ptxas Triton itself uses for `arch` (its PTX version matches that ptxas)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(arch).path
+
+
+def _resource_usage(cubin: bytes) -> dict[str, int]:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    fields = dict(re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", text))
+    return {k.lower(): int(v) for k, v in fields.items()}
+
+
+def _ptxas_spills(ptx: str, arch: int) -> tuple[int, int]:
+    gpu = "sm_90a" if arch == 90 else f"sm_{arch}"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        log = subprocess.run([_ptxas(arch), f"-arch={gpu}", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    stores, loads = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log).groups()
+    return int(stores), int(loads)
+
+
+def compile_one(variant: Variant, config, arch: int) -> dict:
+    fn = variant.fn
+    constexprs = {**variant.constexprs, **config.kwargs}
+    signature = {name: variant.signature.get(name, "constexpr") for name in fn.arg_names}
+    missing = [n for n, t in signature.items() if t == "constexpr" and n not in constexprs]
+    if missing:
+        raise ValueError(f"{variant.kernel}/{variant.name}: no type or value for {missing}")
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in variant.divisible}
+    row = {"arch": f"sm_{arch}", "kernel": variant.kernel, "variant": variant.name,
+           "config": {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}}
+    start = time.perf_counter()
+    try:
+        compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", arch, 32),
+                                  options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+    except Exception as err:  # noqa: BLE001 - a failed configuration is a result of the report
+        row.update(ok=False, error=f"{type(err).__name__}: {str(err)[:300]}")
+        return row
+    ptx = compiled.asm["ptx"]
+    usage = _resource_usage(compiled.asm["cubin"])
+    spill_stores, spill_loads = _ptxas_spills(ptx, arch)
+    row.update(ok=True, seconds=round(time.perf_counter() - start, 2), registers=usage.get("reg"),
+               stack_bytes=usage.get("stack"), local_bytes=usage.get("local"), spill_stores=spill_stores,
+               spill_loads=spill_loads, shared_bytes=compiled.metadata.shared, shared_limit=SHARED_LIMIT[arch],
+               wgmma="wgmma" in ptx, mma="mma.sync" in ptx)
+    return row
+
+
+def _job(args):
+    kernel, name, index, arch, dtype = args
+    variant = next(v for v in variants(dtype) if v.kernel == kernel and v.name == name)
+    return {**compile_one(variant, variant.configs[arch][index], arch), "dtype": dtype}
+
+
+def _uses_dot(kernel: str) -> bool:
+    return kernel in ("fwd", "grad_logits", "matmul")
+
+
+def check(rows: list[dict]) -> list[str]:
+    """The properties the kernels must have; one message per violation."""
+    problems = []
+    for r in rows:
+        where = f"{r['arch']} {r['kernel']} {r['variant']} {r['config']}"
+        if not r["ok"]:
+            problems.append(f"{where}: does not compile: {r['error']}")
+            continue
+        if r["spill_stores"] or r["spill_loads"] or r["local_bytes"]:
+            problems.append(f"{where}: spills ({r['spill_stores']} B stores, {r['spill_loads']} B loads)")
+        if r["shared_bytes"] > r["shared_limit"]:
+            problems.append(f"{where}: {r['shared_bytes']} B shared memory > {r['shared_limit']} B")
+        if _uses_dot(r["kernel"]) and r.get("dtype", "bf16") != "fp32":
+            if r["arch"] == "sm_90" and not r["wgmma"]:
+                problems.append(f"{where}: no wgmma in the sm_90 PTX")
+            if r["arch"] == "sm_80" and not r["mma"]:
+                problems.append(f"{where}: no mma in the sm_80 PTX")
+    return problems
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'arch':6} {'kernel':11} {'variant':15} {'tile':16} {'w':>2} {'s':>2} {'regs':>4} {'spill':>9} " \
+           f"{'stack':>5} {'smem KB':>7} {'tc':5} {'sec':>5}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cfg = r["config"]
+        tile = "x".join(str(v) for k, v in cfg.items() if k.startswith("BLOCK"))
+        if not r["ok"]:
+            lines.append(f"{r['arch']:6} {r['kernel']:11} {r['variant']:15} {tile:16} FAILED {r['error'][:60]}")
+            continue
+        tc = "wgmma" if r["wgmma"] else "mma" if r["mma"] else "-"
+        lines.append(f"{r['arch']:6} {r['kernel']:11} {r['variant']:15} {tile:16} {cfg['num_warps']:>2} "
+                     f"{cfg['num_stages']:>2} {r['registers']:>4} {r['spill_stores']:>4}/{r['spill_loads']:<4} "
+                     f"{r['stack_bytes']:>5} {r['shared_bytes'] / 1024:>7.1f} {tc:5} {r['seconds']:>5}")
+    return "\n".join(lines)
+
+
+def run(quick: bool = False, archs=ARCHS, dtypes=("bf16",), jobs: int = 1, only=None) -> list[dict]:
+    """Compile every (variant, config, arch); `only` restricts to "kernel" or "kernel/variant" names."""
+    work = []
+    for dtype in dtypes:
+        for v in variants(dtype):
+            if only and v.kernel not in only and f"{v.kernel}/{v.name}" not in only:
+                continue
+            for arch in archs:
+                for index in range(1 if quick else len(v.configs[arch])):
+                    work.append((v.kernel, v.name, index, arch, dtype))
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            return list(pool.map(_job, work))
+    return [_job(w) for w in work]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="first configuration of each variant only")
+    parser.add_argument("--arch", type=int, action="append", choices=ARCHS, help="default: 90 and 80")
+    parser.add_argument("--dtype", action="append", choices=("bf16", "fp16", "fp32"), help="default: bf16, fp32")
+    parser.add_argument("--only", action="append",
+                        help="only this kernel (fwd, reduce, grad_logits, matmul, token_loss) or kernel/variant")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", default=RESULTS)
+    args = parser.parse_args(argv)
+    start = time.time()
+    rows = run(args.quick, tuple(args.arch or ARCHS), tuple(args.dtype or ("bf16", "fp32")), args.jobs, args.only)
+    problems = check(rows)
+    print(table(rows))
+    print(f"\n{len(rows)} compilations in {time.time() - start:.0f} s; "
+          f"{'all checks pass' if not problems else f'{len(problems)} problems:'}")
+    for p in problems:
+        print("  " + p)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    report = {"machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
+                          "python": platform.python_version()},
+              "versions": {"triton": triton.__version__},
+              "note": "ahead-of-time compilation with Triton's ptxas/cuobjdump; no GPU involved",
+              "shared_limit_bytes": {f"sm_{a}": SHARED_LIMIT[a] for a in ARCHS},
+              "rows": rows, "problems": problems}
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"wrote {args.out}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

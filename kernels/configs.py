@@ -1,0 +1,81 @@
+"""Autotune candidates of every kernel per GPU architecture, and the one small configuration used under
+TRITON_INTERPRET=1.
+
+Keys are 90 (sm_90: H100/H200, and newer) and 80 (sm_80/sm_86/sm_89: A100 and Ampere/Ada). Tiles are for
+bf16/fp16: tile M >= 64 and num_warps a multiple of 4 so that sm_90 uses wgmma. Every candidate compiles
+without register spills and within the shared memory of its architecture: benchmarks/kernel_report.py
+compiles each one ahead of time for both architectures (registers, spills, shared memory, wgmma/mma).
+sm_80 has fewer candidates because its mma accumulator layout needs more registers in the softmax epilogue.
+"""
+
+import triton
+
+
+def _cfg(num_warps: int, num_stages: int, **blocks: int) -> triton.Config:
+    return triton.Config(blocks, num_warps=num_warps, num_stages=num_stages)
+
+
+# Forward (tokens x vocab tiles, inner loop over d).
+FWD_CONFIGS = {
+    90: [
+        _cfg(8, 3, BLOCK_N=128, BLOCK_V=128, BLOCK_D=64),
+        _cfg(8, 4, BLOCK_N=128, BLOCK_V=128, BLOCK_D=32),
+        _cfg(4, 4, BLOCK_N=64, BLOCK_V=128, BLOCK_D=64),
+        _cfg(8, 3, BLOCK_N=64, BLOCK_V=256, BLOCK_D=64),
+    ],
+    80: [
+        _cfg(8, 3, BLOCK_N=128, BLOCK_V=128, BLOCK_D=32),
+        _cfg(8, 3, BLOCK_N=128, BLOCK_V=64, BLOCK_D=64),
+    ],
+}
+# Dual context: two accumulators (student and teacher rows) share each W tile; 128x128 spills.
+FWD_DUAL_CONFIGS = {
+    90: [
+        _cfg(8, 3, BLOCK_N=128, BLOCK_V=64, BLOCK_D=64),
+        _cfg(8, 3, BLOCK_N=64, BLOCK_V=128, BLOCK_D=64),
+    ],
+    80: [
+        _cfg(8, 3, BLOCK_N=128, BLOCK_V=64, BLOCK_D=64),
+    ],
+}
+# Backward: logits gradient of one vocabulary chunk (the forward's tile, one accumulator).
+_GRAD_LOGITS = [
+    _cfg(8, 3, BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, GROUP_N=8),
+    _cfg(4, 4, BLOCK_N=64, BLOCK_V=128, BLOCK_D=64, GROUP_N=8),
+    _cfg(8, 3, BLOCK_N=64, BLOCK_V=256, BLOCK_D=64, GROUP_N=8),
+]
+GRAD_LOGITS_CONFIGS = {90: _GRAD_LOGITS, 80: _GRAD_LOGITS}
+# Backward: dW = Gᵀ·H and dH += G·W (128x256 tiles spill with the fp32 accumulate of dH).
+_MATMUL = [
+    _cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8),
+    _cfg(4, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8),
+    _cfg(4, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8),
+]
+MATMUL_CONFIGS = {90: _MATMUL, 80: _MATMUL}
+# fp32 inputs multiply in fp32 ("ieee": FMA units, no tensor cores): small tiles, few stages, since fp32
+# tiles take twice the shared memory. Correctness path, not the fast one.
+_FP32 = [_cfg(8, 2, BLOCK_N=64, BLOCK_V=64, BLOCK_D=32)]
+_FP32_GRAD_LOGITS = [_cfg(8, 2, BLOCK_N=64, BLOCK_V=64, BLOCK_D=32, GROUP_N=8)]
+_FP32_MATMUL = [_cfg(4, 2, BLOCK_M=64, BLOCK_N=64, BLOCK_K=16, GROUP_M=8)]
+FP32_CONFIGS = {
+    "fwd": {90: _FP32, 80: _FP32},
+    "grad_logits": {90: _FP32_GRAD_LOGITS, 80: _FP32_GRAD_LOGITS},
+    "matmul": {90: _FP32_MATMUL, 80: _FP32_MATMUL},
+}
+REDUCE_BLOCK = 1024
+TOKEN_LOSS_BLOCK = 1024
+TOKEN_LOSS_NUM_WARPS = 4
+
+
+def arch_key(capability: int) -> int:
+    """The candidate list for a device of compute capability `capability` (e.g. 90 for 9.0, 86 for 8.6)."""
+    return 90 if capability >= 90 else 80
+
+
+# Under the interpreter the cost is per tile operation, not per element: tiles large enough for few
+# iterations, small enough that test shapes (N <= 64, d <= 64, V <= 300) still span several ragged tiles.
+INTERPRET_FWD = {"BLOCK_N": 32, "BLOCK_V": 64, "BLOCK_D": 32}
+INTERPRET_GRAD_LOGITS = {"BLOCK_N": 32, "BLOCK_V": 64, "BLOCK_D": 32, "GROUP_N": 2}
+INTERPRET_MATMUL = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 2}
+INTERPRET_REDUCE_BLOCK = 32
+INTERPRET_TOKEN_LOSS_BLOCK = 16

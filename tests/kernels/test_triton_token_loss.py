@@ -1,0 +1,183 @@
+"""Fused token-loss kernel (interpreter on CPU) against the SPEC §4 formulas in fp64 and the torch backend."""
+
+import math
+
+import pytest
+import torch
+from triton_reference import INTERPRETER, assert_close
+
+from seedfast.ops import chunked
+from seedfast.ops import triton_backend as tb
+
+pytestmark = INTERPRETER
+
+N = 75
+OPTIONS = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coef=0.1, kl_kind="low_var_kl", entropy_coef=0.01,
+               opd_coef=0.5, opd_beta=5.0, gate="gap")
+
+
+def _per_token(seed=0, n=N):
+    g = torch.Generator().manual_seed(seed)
+    lp = -torch.rand(n, generator=g) * 4
+    per_token = dict(
+        logprob=lp,
+        entropy=torch.rand(n, generator=g) * 3,
+        old_logprob=lp + torch.randn(n, generator=g) * 0.4,
+        ref_logprob=lp + torch.randn(n, generator=g) * 2,  # some k3 values beyond the clamp at 10
+        teacher_logprob=lp + torch.randn(n, generator=g),
+        teacher_mask=torch.rand(n, generator=g) > 0.3,
+        advantages=torch.randn(n, generator=g),
+        token_weights=torch.rand(n, generator=g) / n,
+    )
+    per_token["token_weights"][::6] = 0.0  # padding, holding garbage that must not leak
+    for key in ("logprob", "old_logprob", "ref_logprob", "teacher_logprob", "entropy"):
+        per_token[key][::12] = float("nan")
+    per_token["logprob"][6] = float("inf")
+    per_token["old_logprob"][1] = per_token["logprob"][1] - 30  # log-ratio beyond the ±20 clamp
+    return per_token
+
+
+def reference(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teacher_mask, advantages,
+              token_weights, *, clip_low, clip_high, dual_clip, kl_coef, kl_kind, entropy_coef, opd_coef,
+              opd_beta, gate):
+    """SPEC §4 per token in fp64, written out; a and b by autograd."""
+    w = token_weights.double()
+    on = w != 0
+    clean = lambda x: None if x is None else torch.where(on, x.double(), 0.0)  # noqa: E731
+    lp = clean(logprob).requires_grad_()
+    ent = None if entropy is None else clean(entropy).requires_grad_()
+    old, ref, teacher, adv = clean(old_logprob), clean(ref_logprob), clean(teacher_logprob), clean(advantages)
+    ratio = torch.exp((lp - old).clamp(-20, 20))
+    pg1, pg2 = -adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
+    pg = torch.maximum(pg1, pg2)
+    if dual_clip is not None:
+        pg = torch.where((adv < 0) & (pg > -adv * dual_clip), -adv * dual_clip, pg)
+    per = pg
+    sums = {"weight": w.sum(), "clip_frac": (w * (pg2 > pg1)).sum(),
+            "ratio_min": torch.where(on, ratio, math.inf).min(), "ratio_max": torch.where(on, ratio, -math.inf).max()}
+    if ref is not None:
+        diff = lp - ref
+        if kl_kind == "k1":
+            kl = diff
+        elif kl_kind == "k2":
+            kl = 0.5 * diff**2
+        else:
+            r = (-diff).clamp(-20, 20)
+            kl = (torch.exp(r) - r - 1).clamp(-10, 10)
+        per = per + kl_coef * kl
+        sums["kl"] = (w * kl).sum()
+    if ent is not None:
+        per = per - entropy_coef * ent
+        sums["entropy"] = (w * ent).sum()
+    loss = (w * per).sum()
+    if teacher is not None and (gate == "gap" or ent is not None):
+        m = on if teacher_mask is None else on & teacher_mask.bool()
+        delta = (teacher - lp).detach()
+        x = {"gap": lambda: delta, "entropy": lambda: ent.detach(),
+             "soft_or": lambda: 1 - (1 - ent.detach()) * (1 - delta)}[gate]()
+        g = torch.sigmoid(opd_beta * x)
+        opd = torch.where(m, g * (teacher - lp), 0.0)
+        loss = loss + opd_coef * (w * opd).sum()
+        sums.update(teacher_weight=(w * m).sum(), gate=(w * torch.where(m, g, 0.0)).sum(), opd_term=(w * opd).sum())
+    leaves = [lp] if ent is None else [lp, ent]
+    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+    a = grads[0]
+    b = grads[1] if ent is not None and entropy_coef != 0 else None
+    return loss.detach(), a, b, {k: v.detach() for k, v in sums.items()}
+
+
+def _compare(got, want):
+    loss, a, b, sums = got
+    ref_loss, ref_a, ref_b, ref_sums = want
+    assert_close(loss, ref_loss, 1e-5, "loss")
+    assert_close(a, ref_a, 1e-5, "a")
+    assert (b is None) == (ref_b is None)
+    if b is not None:
+        assert_close(b, ref_b, 1e-5, "b")
+    assert set(sums) == set(ref_sums)
+    for key, value in sums.items():
+        assert value.dim() == 0 and value.dtype == torch.float32
+        assert_close(value, ref_sums[key], 1e-5, key)
+
+
+@pytest.mark.parametrize("gate", ["gap", "entropy", "soft_or"])
+@pytest.mark.parametrize("kl_kind", ["k1", "k2", "low_var_kl"])
+def test_matches_spec_formulas(gate, kl_kind):
+    per_token = _per_token()
+    options = {**OPTIONS, "gate": gate, "kl_kind": kl_kind}
+    got = tb.token_loss(*per_token.values(), **options)
+    assert bool(torch.isfinite(got[1]).all())
+    _compare(got, reference(*per_token.values(), **options))
+
+
+def test_minimal_terms_no_dual_clip():
+    per_token = _per_token(seed=1)
+    for key in ("entropy", "ref_logprob", "teacher_logprob", "teacher_mask"):
+        per_token[key] = None
+    options = {**OPTIONS, "dual_clip": None, "kl_coef": 0.0, "entropy_coef": 0.0, "opd_coef": 0.0}
+    got = tb.token_loss(*per_token.values(), **options)
+    assert got[2] is None and set(got[3]) == {"weight", "clip_frac", "ratio_min", "ratio_max"}
+    _compare(got, reference(*per_token.values(), **options))
+
+
+def test_hand_computed_cases():
+    # token 0: OPD only (A = 0, on-policy), Δ = 1.5, β = 2 -> g = σ(3) = 0.952574, a = -λ·g
+    # token 1: A = -1, ρ = e² -> unclipped 7.389 capped by the dual clip at -A·c = 3, a = 0
+    # token 2: A = 1, ρ = e^0.5 -> clipped at 1 + 0.2: pg = -1.2, a = 0, counted in clip_frac
+    # token 3: A = 1, ρ = 1.1 inside the band: pg = -1.1, a = -1.1; k3 with r = 5: e^5 - 6 > 10 -> 10, no grad
+    lp = torch.tensor([-2.0, -1.0, -1.0, -1.0])
+    old = lp - torch.tensor([0.0, 2.0, 0.5, math.log(1.1)])
+    ref = torch.tensor([-2.0, -1.0, -1.0, 4.0])
+    teacher = torch.tensor([-0.5, -1.0, -1.0, -1.0])
+    tmask = torch.tensor([True, False, False, False])
+    adv = torch.tensor([0.0, -1.0, 1.0, 1.0])
+    w = torch.ones(4)
+    loss, a, b, sums = tb.token_loss(lp, None, old, ref, teacher, tmask, adv, w, clip_low=0.2, clip_high=0.2,
+                                     dual_clip=3.0, kl_coef=1.0, kl_kind="low_var_kl", entropy_coef=0.0,
+                                     opd_coef=1.0, opd_beta=2.0, gate="gap")
+    g = 1 / (1 + math.exp(-3))
+    assert abs(float(sums["gate"]) - g) < 1e-6 and abs(g - 0.952574) < 1e-6
+    assert torch.allclose(a, torch.tensor([-g, 0.0, 0.0, -1.1]), atol=1e-6)
+    assert abs(float(loss) - (g * 1.5 + 3.0 - 1.2 - 1.1 + 10.0)) < 1e-5
+    assert float(sums["clip_frac"]) == 1.0 and float(sums["kl"]) == pytest.approx(10.0)
+    assert float(sums["ratio_max"]) == pytest.approx(math.exp(2), rel=1e-6) and b is None
+
+
+@pytest.mark.parametrize("n_programs", [1, 2, 7])
+def test_program_count_does_not_change_results(n_programs):
+    per_token = _per_token(seed=2)
+    got = tb.token_loss(*per_token.values(), **OPTIONS, block=16, n_programs=n_programs)
+    _compare(got, reference(*per_token.values(), **OPTIONS))
+
+
+@pytest.mark.parametrize("gate", ["gap", "soft_or"])
+def test_matches_torch_backend(gate):
+    per_token = _per_token(seed=3)
+    options = {**OPTIONS, "gate": gate, "kl_kind": "k2"}
+    _compare(tb.token_loss(*per_token.values(), **options),
+             tuple(x.double() if isinstance(x, torch.Tensor) else x for x in chunked.token_loss(
+                 *per_token.values(), **options)[:3]) + (
+                 {k: v.double() for k, v in chunked.token_loss(*per_token.values(), **options)[3].items()},))
+
+
+def test_zero_tokens():
+    per_token = {k: v[:0] for k, v in _per_token().items()}
+    loss, a, b, sums = tb.token_loss(*per_token.values(), **OPTIONS)
+    assert float(loss) == 0.0 and a.shape == b.shape == (0,)
+    assert float(sums["ratio_min"]) == math.inf and float(sums["weight"]) == 0.0
+
+
+def test_bad_options_raise_one_clear_error():
+    per_token = _per_token()
+    with pytest.raises(ValueError, match="kl_kind"):
+        tb.token_loss(*per_token.values(), **{**OPTIONS, "kl_kind": "k9"})
+    with pytest.raises(ValueError, match="gate"):
+        tb.token_loss(*per_token.values(), **{**OPTIONS, "gate": "max"})
+    with pytest.raises(ValueError, match="ref_logprob"):
+        tb.token_loss(*{**per_token, "ref_logprob": None}.values(), **OPTIONS)
+    with pytest.raises(ValueError, match="entropy"):
+        tb.token_loss(*{**per_token, "entropy": None}.values(), **OPTIONS)
+    with pytest.raises(ValueError, match="advantages"):
+        tb.token_loss(*{**per_token, "advantages": per_token["advantages"][:-1]}.values(), **OPTIONS)
+    with pytest.raises(ValueError, match="dual_clip"):
+        tb.token_loss(*per_token.values(), **{**OPTIONS, "dual_clip": 0.5})
