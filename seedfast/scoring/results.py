@@ -1,0 +1,58 @@
+"""Scorer outputs: packed per-token tensors in sample order, viewable per sample."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """One sample's response tokens: log-probs, and the teacher's / entropy when computed."""
+
+    logprob: torch.Tensor  # [|A|] fp32
+    teacher_logprob: torch.Tensor | None  # [|A|] fp32, None when the sample has no teacher
+    entropy: torch.Tensor | None  # [|A|] fp32, None unless asked
+
+    @property
+    def old_logprob(self) -> torch.Tensor:
+        return self.logprob
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Packed results: sample i owns tokens offsets[i]:offsets[i+1] (its response, in order).
+
+    `logprob` is ℓold from `score` (ℓref from `score_reference`). `teacher_logprob` is 0 where
+    `teacher_mask` is False (samples without a valid teacher), so it can go straight into a loss
+    together with the mask. `len()`, indexing and iteration give per-sample `ScoreResult`s.
+    """
+
+    offsets: torch.Tensor  # [B + 1] int64, on CPU
+    logprob: torch.Tensor  # [N] fp32
+    teacher_logprob: torch.Tensor | None  # [N] fp32 or None (single-context scoring)
+    teacher_mask: torch.Tensor | None  # [N] bool or None
+    entropy: torch.Tensor | None  # [N] fp32 or None
+
+    @property
+    def old_logprob(self) -> torch.Tensor:
+        return self.logprob
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> ScoreResult:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"sample index {i} out of range for {len(self)} samples")
+        i %= len(self)
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        teacher = None
+        if self.teacher_logprob is not None and bool(self.teacher_mask[lo:hi].all()):
+            teacher = self.teacher_logprob[lo:hi]
+        entropy = self.entropy[lo:hi] if self.entropy is not None else None
+        return ScoreResult(self.logprob[lo:hi], teacher, entropy)
+
+    def __iter__(self) -> Iterator[ScoreResult]:
+        return (self[i] for i in range(len(self)))

@@ -1,0 +1,175 @@
+"""Shared-prefix dual-context scoring (DESIGN §1): ℓold (+H) and ℓskill in one pass over the history.
+
+Per micro-batch (packed varlen, no padding; packing.py says which tokens go where):
+    1. prefix call   P[:L] of every sample, keeping its KV
+    2. branch call   student branches of all samples and teacher branches of samples with a teacher,
+                     each attending to its sample's prefix KV (repeated for the two branches)
+    3. LM head       linear_logprob on the rows that predict A: student rows, with the teacher rows as
+                     `teacher_hidden`, so both contexts share each W tile; never [tokens × vocab] logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from seedfast.model.decoder import Decoder
+from seedfast.ops import linear_logprob
+from seedfast.scoring.packing import (
+    Packed,
+    pack_branches,
+    pack_prefixes,
+    pack_single,
+    shared_prefix_length,
+    split_by_budget,
+    student_branch,
+    teacher_branch,
+)
+from seedfast.scoring.results import Scores
+from seedfast.scoring.sample import StepSample, check_samples
+
+DEFAULT_TOKEN_BUDGET = 16384
+
+
+def _forward(model, packed: Packed, past=None, return_kv: bool = False, attn_backend: str | None = None):
+    packed = packed.to(model.lm_head_weight.device)
+    return model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids, past=past,
+                 return_kv=return_kv, attn_backend=attn_backend)
+
+
+def _head(model, hidden: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor,
+          teacher_rows: torch.Tensor | None, temperature: float, with_entropy: bool):
+    device = hidden.device
+    teacher_hidden = hidden[teacher_rows.to(device)] if teacher_rows is not None else None
+    return linear_logprob(hidden[rows.to(device)], model.lm_head_weight, targets.to(device),
+                          teacher_hidden=teacher_hidden, temperature=temperature, with_entropy=with_entropy)
+
+
+def _scatter_scores(samples: list[StepSample], parts, with_entropy: bool, with_teacher: bool) -> Scores:
+    """Assemble per-micro-batch results (indices, logprob, teacher, entropy) into sample order."""
+    lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.long)
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.long)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    order = torch.cat([torch.arange(int(offsets[i]), int(offsets[i + 1])) for idx, *_ in parts for i in idx]
+                      ) if samples else torch.zeros(0, dtype=torch.long)
+    total = int(offsets[-1])
+
+    def place(pieces):
+        flat = torch.cat(pieces)
+        out = torch.empty(total, dtype=flat.dtype, device=flat.device)
+        out[order.to(flat.device)] = flat
+        return out
+
+    if not parts:
+        zeros = torch.zeros(0)
+        return Scores(offsets, zeros, zeros if with_teacher else None,
+                      torch.zeros(0, dtype=torch.bool) if with_teacher else None, zeros if with_entropy else None)
+    return Scores(
+        offsets=offsets,
+        logprob=place([p[1] for p in parts]),
+        teacher_logprob=place([p[2] for p in parts]) if with_teacher else None,
+        teacher_mask=place([p[3] for p in parts]) if with_teacher else None,
+        entropy=place([p[4] for p in parts]) if with_entropy else None,
+    )
+
+
+def _score_microbatch(model, samples: list[StepSample], temperature: float, with_entropy: bool,
+                      attn_backend: str | None):
+    lengths = [shared_prefix_length(s) for s in samples]
+    has_teacher = [s.has_teacher for s in samples]
+    past = None
+    if any(lengths):
+        _, kv = _forward(model, pack_prefixes(samples, lengths), return_kv=True, attn_backend=attn_backend)
+        teacher_of = [i for i, t in enumerate(has_teacher) if t]
+        past = kv.select(torch.tensor(list(range(len(samples))) + teacher_of, dtype=torch.long))
+    branches = pack_branches(samples, lengths, has_teacher)
+    hidden = _forward(model, branches, past=past, attn_backend=attn_backend)
+    return _dual_head(model, samples, branches, hidden, has_teacher, temperature, with_entropy)
+
+
+def _dual_head(model, samples, branches: Packed, hidden, has_teacher, temperature, with_entropy):
+    """Log-probs from branch rows: student rows first (all samples), then teacher rows (has_teacher)."""
+    n_resp = [len(s.response_ids) for s in samples]
+    n_student = sum(n_resp)
+    student_rows, teacher_rows = branches.rows[:n_student], branches.rows[n_student:]
+    targets = branches.targets[:n_student]
+    # rows of samples with a teacher are paired with their teacher rows; the others go alone
+    owner = torch.repeat_interleave(torch.arange(len(samples)), torch.tensor(n_resp))
+    paired = torch.tensor(has_teacher, dtype=torch.bool)[owner]
+    device = hidden.device
+    logprob = torch.empty(n_student, dtype=torch.float32, device=device)
+    teacher = torch.zeros(n_student, dtype=torch.float32, device=device)
+    entropy = torch.empty(n_student, dtype=torch.float32, device=device) if with_entropy else None
+    for mask, pair in ((paired, True), (~paired, False)):
+        if not bool(mask.any()):
+            continue
+        out = _head(model, hidden, student_rows[mask], targets[mask], teacher_rows if pair else None,
+                    temperature, with_entropy)
+        where = mask.to(device)
+        logprob[where] = out.logprob
+        if pair:
+            teacher[where] = out.teacher_logprob
+        if with_entropy:
+            entropy[where] = out.entropy
+    return logprob, teacher, paired.to(device), entropy
+
+
+@torch.no_grad()
+def score(
+    model: Decoder,
+    samples: Sequence[StepSample],
+    *,
+    with_entropy: bool = False,
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
+    temperature: float = 1.0,
+    attn_backend: str | None = None,
+) -> Scores:
+    """ℓold (and H) on P ⊕ A and ℓskill on P[:k] ⊕ S ⊕ P[k:] ⊕ A for every sample, sharing P[:k].
+
+    Micro-batches hold consecutive samples with at most `token_budget` new tokens per model call
+    (prefix call: Σ L; branch call: Σ student + teacher branch tokens); a sample that alone exceeds
+    it raises a ValueError naming it. Returns packed `Scores` in sample order; samples without a teacher
+    have teacher_mask False (teacher_logprob 0 there, and None in their per-sample view).
+    """
+    samples = check_samples(samples)
+    _check_temperature(temperature)
+    costs = []
+    for s in samples:
+        n = shared_prefix_length(s)
+        branch = len(student_branch(s, n)) + (len(teacher_branch(s, n)) if s.has_teacher else 0)
+        costs.append((n, branch))
+    groups = split_by_budget(costs, token_budget, [s.describe(i) for i, s in enumerate(samples)])
+    parts = []
+    for idx in groups:
+        batch = [samples[i] for i in idx]
+        parts.append((idx, *_score_microbatch(model, batch, temperature, with_entropy, attn_backend)))
+    return _scatter_scores(samples, parts, with_entropy, with_teacher=True)
+
+
+@torch.no_grad()
+def score_reference(
+    ref_model: Decoder,
+    samples: Sequence[StepSample],
+    *,
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
+    temperature: float = 1.0,
+    attn_backend: str | None = None,
+) -> Scores:
+    """ℓref on P ⊕ A (single context, no teacher) with the same packing and budget rule as `score`."""
+    samples = check_samples(samples)
+    _check_temperature(temperature)
+    costs = [(len(s.prompt_ids) + len(s.response_ids) - 1,) for s in samples]
+    groups = split_by_budget(costs, token_budget, [s.describe(i) for i, s in enumerate(samples)])
+    parts = []
+    for idx in groups:
+        packed = pack_single([samples[i] for i in idx])
+        hidden = _forward(ref_model, packed, attn_backend=attn_backend)
+        out = _head(ref_model, hidden, packed.rows, packed.targets, None, temperature, False)
+        parts.append((idx, out.logprob, None, None, None))
+    return _scatter_scores(samples, parts, with_entropy=False, with_teacher=False)
+
+
+def _check_temperature(temperature: float) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ValueError(f"temperature must be a positive number, got {temperature!r}")

@@ -1,0 +1,75 @@
+"""`teacher_params: current` (SPEC §3): ℓskill re-scored with the current θ, reusing the prefix KV that the
+update step's own forward already computed, so only the teacher branches run (under no_grad)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from seedfast.model.decoder import Decoder
+from seedfast.model.kv import PackedKV
+from seedfast.model.packing import make_cu_seqlens
+from seedfast.ops import linear_logprob
+from seedfast.scoring.packing import pack, shared_prefix_length, teacher_branch
+from seedfast.scoring.sample import StepSample, check_samples
+
+
+def _leading_tokens(kv: PackedKV, index: list[int], lengths: list[int]) -> PackedKV:
+    """Sequences `index` of kv, each cut to its first lengths[i] tokens."""
+    device = kv.cu_seqlens.device
+    lengths_t = torch.tensor(lengths, dtype=torch.int64, device=device)
+    cu = make_cu_seqlens(lengths_t)
+    total = int(cu[-1])
+    starts = kv.cu_seqlens[:-1].long()[torch.tensor(index, dtype=torch.int64, device=device)]
+    gather = torch.repeat_interleave(starts - cu[:-1].long(), lengths_t, output_size=total)
+    gather = gather + torch.arange(total, device=device)
+    return PackedKV([k[gather].detach() for k in kv.keys], [v[gather].detach() for v in kv.values], cu)
+
+
+@torch.no_grad()
+def teacher_logprob_with_prefix(
+    model: Decoder,
+    prefix_kv: PackedKV,
+    samples: Sequence[StepSample],
+    *,
+    temperature: float = 1.0,
+    attn_backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ℓskill under the model's current parameters, from a prefix KV the caller already has.
+
+    prefix_kv holds one sequence per sample, in order, starting at position 0 and at least
+    `shared_prefix_length(sample)` tokens long, e.g. the (detached) KV of the update's forward over
+    P ⊕ A[:-1] with `return_kv=True`; only its leading shared-prefix tokens are used.
+    Returns (teacher_logprob [ΣA] fp32, teacher_mask [ΣA] bool), packed in sample order like
+    `Scores.logprob`; rows of samples without a teacher are 0 and masked out.
+    """
+    if not isinstance(prefix_kv, PackedKV):
+        raise TypeError(f"prefix_kv must be a PackedKV, got {type(prefix_kv).__name__}")
+    samples = check_samples(samples)
+    if prefix_kv.num_sequences != len(samples):
+        raise ValueError(f"prefix_kv holds {prefix_kv.num_sequences} sequences for {len(samples)} samples")
+    have = prefix_kv.lengths.tolist()
+    device = model.lm_head_weight.device
+    n_resp = [len(s.response_ids) for s in samples]
+    teacher_logprob = torch.zeros(sum(n_resp), dtype=torch.float32, device=device)
+    mask = torch.zeros(sum(n_resp), dtype=torch.bool, device=device)
+    chosen = [i for i, s in enumerate(samples) if s.has_teacher]
+    if not chosen:
+        return teacher_logprob, mask
+    lengths = [shared_prefix_length(samples[i]) for i in chosen]
+    for i, need in zip(chosen, lengths):
+        if have[i] < need:
+            name = samples[i].describe(i)
+            raise ValueError(f"{name}: prefix_kv sequence {i} has {have[i]} tokens, the shared prefix needs {need}")
+    past = _leading_tokens(prefix_kv, chosen, lengths)
+    branches = pack([teacher_branch(samples[i], n) for i, n in zip(chosen, lengths)], lengths,
+                    [samples[i].response_ids for i in chosen]).to(device)
+    hidden = model(branches.input_ids, branches.cu_seqlens, position_ids=branches.position_ids, past=past,
+                   attn_backend=attn_backend)
+    out = linear_logprob(hidden[branches.rows], model.lm_head_weight, branches.targets, temperature=temperature)
+    offsets = torch.tensor([0, *n_resp]).cumsum(0).tolist()
+    where = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in chosen]).to(device)
+    teacher_logprob[where] = out.logprob
+    mask[where] = True
+    return teacher_logprob, mask
