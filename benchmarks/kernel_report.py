@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernels, never interpreter stand-ins
 
 import triton  # noqa: E402
-from seedfast.kernels import autotuned, linear_logprob_bwd, linear_logprob_fwd, matmul, token_loss  # noqa: E402
-from seedfast.kernels import configs as C  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+
+from seedfast.kernels import autotuned, linear_logprob_bwd, linear_logprob_fwd, matmul, token_loss  # noqa: E402
+from seedfast.kernels import configs as C  # noqa: E402
 
 # Largest dynamic shared memory one block may opt into (CUDA programming guide, compute capabilities).
 SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}

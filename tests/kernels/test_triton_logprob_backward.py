@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from seedfast.kernels import configs
 from triton_reference import INTERPRETER, TOL, assert_close, reference_grads
 
+from seedfast.kernels import configs
 from seedfast.ops import triton_backend as tb
 
 pytestmark = INTERPRETER
