@@ -84,6 +84,7 @@ class Trainer:
         n_slots = cfg.env.slots or cfg.rollout.tasks_per_batch * cfg.rollout.n
         self.envs = make_env_slots(cfg, n_slots)
         self.judge = make_judge(cfg) if cfg.algorithm == "grsd" else None
+        self.on_policy = cfg.trainer.ppo_epochs == 1 and cfg.trainer.mini_batches == 1
         self.bad_steps = 0
         self.step = 0
         self.log = None
@@ -126,14 +127,18 @@ class Trainer:
         if not samples:
             raise RuntimeError(f"step {step}: the rollout produced no step samples")
 
+        # fully on-policy (one epoch, one mini-batch) and no teacher: ℓold comes from the update's own forward
+        skip_old = self.on_policy and cfg.algorithm == "grpo"
         with timer.phase("score"):
-            scores = score(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
-                           temperature=cfg.rollout.temperature)
+            scores = None
+            if not skip_old:
+                scores = score(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
+                               temperature=cfg.rollout.temperature)
+                metrics.update(_rollout_gap(samples, scores.logprob))
             ref_lp = None
             if self.ref is not None:
                 ref_lp = score_reference(self.ref, samples, token_budget=cfg.trainer.micro_batch_tokens,
                                          temperature=cfg.rollout.temperature).logprob
-        metrics.update(_rollout_gap(samples, scores.logprob))
 
         with timer.phase("advantage"):
             rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
@@ -145,8 +150,9 @@ class Trainer:
         metrics["train/reward_mean"] = float(rewards.mean())
         metrics["train/advantage_zero_frac"] = float((advantages == 0).float().mean())
 
-        use_opd = cfg.algorithm in ("seed", "sdar") and cfg.loss.opd_coef > 0 and scores.teacher_mask is not None
-        batch = UpdateBatch(samples, advantages, scores.logprob,
+        use_opd = (cfg.algorithm in ("seed", "sdar") and cfg.loss.opd_coef > 0 and scores is not None
+                   and scores.teacher_mask is not None)
+        batch = UpdateBatch(samples, advantages, scores.logprob if scores is not None else None,
                             ref_logprob=ref_lp,
                             teacher_logprob=scores.teacher_logprob if use_opd else None,
                             teacher_mask=scores.teacher_mask if use_opd else None)
@@ -195,7 +201,7 @@ class Trainer:
                 self.bad_steps = 0
                 self.optimizer.step()
                 applied += 1
-                out.update({f"loss/{k}": v for k, v in m.items()})
+                out.update({(k if "/" in k else f"loss/{k}"): v for k, v in m.items()})
                 out["loss/total"] = loss
                 out["optim/grad_norm"] = norm
         out["optim/updates_applied"] = float(applied)

@@ -14,7 +14,7 @@ import torch
 
 from seedfast.algo import losses
 from seedfast.config import LossConfig
-from seedfast.ops import fused_loss
+from seedfast.ops import fused_loss, linear_logprob
 from seedfast.scoring.packing import pack_single, split_by_budget
 from seedfast.scoring.sample import StepSample
 
@@ -25,7 +25,7 @@ class UpdateBatch:
 
     samples: list[StepSample]
     advantages: torch.Tensor  # [S] per sample, or [N] per response token
-    old_logprob: torch.Tensor  # [N]
+    old_logprob: torch.Tensor | None  # [N]; None = on-policy: ℓold is the detached ℓθ of the update forward
     ref_logprob: torch.Tensor | None = None  # [N]
     teacher_logprob: torch.Tensor | None = None  # [N], 0 where teacher_mask is False
     teacher_mask: torch.Tensor | None = None  # [N] bool
@@ -85,12 +85,22 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
         hidden = model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids,
                        attn_backend=attn_backend)
         w = torch.cat([weights_all[int(local_offsets[pos[i]]):int(local_offsets[pos[i] + 1])] for i in micro])
+        rows = hidden[packed.rows]
+        if batch.old_logprob is None:
+            # on-policy (one epoch, one mini-batch): θ_old = θ, so ℓold is this forward's ℓθ, detached; the
+            # decoder forward is shared, only the streamed LM-head pass is extra (no separate scoring pass)
+            with torch.no_grad():
+                old = linear_logprob(rows.detach(), model.lm_head_weight.detach(), packed.targets,
+                                     temperature=temperature).logprob
+            _add_rollout_gap(sums, old, [batch.samples[i] for i in micro])
+        else:
+            old = _gather(batch.old_logprob, batch, micro).to(device)
         teacher_mask = _gather(batch.teacher_mask, batch, micro) if use_opd else None
         loss, metrics = fused_loss(
-            hidden[packed.rows], model.lm_head_weight, packed.targets,
+            rows, model.lm_head_weight, packed.targets,
             token_weights=w.to(device),
             advantages=_gather(batch.advantages, batch, micro).to(device),
-            old_logprob=_gather(batch.old_logprob, batch, micro).to(device),
+            old_logprob=old,
             ref_logprob=_gather(batch.ref_logprob, batch, micro).to(device) if use_kl else None,
             teacher_logprob=_gather(batch.teacher_logprob, batch, micro).to(device) if use_opd else None,
             teacher_mask=teacher_mask.to(device) if teacher_mask is not None else None,
@@ -112,8 +122,23 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
                 sums[k] = max(sums.get(k, -math.inf), v)
             else:
                 sums[k] = sums.get(k, 0.0) + v * wsum
+    gap = {k: sums.pop(k) for k in ("_gap_sum", "_gap_n", "_gap_max") if k in sums}
     out = {k: (v if k.startswith("ratio_") else v / max(weight_sum, 1e-12)) for k, v in sums.items()}
+    if gap.get("_gap_n"):
+        out["rollout/logprob_gap_mean"] = gap["_gap_sum"] / gap["_gap_n"]
+        out["rollout/logprob_gap_max"] = gap["_gap_max"]
     return total_loss, out
+
+
+def _add_rollout_gap(sums: dict[str, float], logprob: torch.Tensor, samples: list[StepSample]) -> None:
+    """Train-vs-rollout log-prob gap (PITFALLS: a silent weight-sync failure shows here first)."""
+    rollout = [s.meta.get("rollout_logprobs") for s in samples]
+    if any(r is None for r in rollout):
+        return
+    gap = (logprob.float().cpu() - torch.cat(rollout)).abs()
+    sums["_gap_sum"] = sums.get("_gap_sum", 0.0) + float(gap.sum())
+    sums["_gap_n"] = sums.get("_gap_n", 0.0) + gap.numel()
+    sums["_gap_max"] = max(sums.get("_gap_max", 0.0), float(gap.max()) if gap.numel() else 0.0)
 
 
 def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:
