@@ -69,3 +69,16 @@ class ProfileWindow:
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStop()
             self.active = False
+
+
+# dense bf16 peak FLOP/s by GPU name fragment (vendor datasheets); MFU is reported only where the GPU is known
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+
+def mfu(n_params: int, tokens_per_s: float) -> float | None:
+    """Model FLOP utilization of training tokens (6·params FLOPs each) on the current GPU; None on CPU."""
+    if not _cuda():
+        return None
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    return 6 * n_params * tokens_per_s / peak if peak else None

@@ -31,7 +31,7 @@ from seedfast.train.checkpoint import latest_checkpoint, load_checkpoint, save_c
 from seedfast.train.evaluate import evaluate
 from seedfast.train.metrics import MetricsLogger, truncate_metrics
 from seedfast.train.privileged import Privileged, make_judge, privileged_text
-from seedfast.train.profiling import PhaseTimer, ProfileWindow, parse_profile_steps
+from seedfast.train.profiling import PhaseTimer, ProfileWindow, mfu, parse_profile_steps
 from seedfast.train.setup import (
     agent_config,
     device_of,
@@ -84,6 +84,7 @@ class Trainer:
         n_slots = cfg.env.slots or cfg.rollout.tasks_per_batch * cfg.rollout.n
         self.envs = make_env_slots(cfg, n_slots)
         self.judge = make_judge(cfg) if cfg.algorithm == "grsd" else None
+        self.n_params = sum(p.numel() for p in self.policy.parameters())
         self.on_policy = cfg.trainer.ppo_epochs == 1 and cfg.trainer.mini_batches == 1
         self.bad_steps = 0
         self.step = 0
@@ -175,6 +176,9 @@ class Trainer:
         })
         if torch.cuda.is_available():
             metrics["memory/peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            util = mfu(self.n_params, n_tokens / max(timer.seconds.get("update", 0.0), 1e-9))
+            if util is not None:
+                metrics["throughput/mfu_update"] = util
         return metrics
 
     def _update(self, batch: UpdateBatch, use_opd: bool) -> dict[str, float]:
