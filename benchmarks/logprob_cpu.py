@@ -1,0 +1,243 @@
+"""CPU benchmark of seedfast.ops against materialized logits (and Liger-Kernel's chunked GRPO loss).
+
+    python benchmarks/logprob_cpu.py                 # N=4096, d=512, V=32768, fp32: table + results JSON
+    python benchmarks/logprob_cpu.py --n 512 --reps 2   # a quick look
+
+Each variant runs forward + backward in two fresh processes: one measures the peak resident memory
+above the inputs (glibc's mmap threshold pinned, so freed tiles go back to the OS and cannot hide in
+the allocator), the other the median wall time of `--reps` calls after a warm-up. Variants:
+- logprob: per-token log-probs, random upstream gradient. naive = logits → log_softmax → gather.
+- loss_grpo: PPO clip + dual clip + k3 KL (token-mean). naive = the materialized log-probs fed to
+  seedfast.algo.losses.total_loss; liger = LigerFusedLinearGRPOLoss (loss_type "dapo", beta = KL coef).
+- loss_seed: the same plus the entropy bonus and the gated OPD term (entropy needed: one more pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import PeakRSS, median, print_table, run_worker, time_reps, write_results  # noqa: E402
+
+VARIANTS = ("naive_logprob", "ours_logprob", "naive_loss_grpo", "ours_loss_grpo", "liger_loss_grpo",
+            "naive_loss_seed", "ours_loss_seed")
+SEQ_LEN = 512
+GRPO = {"kl_coef": 0.01, "kl_kind": "low_var_kl"}
+SEED = {**GRPO, "entropy_coef": 0.001, "opd_coef": 0.01, "opd_beta": 5.0, "gate": "gap"}
+MALLOC_PINNED = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+# Liger compiles only its small per-token loss math with torch.compile; its GEMMs run eagerly either way.
+LIGER_COMPILED = False
+
+
+def make_inputs(n: int, d: int, vocab: int, seed: int = 0) -> dict:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    batch = max(1, n // SEQ_LEN)
+    seq = n // batch
+    n = batch * seq
+    return {
+        "hidden": (torch.randn(n, d, generator=gen) / d ** 0.5).requires_grad_(),
+        "weight": (torch.randn(vocab, d, generator=gen) * 2.0).requires_grad_(),
+        "targets": torch.randint(0, vocab, (n,), generator=gen),
+        "upstream": torch.randn(n, generator=gen),
+        "old_logprob": -torch.rand(n, generator=gen) * 8.0 - 6.0,
+        "ref_logprob": -torch.rand(n, generator=gen) * 8.0 - 6.0,
+        "teacher_logprob": -torch.rand(n, generator=gen) * 8.0 - 5.0,
+        "advantages": torch.randn(batch, generator=gen),
+        "mask": torch.ones(batch, seq, dtype=torch.bool),
+    }
+
+
+def make_forward(variant: str, x: dict):
+    """A closure computing the variant's scalar (loss, or log-probs · upstream) with its autograd graph."""
+    import torch
+
+    from seedfast.algo import losses
+    from seedfast.ops import fused_loss, linear_logprob
+
+    hidden, weight, targets = x["hidden"], x["weight"], x["targets"]
+    batch, seq = x["mask"].shape
+    per_token_adv = x["advantages"][:, None].expand(batch, seq).reshape(-1)
+    token_weights = losses.aggregation_weights(x["mask"], "token-mean").reshape(-1)
+    loss_options = SEED if variant.endswith("seed") else GRPO
+
+    def naive_logprob(with_entropy: bool):
+        logp = torch.log_softmax(hidden @ weight.t(), dim=-1)
+        picked = logp.gather(1, targets.unsqueeze(1)).squeeze(1)
+        entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
+        return picked, entropy
+
+    def naive_loss():
+        lp, entropy = naive_logprob(variant.endswith("seed"))
+        extra = {"entropy": entropy.view(batch, seq), "teacher_logprob": x["teacher_logprob"].view(batch, seq)} \
+            if entropy is not None else {}
+        loss, _ = losses.total_loss(lp.view(batch, seq), x["old_logprob"].view(batch, seq), x["advantages"],
+                                    x["mask"], ref_logprob=x["ref_logprob"].view(batch, seq), **extra,
+                                    **loss_options)
+        return loss
+
+    def ours_loss():
+        extra = {"teacher_logprob": x["teacher_logprob"]} if variant.endswith("seed") else {}
+        loss, _ = fused_loss(hidden, weight, targets, token_weights=token_weights, advantages=per_token_adv,
+                             old_logprob=x["old_logprob"], ref_logprob=x["ref_logprob"], **extra, **loss_options)
+        return loss
+
+    if variant == "naive_logprob":
+        forward = lambda: (naive_logprob(False)[0] * x["upstream"]).sum()
+    elif variant == "ours_logprob":
+        forward = lambda: (linear_logprob(hidden, weight, targets).logprob * x["upstream"]).sum()
+    elif variant.startswith("naive_loss"):
+        forward = naive_loss
+    elif variant.startswith("ours_loss"):
+        forward = ours_loss
+    elif variant == "liger_loss_grpo":
+        forward = _liger_forward(x, batch, seq)
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+    return forward
+
+
+def make_step(variant: str, x: dict):
+    """A closure running forward + backward once (and dropping the gradients afterwards)."""
+    forward = make_forward(variant, x)
+
+    def step():
+        forward().backward()
+        x["hidden"].grad = None
+        x["weight"].grad = None
+
+    return step
+
+
+def _liger_forward(x: dict, batch: int, seq: int):
+    from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+
+    d = x["hidden"].shape[1]
+    loss_fn = LigerFusedLinearGRPOLoss(beta=GRPO["kl_coef"], compiled=LIGER_COMPILED, use_ref_model=True,
+                                       loss_type="dapo", epsilon_low=0.2, epsilon_high=0.2)
+
+    def forward():
+        loss, _ = loss_fn(x["hidden"].view(batch, seq, d), x["weight"], x["targets"].view(batch, seq),
+                          x["mask"], x["advantages"], ref_per_token_logps=x["ref_logprob"].view(batch, seq),
+                          old_per_token_logps=x["old_logprob"].view(batch, seq))
+        return loss
+
+    return forward
+
+
+def worker(variant: str, mode: str, n: int, d: int, vocab: int, reps: int, threads: int | None) -> dict:
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    x = make_inputs(n, d, vocab)
+    step = make_step(variant, x)
+    step()  # warm-up at full size (first-touch, thread pools, lazy initialisation)
+    gc.collect()
+    if mode == "memory":
+        with PeakRSS() as mem:
+            step()
+        grads = x["hidden"].numel() * x["hidden"].element_size() + x["weight"].numel() * x["weight"].element_size()
+        return {"peak_extra_bytes": mem.extra_bytes, "grad_bytes": grads, "memory_method": mem.method}
+    wall, cpu = [], []
+    for _ in range(reps):
+        cpu_start = time.process_time()
+        wall += time_reps(step, 1, warmup=0)
+        cpu.append(time.process_time() - cpu_start)
+    # CPU seconds (all threads) are reported beside wall time: on a shared machine they are far less
+    # sensitive to other processes' load than wall time.
+    return {"seconds": wall, "median_s": median(wall), "cpu_seconds": cpu, "median_cpu_s": median(cpu),
+            "torch_threads": torch.get_num_threads()}
+
+
+def liger_status() -> str | None:
+    """The Liger-Kernel version if its chunked GRPO loss imports here, else None."""
+    try:
+        from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss  # noqa: F401
+    except Exception:  # noqa: BLE001 - any failure to import means "not available" on this machine
+        return None
+    from _common import versions
+
+    return versions("liger-kernel")["liger-kernel"] or "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=4096, help="tokens (sequences of 512)")
+    parser.add_argument("--d", type=int, default=512, help="hidden size")
+    parser.add_argument("--vocab", type=int, default=32768)
+    parser.add_argument("--reps", type=int, default=3, help="timed calls per variant (median reported)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--tile-bytes", type=int, help="SEEDFAST_OPS_TILE_BYTES for our variants (else the default)")
+    parser.add_argument("--threads", type=int, help="torch threads per variant (else torch's default); 1 gives "
+                        "steadier numbers on a machine that other jobs share")
+    parser.add_argument("--name", default=None, help="results/<name>.json (default: logprob_cpu, plus _t<threads>)")
+    parser.add_argument("--worker", nargs=2, metavar=("VARIANT", "MODE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        print(json.dumps(worker(*args.worker, args.n, args.d, args.vocab, args.reps, args.threads)))
+        return
+
+    args.name = args.name or "logprob_cpu" + (f"_t{args.threads}" if args.threads else "")
+    liger = liger_status()
+    logits_bytes = args.n * args.vocab * 4
+    common = ["--n", str(args.n), "--d", str(args.d), "--vocab", str(args.vocab), "--reps", str(args.reps)]
+    if args.threads:
+        common += ["--threads", str(args.threads)]
+    rows = []
+    for variant in args.variants:
+        row = {"variant": variant}
+        if variant.startswith("liger") and liger is None:
+            row["note"] = "not available (liger_kernel does not import)"
+            rows.append(row)
+            continue
+        env = {"SEEDFAST_OPS_TILE_BYTES": str(args.tile_bytes)} if args.tile_bytes else {}
+        mem = run_worker([__file__, *common, "--worker", variant, "memory"], env={**env, **MALLOC_PINNED})
+        timing = run_worker([__file__, *common, "--worker", variant, "time"], env=env)
+        extra = mem["peak_extra_bytes"] - mem["grad_bytes"]
+        row.update(timing, **mem, extra_beyond_grads_bytes=extra,
+                   peak_extra_mib=mem["peak_extra_bytes"] / 2**20, extra_beyond_grads_mib=extra / 2**20,
+                   extra_over_logits=extra / logits_bytes)
+        rows.append(row)
+        print(f"  {variant}: {row['median_s']:.2f} s, +{row['peak_extra_mib']:.0f} MiB", file=sys.stderr)
+
+    by_name = {r["variant"]: r for r in rows}
+    for r in rows:
+        base = by_name.get("naive_" + r["variant"].split("_", 1)[1])
+        if base and "median_s" in r and "median_s" in base:
+            r["time_vs_naive"] = r["median_s"] / base["median_s"]
+            r["cpu_vs_naive"] = r["median_cpu_s"] / base["median_cpu_s"]
+    print_table(rows, ["variant", "median_s", "time_vs_naive", "median_cpu_s", "cpu_vs_naive", "peak_extra_mib",
+                       "extra_beyond_grads_mib", "extra_over_logits", "note"],
+                title=f"forward+backward, N={args.n} d={args.d} V={args.vocab} fp32 CPU, "
+                      f"threads={args.threads or 'default'}; materialized logits = {logits_bytes / 2**20:.0f} MiB")
+    from seedfast.ops import tiles
+
+    budget = args.tile_bytes or tiles.DEFAULT_TILE_BYTES
+    path = write_results(args.name, {
+        "tiling": {"budget_bytes": budget,
+                   "tile_rows_cols": tiles.tile_shape(args.n, args.vocab, args.d, False, budget),
+                   "tile_rows_cols_with_entropy": tiles.tile_shape(args.n, args.vocab, args.d, False, budget, 2),
+                   "fused_single_pass_rows": tiles.fused_rows(args.n, args.vocab, False, budget)},
+        "shapes": {"n": args.n, "d": args.d, "vocab": args.vocab, "seq_len": SEQ_LEN, "dtype": "float32"},
+        "logits_bytes": logits_bytes,
+        "loss_options": {"grpo": GRPO, "seed": SEED},
+        "liger_kernel": liger or "not available",
+        "liger_compiled": LIGER_COMPILED,
+        "targets": {"extra_over_logits_max": 1 / 16, "logprob_time_vs_naive_max": 1.2,
+                    "loss_time_vs_naive_max": 1.0},
+        "results": rows,
+    }, packages=("torch", "triton", "transformers", "liger-kernel"))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""fused_loss: the whole SPEC §4 loss from hidden states and the LM head, with its gradient computed in
+the same streamed pass as the log-probs (no [N, V] logits, no second autograd graph).
+
+    L = Σ_t w_t·(pg_t + kl_coef·kl_t − entropy_coef·H_t) + opd_coef·Σ_t w_t·m_t·g_t·(sg[ℓskill_t] − ℓθ_t)
+
+token_weights w carry the aggregation: seedfast.algo.losses.aggregation_weights(mask, mode) flattened.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .dispatch import get_backend
+from .token_loss import metric_means, needs_entropy
+from .validate import check_linear_inputs, check_loss_options, check_per_token
+
+
+class _FusedLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, backend: ModuleType,
+                temperature: float, ignore_index: int, per_token: dict, options: dict, metric_sums_out: dict):
+        with_entropy = needs_entropy(options["entropy_coef"], options["opd_coef"], options["gate"])
+        if hasattr(backend, "fused_forward_backward"):
+            loss, sums, grad_hidden, grad_weight = backend.fused_forward_backward(
+                hidden, weight, targets, temperature=temperature, ignore_index=ignore_index,
+                with_entropy=with_entropy, per_token=per_token, options=options)
+        else:
+            logprob, entropy, _, lse = backend.forward(hidden, weight, targets, None, temperature, with_entropy,
+                                                       ignore_index)
+            loss, a, b, sums = backend.token_loss(logprob, entropy, **per_token, **options)
+            grad_hidden, grad_weight = backend.backward(hidden, weight, targets, lse, entropy, a, b, temperature,
+                                                        ignore_index)
+        metric_sums_out.update(sums)
+        ctx.grads = (grad_hidden, grad_weight)
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss: torch.Tensor):
+        if ctx.grads is None:
+            raise RuntimeError("fused_loss: backward ran twice; its gradients are computed in forward and "
+                               "handed out once (do not use retain_graph=True through fused_loss)")
+        grad_hidden, grad_weight = ctx.grads
+        ctx.grads = None
+        # In place: the gradients are ours, and a copy of [V, d] would be pure waste.
+        grad_hidden.mul_(grad_loss)
+        grad_weight.mul_(grad_loss)
+        return (grad_hidden if ctx.needs_input_grad[0] else None,
+                grad_weight if ctx.needs_input_grad[1] else None, *(None,) * 7)
+
+
+def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+               token_weights: torch.Tensor, advantages: torch.Tensor, old_logprob: torch.Tensor,
+               ref_logprob: torch.Tensor | None = None, teacher_logprob: torch.Tensor | None = None,
+               teacher_mask: torch.Tensor | None = None, clip_low: float = 0.2, clip_high: float = 0.2,
+               dual_clip: float | None = 3.0, kl_coef: float = 0.0, kl_kind: str = "low_var_kl",
+               entropy_coef: float = 0.0, opd_coef: float = 0.0, opd_beta: float = 5.0, gate: str = "gap",
+               temperature: float = 1.0, ignore_index: int = -100, backend: str = "auto"
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(loss 0-dim fp32, metrics) of SPEC §4 for tokens t with logits hidden·weightᵀ / temperature.
+
+    Per-token [N] inputs: token_weights (aggregation weights, 0 on non-response tokens), advantages,
+    old_logprob, and optionally ref_logprob, teacher_logprob (ℓskill) and teacher_mask (bool or 0/1).
+    A nonzero kl_coef / opd_coef needs ref_logprob / teacher_logprob. The entropy is computed only
+    when a term uses it (entropy_coef ≠ 0, or opd_coef ≠ 0 with gate "entropy" or "soft_or").
+    Tokens whose target is ignore_index get weight 0. The loss is differentiable w.r.t. hidden and
+    weight (once: no retain_graph). Metrics (detached 0-dim): clip_frac, ratio_min, ratio_max, and kl,
+    entropy, gate_mean, opd_term when computed; means weighted by token_weights (gate_mean and
+    opd_term over teacher-valid tokens), so for token-mean weights they are plain token means.
+    """
+    func = "fused_loss"
+    targets = check_linear_inputs(func, hidden, weight, targets, None, temperature, ignore_index)
+    n, device = hidden.shape[0], hidden.device
+    per_token = {
+        "old_logprob": check_per_token(func, "old_logprob", old_logprob, n, device),
+        "ref_logprob": check_per_token(func, "ref_logprob", ref_logprob, n, device, required=False),
+        "teacher_logprob": check_per_token(func, "teacher_logprob", teacher_logprob, n, device, required=False),
+        "teacher_mask": check_per_token(func, "teacher_mask", teacher_mask, n, device, floating=False,
+                                        required=False),
+        "advantages": check_per_token(func, "advantages", advantages, n, device),
+        "token_weights": check_per_token(func, "token_weights", token_weights, n, device),
+    }
+    check_loss_options(func, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
+                       kl_kind=kl_kind, entropy_coef=entropy_coef, opd_coef=opd_coef, opd_beta=opd_beta,
+                       gate=gate, has_ref=ref_logprob is not None, has_teacher=teacher_logprob is not None)
+    impl = get_backend(backend, device)
+    per_token["token_weights"] = torch.where(targets == ignore_index, 0.0, token_weights.detach().float())
+    options = {"clip_low": float(clip_low), "clip_high": float(clip_high),
+               "dual_clip": None if dual_clip is None else float(dual_clip), "kl_coef": float(kl_coef),
+               "kl_kind": kl_kind, "entropy_coef": float(entropy_coef), "opd_coef": float(opd_coef),
+               "opd_beta": float(opd_beta), "gate": gate}
+    temperature = float(temperature)
+
+    sums: dict[str, torch.Tensor] = {}
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        loss = _FusedLoss.apply(hidden, weight, targets, impl, temperature, ignore_index, per_token, options, sums)
+    else:
+        with_entropy = needs_entropy(entropy_coef, opd_coef, gate)
+        logprob, entropy, _, _ = impl.forward(hidden, weight, targets, None, temperature, with_entropy,
+                                              ignore_index)
+        loss, _, _, sums = impl.token_loss(logprob, entropy, **per_token, **options)
+    metrics = metric_means(sums)
+    metrics["loss"] = loss.detach()
+    return loss, metrics

@@ -1,0 +1,116 @@
+"""Input checks of the public ops: one clear error naming the argument, before any heavy work."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from seedfast.algo import losses
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def _tensor(func: str, name: str, x: object) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{func}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _floating(func: str, name: str, x: torch.Tensor) -> None:
+    if not x.is_floating_point():
+        raise ValueError(f"{func}: {name} must be a floating-point tensor, got dtype {x.dtype}")
+
+
+def _same_device(func: str, name: str, x: torch.Tensor, device: torch.device) -> None:
+    if x.device != device:
+        raise ValueError(f"{func}: {name} is on {x.device} but hidden is on {device}; they must match")
+
+
+def _number(func: str, name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{func}: {name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def check_linear_inputs(func: str, hidden: object, weight: object, targets: object, teacher_hidden: object,
+                        temperature: object, ignore_index: object) -> torch.Tensor:
+    """Checks the inputs shared by linear_logprob and fused_loss; returns targets as int64."""
+    hidden = _tensor(func, "hidden", hidden)
+    weight = _tensor(func, "weight", weight)
+    targets = _tensor(func, "targets", targets)
+    _floating(func, "hidden", hidden)
+    _floating(func, "weight", weight)
+    if hidden.dim() != 2:
+        raise ValueError(f"{func}: hidden must be [N, d] (2-D), got shape {tuple(hidden.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[1]:
+        raise ValueError(f"{func}: weight must be [V, d] with d = hidden.shape[1] = {hidden.shape[1]}, "
+                         f"got shape {tuple(weight.shape)}")
+    if weight.shape[0] == 0:
+        raise ValueError(f"{func}: weight has an empty vocabulary (shape {tuple(weight.shape)})")
+    if targets.dtype not in _INDEX_DTYPES:
+        raise ValueError(f"{func}: targets must be an int64 (or int32) tensor, got dtype {targets.dtype}")
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(f"{func}: targets must be [N] with N = hidden.shape[0] = {hidden.shape[0]}, "
+                         f"got shape {tuple(targets.shape)}")
+    _same_device(func, "weight", weight, hidden.device)
+    _same_device(func, "targets", targets, hidden.device)
+    if teacher_hidden is not None:
+        teacher_hidden = _tensor(func, "teacher_hidden", teacher_hidden)
+        _floating(func, "teacher_hidden", teacher_hidden)
+        if teacher_hidden.shape != hidden.shape:
+            raise ValueError(f"{func}: teacher_hidden has shape {tuple(teacher_hidden.shape)} but hidden has "
+                             f"shape {tuple(hidden.shape)}; they must match")
+        _same_device(func, "teacher_hidden", teacher_hidden, hidden.device)
+    if _number(func, "temperature", temperature) <= 0:
+        raise ValueError(f"{func}: temperature must be > 0, got {temperature}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise ValueError(f"{func}: ignore_index must be an int, got {ignore_index!r}")
+    targets = targets.long()
+    if targets.numel():
+        vocab = weight.shape[0]
+        bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
+        if bool(bad.any()):
+            first = int(bad.nonzero()[0, 0])
+            raise ValueError(f"{func}: targets[{first}] = {int(targets[first])} is outside the vocabulary "
+                             f"[0, {vocab}) and is not ignore_index={ignore_index}")
+    return targets
+
+
+def check_per_token(func: str, name: str, x: object, n: int, device: torch.device, *, floating: bool = True,
+                    required: bool = True) -> torch.Tensor | None:
+    """A per-token [N] tensor (float, or any dtype for masks); None allowed when not required."""
+    if x is None:
+        if required:
+            raise ValueError(f"{func}: {name} is required")
+        return None
+    x = _tensor(func, name, x)
+    if floating:
+        _floating(func, name, x)
+    if x.shape != (n,):
+        raise ValueError(f"{func}: {name} must be [N] with N = hidden.shape[0] = {n}, got shape {tuple(x.shape)}")
+    _same_device(func, name, x, device)
+    return x
+
+
+def check_loss_options(func: str, *, clip_low: object, clip_high: object, dual_clip: object, kl_coef: object,
+                       kl_kind: object, entropy_coef: object, opd_coef: object, opd_beta: object, gate: object,
+                       has_ref: bool, has_teacher: bool) -> None:
+    if kl_kind not in losses.KL_KINDS:
+        raise ValueError(f"{func}: unknown kl_kind={kl_kind!r}; allowed values: "
+                         f"{', '.join(map(repr, losses.KL_KINDS))}")
+    if gate not in losses.GATES:
+        raise ValueError(f"{func}: unknown gate={gate!r}; allowed values: {', '.join(map(repr, losses.GATES))}")
+    for name, value in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef), ("opd_coef", opd_coef),
+                        ("opd_beta", opd_beta)):
+        _number(func, name, value)
+    if not 0.0 <= _number(func, "clip_low", clip_low) < 1.0:
+        raise ValueError(f"{func}: clip_low must be in [0, 1), got {clip_low}")
+    if _number(func, "clip_high", clip_high) < 0.0:
+        raise ValueError(f"{func}: clip_high must be >= 0, got {clip_high}")
+    if dual_clip is not None and _number(func, "dual_clip", dual_clip) <= 1.0:
+        raise ValueError(f"{func}: dual_clip must be > 1 (or None to turn it off), got {dual_clip}")
+    if kl_coef != 0 and not has_ref:
+        raise ValueError(f"{func}: kl_coef={kl_coef} needs ref_logprob, which is None")
+    if opd_coef != 0 and not has_teacher:
+        raise ValueError(f"{func}: opd_coef={opd_coef} needs teacher_logprob, which is None")
