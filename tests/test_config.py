@@ -294,7 +294,7 @@ def test_shipped_configs_load():
     demo = load_config(CONFIGS / "demo_cpu.yaml")
     assert (demo.model.path, demo.model.tiny.hidden, demo.model.tiny.layers) == (None, 128, 4)
     assert (demo.env.kind, demo.env.game_type) == ("textworld", "treasure_hunter")
-    assert (demo.rollout.tasks_per_batch, demo.rollout.n) == (8, 8) and 8 <= demo.trainer.steps <= 12
+    assert demo.rollout.n == 8 and demo.rollout.tasks_per_batch >= 2 and 8 <= demo.trainer.steps <= 12
     assert demo.sft.behaviour_cloning and demo.sft.prompt_loss and demo.sft.skill_augment
     assert set(demo.demo.algorithms) == {"seed", "grpo"}
     for name in ("qwen2.5-7b_alfworld_8xh100.yaml", "qwen2.5-3b_alfworld.yaml"):
