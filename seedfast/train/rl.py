@@ -42,7 +42,13 @@ from seedfast.train.setup import (
     make_optimizer,
     policy_path,
 )
-from seedfast.train.update import UpdateBatch, grad_norm_and_clip, minibatch_loss_backward
+from seedfast.train.update import (
+    UpdateBatch,
+    accumulate_rollout_gap,
+    grad_norm_and_clip,
+    minibatch_loss_backward,
+    rollout_gap_metrics,
+)
 
 USES_TEACHER = {"seed", "sdar", "grsd"}
 
@@ -135,7 +141,9 @@ class Trainer:
             if not skip_old:
                 scores = score(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
                                temperature=cfg.rollout.temperature)
-                metrics.update(_rollout_gap(samples, scores.logprob))
+                gap_sums: dict[str, float] = {}
+                accumulate_rollout_gap(gap_sums, scores.logprob, samples)
+                metrics.update(rollout_gap_metrics(gap_sums))
             ref_lp = None
             if self.ref is not None:
                 ref_lp = score_reference(self.ref, samples, token_budget=cfg.trainer.micro_batch_tokens,
@@ -284,15 +292,6 @@ class Trainer:
         close = getattr(self.envs, "close", None)
         if close:
             close()
-
-
-def _rollout_gap(samples: list[StepSample], old_logprob: torch.Tensor) -> dict[str, float]:
-    """Train-vs-rollout log-prob gap: a silent weight-sync failure shows here first (PITFALLS)."""
-    rollout = [s.meta.get("rollout_logprobs") for s in samples]
-    if any(r is None for r in rollout):
-        return {}
-    gap = (old_logprob.cpu() - torch.cat(rollout)).abs()
-    return {"rollout/logprob_gap_mean": float(gap.mean()), "rollout/logprob_gap_max": float(gap.max())}
 
 
 def _grsd_modulate(cfg: Config, samples: list[StepSample], scores: Any, advantages: torch.Tensor,

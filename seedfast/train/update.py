@@ -92,7 +92,7 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
             with torch.no_grad():
                 old = linear_logprob(rows.detach(), model.lm_head_weight.detach(), packed.targets,
                                      temperature=temperature).logprob
-            _add_rollout_gap(sums, old, [batch.samples[i] for i in micro])
+            accumulate_rollout_gap(sums, old, [batch.samples[i] for i in micro])
         else:
             old = _gather(batch.old_logprob, batch, micro).to(device)
         teacher_mask = _gather(batch.teacher_mask, batch, micro) if use_opd else None
@@ -122,15 +122,20 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
                 sums[k] = max(sums.get(k, -math.inf), v)
             else:
                 sums[k] = sums.get(k, 0.0) + v * wsum
-    gap = {k: sums.pop(k) for k in ("_gap_sum", "_gap_n", "_gap_max") if k in sums}
+    gap = rollout_gap_metrics(sums)
     out = {k: (v if k.startswith("ratio_") else v / max(weight_sum, 1e-12)) for k, v in sums.items()}
-    if gap.get("_gap_n"):
-        out["rollout/logprob_gap_mean"] = gap["_gap_sum"] / gap["_gap_n"]
-        out["rollout/logprob_gap_max"] = gap["_gap_max"]
-    return total_loss, out
+    return total_loss, {**out, **gap}
 
 
-def _add_rollout_gap(sums: dict[str, float], logprob: torch.Tensor, samples: list[StepSample]) -> None:
+def rollout_gap_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """Pop the sums of `accumulate_rollout_gap` out of `sums` and turn them into metrics."""
+    gap = {k: sums.pop(k) for k in ("_gap_sum", "_gap_n", "_gap_max") if k in sums}
+    if not gap.get("_gap_n"):
+        return {}
+    return {"rollout/logprob_gap_mean": gap["_gap_sum"] / gap["_gap_n"], "rollout/logprob_gap_max": gap["_gap_max"]}
+
+
+def accumulate_rollout_gap(sums: dict[str, float], logprob: torch.Tensor, samples: list[StepSample]) -> None:
     """Train-vs-rollout log-prob gap (PITFALLS: a silent weight-sync failure shows here first)."""
     rollout = [s.meta.get("rollout_logprobs") for s in samples]
     if any(r is None for r in rollout):
