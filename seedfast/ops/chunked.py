@@ -130,8 +130,17 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
             grad = _logits_grad_(probs, logp, block_h, a, b, y - start)
             dh.addmm_(grad, w)
             grad_weight[start:start + cols].addmm_(grad.t(), h)
+            del logp, probs, grad  # free this tile before the next one is allocated: one tile alive, not two
         grad_hidden[sel] = dh.mul_(scale).to(hidden.dtype)
     return grad_hidden, grad_weight.to(weight.dtype)
+
+
+def _log_softmax_(logits: torch.Tensor) -> torch.Tensor:
+    """Row-wise log-softmax; in place on CPU, where the fused kernel finishes each row while it is in cache
+    (one pass instead of the max / subtract / exp / sum / divide sequence over the whole tile)."""
+    if logits.device.type == "cpu":
+        return torch.log_softmax(logits, dim=1, out=logits)
+    return torch.log_softmax(logits, dim=1)
 
 
 def _take(per_token: dict[str, torch.Tensor | None], sel: Rows) -> dict[str, torch.Tensor | None]:
@@ -168,25 +177,19 @@ def fused_forward_backward(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     for sel in _row_blocks(n, valid, rows):
         y = targets[sel]
         h = _scaled_rows(hidden, sel, scale)
-        shifted = torch.mm(h, w.t())
-        target_logit = shifted.gather(1, y.unsqueeze(1)).squeeze(1)
-        row_max = shifted.amax(dim=1)
-        shifted.sub_(row_max.unsqueeze(1))
-        probs = shifted.exp_() if not with_entropy else torch.exp(shifted)
-        sum_exp = probs.sum(dim=1)
-        log_sum = torch.log(sum_exp)
-        logprob = target_logit - row_max - log_sum
-        entropy = log_sum - row_dot(probs, shifted) / sum_exp if with_entropy else None
+        logp = _log_softmax_(torch.mm(h, w.t()))
+        logprob = logp.gather(1, y.unsqueeze(1)).squeeze(1)
+        probs = logp.exp_() if not with_entropy else torch.exp(logp)
+        entropy = -row_dot(probs, logp) if with_entropy else None
 
         block_loss, a, b, block_sums = token_loss(logprob, entropy, **_take(per_token, sel), **options)
         loss += block_loss
         sums = merge_metric_sums(sums, block_sums)
 
-        probs.div_(sum_exp.unsqueeze(1))
-        logp = shifted.sub_(log_sum.unsqueeze(1)) if with_entropy else None
-        grad = _logits_grad_(probs, logp, entropy, a, b, y)
+        grad = _logits_grad_(probs, logp if with_entropy else None, entropy, a, b, y)
         grad_hidden[sel] = torch.mm(grad, w).mul_(scale).to(hidden.dtype)
         grad_weight.addmm_(grad.t(), h)
+        del logp, probs, grad  # free this tile before the next one is allocated: one tile alive, not two
 
     if not sums:  # no valid row: still report the (empty) metric sums
         _, _, _, sums = token_loss(torch.zeros(0, device=device), None, **_take(per_token, slice(0, 0)),

@@ -26,7 +26,8 @@ def test_vocab_is_tiled_only_when_whole_rows_would_make_short_blocks():
 
 def test_fused_rows():
     assert tiles.fused_rows(4096, 32768, False, 16 << 20) == 128
-    assert tiles.fused_rows(4096, 32768, False, 8 << 20) == 0   # 64 rows: not worth it
+    assert tiles.fused_rows(4096, 32768, False, 4 << 20) == 0   # 32 rows: not worth it
+    assert tiles.fused_rows(4096, 32768, False, 8 << 20) == 64
     assert tiles.fused_rows(4096, 1500, False, 8 << 20) == 1398
     assert tiles.fused_rows(10, 152064, False, 8 << 20) == 10   # a short batch fits whole
     assert tiles.fused_rows(4096, 32768, True, 8 << 20) == 0    # a bf16 weight would need an fp32 copy
