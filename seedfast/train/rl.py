@@ -134,11 +134,15 @@ class Trainer:
         if not samples:
             raise RuntimeError(f"step {step}: the rollout produced no step samples")
 
-        # fully on-policy (one epoch, one mini-batch) and no teacher: ℓold comes from the update's own forward
-        skip_old = self.on_policy and cfg.algorithm == "grpo"
+        # ℓskill inside the update, from its own forward's prefix KV (θ = θ_old when on-policy)
+        teacher_in_update = (cfg.algorithm in ("seed", "sdar") and cfg.loss.opd_coef > 0
+                             and (self.on_policy or cfg.skill.teacher_params == "current"))
+        # fully on-policy (one epoch, one mini-batch): ℓold is the detached ℓθ of the update's own forward,
+        # so nothing needs a separate scoring pass (GRSD still does: its δ is measured before the update)
+        skip_score = self.on_policy and (cfg.algorithm == "grpo" or teacher_in_update)
         with timer.phase("score"):
             scores = None
-            if not skip_old:
+            if not skip_score:
                 scores = score(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
                                temperature=cfg.rollout.temperature)
                 gap_sums: dict[str, float] = {}
@@ -159,12 +163,14 @@ class Trainer:
         metrics["train/reward_mean"] = float(rewards.mean())
         metrics["train/advantage_zero_frac"] = float((advantages == 0).float().mean())
 
-        use_opd = (cfg.algorithm in ("seed", "sdar") and cfg.loss.opd_coef > 0 and scores is not None
-                   and scores.teacher_mask is not None)
+        use_opd = cfg.algorithm in ("seed", "sdar") and cfg.loss.opd_coef > 0 and (
+            teacher_in_update or (scores is not None and scores.teacher_mask is not None))
+        from_scores = use_opd and not teacher_in_update
         batch = UpdateBatch(samples, advantages, scores.logprob if scores is not None else None,
                             ref_logprob=ref_lp,
-                            teacher_logprob=scores.teacher_logprob if use_opd else None,
-                            teacher_mask=scores.teacher_mask if use_opd else None)
+                            teacher_logprob=scores.teacher_logprob if from_scores else None,
+                            teacher_mask=scores.teacher_mask if from_scores else None,
+                            teacher_from_forward=teacher_in_update)
         self.policy.train()
         with timer.phase("update"):
             metrics.update(self._update(batch, use_opd=use_opd))

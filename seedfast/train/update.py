@@ -17,6 +17,7 @@ from seedfast.config import LossConfig
 from seedfast.ops import fused_loss, linear_logprob
 from seedfast.scoring.packing import pack_single, split_by_budget
 from seedfast.scoring.sample import StepSample
+from seedfast.scoring.teacher_current import teacher_logprob_with_prefix
 
 
 @dataclass
@@ -30,8 +31,15 @@ class UpdateBatch:
     teacher_logprob: torch.Tensor | None = None  # [N], 0 where teacher_mask is False
     teacher_mask: torch.Tensor | None = None  # [N] bool
     loss_scale: float = 1.0  # e.g. GRSD's α for reflection samples
+    # ℓskill from the update's own forward, its teacher branches reusing that forward's prefix KV, so the
+    # history is never run a second time (DESIGN §1, point 2): exact for teacher_params "old" when the update
+    # is on-policy (θ = θ_old there), and the definition of teacher_params "current" otherwise.
+    teacher_from_forward: bool = False
 
     def __post_init__(self) -> None:
+        if self.teacher_from_forward and (self.teacher_logprob is not None or self.teacher_mask is not None):
+            raise ValueError("UpdateBatch: teacher_from_forward computes ℓskill in the update; do not also pass "
+                             "teacher_logprob / teacher_mask")
         lengths = torch.tensor([len(s.response_ids) for s in self.samples], dtype=torch.long)
         self.offsets = torch.zeros(len(self.samples) + 1, dtype=torch.long)
         self.offsets[1:] = torch.cumsum(lengths, 0)
@@ -81,9 +89,12 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
     total_loss, sums, weight_sum = 0.0, {}, 0.0
     for group in groups:
         micro = [index[g] for g in group]
-        packed = pack_single([batch.samples[i] for i in micro]).to(device)
-        hidden = model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids,
-                       attn_backend=attn_backend)
+        micro_samples = [batch.samples[i] for i in micro]
+        packed = pack_single(micro_samples).to(device)
+        teacher_here = use_opd and batch.teacher_from_forward
+        out = model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids,
+                    return_kv=teacher_here, attn_backend=attn_backend)
+        hidden, kv = out if teacher_here else (out, None)
         w = torch.cat([weights_all[int(local_offsets[pos[i]]):int(local_offsets[pos[i] + 1])] for i in micro])
         rows = hidden[packed.rows]
         if batch.old_logprob is None:
@@ -92,18 +103,25 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
             with torch.no_grad():
                 old = linear_logprob(rows.detach(), model.lm_head_weight.detach(), packed.targets,
                                      temperature=temperature).logprob
-            accumulate_rollout_gap(sums, old, [batch.samples[i] for i in micro])
+            accumulate_rollout_gap(sums, old, micro_samples)
         else:
             old = _gather(batch.old_logprob, batch, micro).to(device)
-        teacher_mask = _gather(batch.teacher_mask, batch, micro) if use_opd else None
+        if teacher_here:
+            teacher_logprob, teacher_mask = teacher_logprob_with_prefix(
+                model, kv, micro_samples, temperature=temperature, attn_backend=attn_backend)
+            del kv
+        elif use_opd:
+            teacher_logprob = _gather(batch.teacher_logprob, batch, micro).to(device)
+            teacher_mask = _gather(batch.teacher_mask, batch, micro).to(device)
+        else:
+            teacher_logprob = teacher_mask = None
         loss, metrics = fused_loss(
             rows, model.lm_head_weight, packed.targets,
             token_weights=w.to(device),
             advantages=_gather(batch.advantages, batch, micro).to(device),
             old_logprob=old,
             ref_logprob=_gather(batch.ref_logprob, batch, micro).to(device) if use_kl else None,
-            teacher_logprob=_gather(batch.teacher_logprob, batch, micro).to(device) if use_opd else None,
-            teacher_mask=teacher_mask.to(device) if teacher_mask is not None else None,
+            teacher_logprob=teacher_logprob, teacher_mask=teacher_mask,
             clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
             kl_coef=loss_cfg.kl_coef if use_kl else 0.0, kl_kind=loss_cfg.kl_kind,
             entropy_coef=loss_cfg.entropy_coef, opd_coef=loss_cfg.opd_coef if use_opd else 0.0,

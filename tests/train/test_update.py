@@ -1,0 +1,54 @@
+"""The policy update: ℓskill from the update's own forward equals ℓskill from the separate scoring pass."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scoring"))
+from scoring_helpers import make_config, random_samples  # noqa: E402
+
+from seedfast.config import LossConfig  # noqa: E402
+from seedfast.model.decoder import build_decoder  # noqa: E402
+from seedfast.scoring import score  # noqa: E402
+from seedfast.train.update import UpdateBatch, minibatch_loss_backward  # noqa: E402
+
+LOSS = LossConfig(opd_coef=0.5, opd_beta=2.0, entropy_coef=0.0)
+
+
+def _loss_and_grads(model, batch, budget):
+    model.zero_grad(set_to_none=True)
+    loss, metrics = minibatch_loss_backward(model, batch, list(range(len(batch.samples))), LOSS, use_kl=False,
+                                            use_opd=True, temperature=1.2, token_budget=budget)
+    return loss, metrics, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("budget", [4096, 40])  # one micro-batch, and several
+def test_teacher_from_the_update_forward_equals_the_scored_teacher(budget):
+    model = build_decoder(make_config("qwen3"), dtype=torch.float32, seed=3)
+    samples = random_samples(torch.Generator().manual_seed(7), n=12)
+    advantages = torch.linspace(-1.0, 1.0, len(samples))
+    scores = score(model, samples, temperature=1.2)
+    assert bool(scores.teacher_mask.any()) and not bool(scores.teacher_mask.all())
+
+    scored = UpdateBatch(samples, advantages, None, teacher_logprob=scores.teacher_logprob,
+                         teacher_mask=scores.teacher_mask)
+    in_update = UpdateBatch(samples, advantages, None, teacher_from_forward=True)
+    loss_a, metrics_a, grads_a = _loss_and_grads(model, scored, budget)
+    loss_b, metrics_b, grads_b = _loss_and_grads(model, in_update, budget)
+
+    assert metrics_a["opd_term"] != 0.0
+    assert loss_b == pytest.approx(loss_a, rel=1e-5, abs=1e-7)
+    for key in ("opd_term", "gate_mean", "clip_frac"):
+        assert metrics_b[key] == pytest.approx(metrics_a[key], rel=1e-5, abs=1e-7), key
+    assert grads_a.keys() == grads_b.keys()
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_teacher_from_forward_refuses_a_second_teacher():
+    samples = random_samples(torch.Generator().manual_seed(1), n=3)
+    n = sum(len(s.response_ids) for s in samples)
+    with pytest.raises(ValueError, match="teacher_from_forward"):
+        UpdateBatch(samples, torch.zeros(3), None, teacher_logprob=torch.zeros(n), teacher_from_forward=True)
