@@ -2,6 +2,7 @@
 
     python benchmarks/logprob_cpu.py                 # N=4096, d=512, V=32768, fp32: table + results JSON
     python benchmarks/logprob_cpu.py --n 512 --reps 2   # a quick look
+    pip install -e ".[bench]"                        # the Liger-Kernel peer (on CPU: --no-deps, triton is there)
 
 Each variant runs forward + backward in two fresh processes: one measures the peak resident memory
 above the inputs (glibc's mmap threshold pinned, so freed tiles go back to the OS and cannot hide in
