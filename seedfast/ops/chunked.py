@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .row_stats import RowStats, in_tile, row_dot
+from .row_stats import RowStats, in_tile
 from .tiles import fused_rows, tile_budget_bytes, tile_shape
 from .token_loss import merge_metric_sums, token_loss
 
@@ -169,9 +169,9 @@ def _take(per_token: dict[str, torch.Tensor | None], sel: Rows) -> dict[str, tor
 def fused_forward_backward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                            temperature: float, ignore_index: int, with_entropy: bool,
                            per_token: dict[str, torch.Tensor | None], options: dict[str, object]
-                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """Loss, metric sums and both gradients in one streamed pass: per row block of whole vocabulary
-    rows, three matmuls (logits, dh, dW) instead of the four of forward + backward.
+                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Loss, metric sums, both gradients and the [N] log-probs (0 on ignored rows) in one streamed pass:
+    per row block of whole vocabulary rows, three matmuls (logits, dh, dW) instead of the four of forward + backward.
 
     `per_token` holds the [N] inputs of token_loss (old_logprob, ref_logprob, teacher_logprob,
     teacher_mask, advantages, token_weights), `options` its keyword options. Rows with ignored
@@ -189,6 +189,7 @@ def fused_forward_backward(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     grad_hidden = torch.zeros_like(hidden, memory_format=torch.contiguous_format)
     grad_weight = torch.zeros(vocab, d, dtype=torch.float32, device=device)
     loss = torch.zeros((), dtype=torch.float32, device=device)
+    all_logprob = torch.zeros(n, dtype=torch.float32, device=device)
     sums: dict[str, torch.Tensor] = {}
     scale = 1.0 / temperature
     w = weight.float()
@@ -201,6 +202,7 @@ def fused_forward_backward(hidden: torch.Tensor, weight: torch.Tensor, targets: 
         logp = _log_softmax_(torch.mm(w, h.t()), dim=0)
         cols = torch.arange(h.shape[0], device=device)
         logprob = logp[y, cols]
+        all_logprob[sel] = logprob
         probs = logp.exp_() if not with_entropy else torch.exp(logp)
         entropy = -_column_dot(probs, logp) if with_entropy else None
 
@@ -216,13 +218,14 @@ def fused_forward_backward(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     if not sums:  # no valid row: still report the (empty) metric sums
         _, _, _, sums = token_loss(torch.zeros(0, device=device), None, **_take(per_token, slice(0, 0)),
                                    **options)
-    return loss, sums, grad_hidden, grad_weight.to(weight.dtype)
+    return loss, sums, grad_hidden, grad_weight.to(weight.dtype), all_logprob
 
 
 def _three_step(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
                 ignore_index: int, with_entropy: bool, per_token: dict[str, torch.Tensor | None],
-                options: dict[str, object]) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+                options: dict[str, object]
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
     logprob, entropy, _, lse = forward(hidden, weight, targets, None, temperature, with_entropy, ignore_index)
     loss, a, b, sums = token_loss(logprob, entropy, **per_token, **options)
     grad_hidden, grad_weight = backward(hidden, weight, targets, lse, entropy, a, b, temperature, ignore_index)
-    return loss, sums, grad_hidden, grad_weight
+    return loss, sums, grad_hidden, grad_weight, logprob

@@ -17,14 +17,16 @@ from .dispatch import get_backend
 from .token_loss import metric_means, needs_entropy
 from .validate import check_linear_inputs, check_loss_options, check_per_token
 
+Metrics = dict[str, torch.Tensor]
+
 
 class _FusedLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, backend: ModuleType,
-                temperature: float, ignore_index: int, per_token: dict, options: dict, metric_sums_out: dict):
+                temperature: float, ignore_index: int, per_token: dict, options: dict, extra_out: dict):
         with_entropy = needs_entropy(options["entropy_coef"], options["opd_coef"], options["gate"])
         if hasattr(backend, "fused_forward_backward"):
-            loss, sums, grad_hidden, grad_weight = backend.fused_forward_backward(
+            loss, sums, grad_hidden, grad_weight, logprob = backend.fused_forward_backward(
                 hidden, weight, targets, temperature=temperature, ignore_index=ignore_index,
                 with_entropy=with_entropy, per_token=per_token, options=options)
         else:
@@ -33,7 +35,7 @@ class _FusedLoss(torch.autograd.Function):
             loss, a, b, sums = backend.token_loss(logprob, entropy, **per_token, **options)
             grad_hidden, grad_weight = backend.backward(hidden, weight, targets, lse, entropy, a, b, temperature,
                                                         ignore_index)
-        metric_sums_out.update(sums)
+        extra_out.update(sums=sums, logprob=logprob)
         ctx.grads = (grad_hidden, grad_weight)
         return loss
 
@@ -53,17 +55,20 @@ class _FusedLoss(torch.autograd.Function):
 
 
 def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-               token_weights: torch.Tensor, advantages: torch.Tensor, old_logprob: torch.Tensor,
+               token_weights: torch.Tensor, advantages: torch.Tensor, old_logprob: torch.Tensor | None,
                ref_logprob: torch.Tensor | None = None, teacher_logprob: torch.Tensor | None = None,
                teacher_mask: torch.Tensor | None = None, clip_low: float = 0.2, clip_high: float = 0.2,
                dual_clip: float | None = 3.0, kl_coef: float = 0.0, kl_kind: str = "low_var_kl",
                entropy_coef: float = 0.0, opd_coef: float = 0.0, opd_beta: float = 5.0, gate: str = "gap",
-               temperature: float = 1.0, ignore_index: int = -100, backend: str = "auto"
-               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(loss 0-dim fp32, metrics) of SPEC §4 for tokens t with logits hidden·weightᵀ / temperature.
+               temperature: float = 1.0, ignore_index: int = -100, backend: str = "auto",
+               return_logprob: bool = False
+               ) -> tuple[torch.Tensor, Metrics] | tuple[torch.Tensor, Metrics, torch.Tensor]:
+    """(loss 0-dim fp32, metrics) of SPEC §4 for tokens t with logits hidden·weightᵀ / temperature, and
+    with return_logprob=True also the detached per-token ℓθ [N] fp32 (0 on ignored tokens).
 
     Per-token [N] inputs: token_weights (aggregation weights, 0 on non-response tokens), advantages,
-    old_logprob, and optionally ref_logprob, teacher_logprob (ℓskill) and teacher_mask (bool or 0/1).
+    old_logprob (None = on-policy: ℓold = sg(ℓθ) of this very call, so every ratio is 1 and no separate
+    ℓold pass is needed), and optionally ref_logprob, teacher_logprob (ℓskill) and teacher_mask (bool or 0/1).
     A nonzero kl_coef / opd_coef needs ref_logprob / teacher_logprob. The entropy is computed only
     when a term uses it (entropy_coef ≠ 0, or opd_coef ≠ 0 with gate "entropy" or "soft_or").
     Tokens whose target is ignore_index get weight 0. The loss is differentiable w.r.t. hidden and
@@ -75,7 +80,7 @@ def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
     targets = check_linear_inputs(func, hidden, weight, targets, None, temperature, ignore_index)
     n, device = hidden.shape[0], hidden.device
     per_token = {
-        "old_logprob": check_per_token(func, "old_logprob", old_logprob, n, device),
+        "old_logprob": check_per_token(func, "old_logprob", old_logprob, n, device, required=False),
         "ref_logprob": check_per_token(func, "ref_logprob", ref_logprob, n, device, required=False),
         "teacher_logprob": check_per_token(func, "teacher_logprob", teacher_logprob, n, device, required=False),
         "teacher_mask": check_per_token(func, "teacher_mask", teacher_mask, n, device, floating=False,
@@ -94,9 +99,10 @@ def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
                "opd_beta": float(opd_beta), "gate": gate}
     temperature = float(temperature)
 
-    sums: dict[str, torch.Tensor] = {}
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        loss = _FusedLoss.apply(hidden, weight, targets, impl, temperature, ignore_index, per_token, options, sums)
+        extra: dict = {}
+        loss = _FusedLoss.apply(hidden, weight, targets, impl, temperature, ignore_index, per_token, options, extra)
+        sums, logprob = extra["sums"], extra["logprob"]
     else:
         with_entropy = needs_entropy(entropy_coef, opd_coef, gate)
         logprob, entropy, _, _ = impl.forward(hidden, weight, targets, None, temperature, with_entropy,
@@ -104,4 +110,6 @@ def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
         loss, _, _, sums = impl.token_loss(logprob, entropy, **per_token, **options)
     metrics = metric_means(sums)
     metrics["loss"] = loss.detach()
+    if return_logprob:
+        return loss, metrics, logprob.detach()
     return loss, metrics

@@ -26,7 +26,7 @@ def needs_entropy(entropy_coef: float, opd_coef: float, gate: str) -> bool:
     return entropy_coef != 0 or (opd_coef != 0 and gate != "gap")
 
 
-def token_loss(logprob: torch.Tensor, entropy: torch.Tensor | None, old_logprob: torch.Tensor,
+def token_loss(logprob: torch.Tensor, entropy: torch.Tensor | None, old_logprob: torch.Tensor | None,
                ref_logprob: torch.Tensor | None, teacher_logprob: torch.Tensor | None,
                teacher_mask: torch.Tensor | None, advantages: torch.Tensor, token_weights: torch.Tensor, *,
                clip_low: float, clip_high: float, dual_clip: float | None, kl_coef: float, kl_kind: str,
@@ -38,6 +38,7 @@ def token_loss(logprob: torch.Tensor, entropy: torch.Tensor | None, old_logprob:
     ref_logprob), entropy (with entropy), gate and opd_term (with teacher_logprob; divide those by
     sums["teacher_weight"] = Σ w·m); ratio_min/ratio_max are unweighted over tokens with w ≠ 0
     (+inf/−inf when there is none). b is None when the loss does not depend on the entropy.
+    old_logprob None means on-policy: ℓold = sg(ℓθ), every ratio is 1.
     """
     w = token_weights.detach().float()
     active = w != 0
@@ -49,7 +50,8 @@ def token_loss(logprob: torch.Tensor, entropy: torch.Tensor | None, old_logprob:
     h = clean(entropy)
     if h is not None:
         h.requires_grad_()
-    old, ref, teacher, adv = clean(old_logprob), clean(ref_logprob), clean(teacher_logprob), clean(advantages)
+    old = clean(logprob if old_logprob is None else old_logprob)
+    ref, teacher, adv = clean(ref_logprob), clean(teacher_logprob), clean(advantages)
     sums: MetricSums = {"weight": w.sum()}
 
     with torch.enable_grad():

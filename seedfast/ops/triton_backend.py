@@ -295,12 +295,14 @@ def token_loss(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teac
 
     Metric sums: weight (Σw), clip_frac, ratio_min/ratio_max (±inf without a weighted token), kl (with
     ref_logprob), entropy (with entropy), teacher_weight (Σw·m), gate and opd_term (with teacher_logprob,
-    when the gate's inputs are there). b is None when entropy_coef == 0.
+    when the gate's inputs are there). b is None when entropy_coef == 0. old_logprob None: on-policy.
     """
     if not isinstance(logprob, torch.Tensor) or logprob.dim() != 1:
         raise ValueError(f"logprob must be a 1-D [N] tensor, got {getattr(logprob, 'shape', type(logprob))}")
     n = logprob.shape[0]
     dev = logprob.device
+    if old_logprob is None:  # on-policy: ℓold = sg(ℓθ)
+        old_logprob = logprob
     per_token = dict(entropy=entropy, old_logprob=old_logprob, ref_logprob=ref_logprob,
                      teacher_logprob=teacher_logprob, teacher_mask=teacher_mask, advantages=advantages,
                      token_weights=token_weights)

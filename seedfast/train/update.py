@@ -14,7 +14,7 @@ import torch
 
 from seedfast.algo import losses
 from seedfast.config import LossConfig
-from seedfast.ops import fused_loss, linear_logprob
+from seedfast.ops import fused_loss
 from seedfast.scoring.packing import pack_single, split_by_budget
 from seedfast.scoring.sample import StepSample
 from seedfast.scoring.teacher_current import teacher_logprob_with_prefix
@@ -97,15 +97,9 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
         hidden, kv = out if teacher_here else (out, None)
         w = torch.cat([weights_all[int(local_offsets[pos[i]]):int(local_offsets[pos[i] + 1])] for i in micro])
         rows = hidden[packed.rows]
-        if batch.old_logprob is None:
-            # on-policy (one epoch, one mini-batch): θ_old = θ, so ℓold is this forward's ℓθ, detached; the
-            # decoder forward is shared, only the streamed LM-head pass is extra (no separate scoring pass)
-            with torch.no_grad():
-                old = linear_logprob(rows.detach(), model.lm_head_weight.detach(), packed.targets,
-                                     temperature=temperature).logprob
-            accumulate_rollout_gap(sums, old, micro_samples)
-        else:
-            old = _gather(batch.old_logprob, batch, micro).to(device)
+        # on-policy (old_logprob None: one epoch, one mini-batch): θ_old = θ, so ℓold is the detached ℓθ that
+        # fused_loss computes anyway; no separate ℓold pass, not even over the LM head
+        old = None if batch.old_logprob is None else _gather(batch.old_logprob, batch, micro).to(device)
         if teacher_here:
             teacher_logprob, teacher_mask = teacher_logprob_with_prefix(
                 model, kv, micro_samples, temperature=temperature, attn_backend=attn_backend)
@@ -115,7 +109,7 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
             teacher_mask = _gather(batch.teacher_mask, batch, micro).to(device)
         else:
             teacher_logprob = teacher_mask = None
-        loss, metrics = fused_loss(
+        loss, metrics, logprob = fused_loss(
             rows, model.lm_head_weight, packed.targets,
             token_weights=w.to(device),
             advantages=_gather(batch.advantages, batch, micro).to(device),
@@ -125,9 +119,11 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
             clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
             kl_coef=loss_cfg.kl_coef if use_kl else 0.0, kl_kind=loss_cfg.kl_kind,
             entropy_coef=loss_cfg.entropy_coef, opd_coef=loss_cfg.opd_coef if use_opd else 0.0,
-            opd_beta=loss_cfg.opd_beta, gate=loss_cfg.gate, temperature=temperature,
+            opd_beta=loss_cfg.opd_beta, gate=loss_cfg.gate, temperature=temperature, return_logprob=True,
         )
         loss.backward()
+        if old is None:
+            accumulate_rollout_gap(sums, logprob, micro_samples)
         total_loss += float(loss.detach())
         # metrics are means weighted by this micro-batch's weights: re-weight to the mini-batch
         wsum = float(w.sum())

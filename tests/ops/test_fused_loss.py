@@ -206,3 +206,40 @@ def test_low_precision_inputs(loss_path, dtype):
     for got, ref in zip(grads, ref_grads):
         assert got.dtype == dtype
         assert torch.all((got.float() - ref).abs() <= u * ref.abs() * 1.01 + 1e-6)
+
+
+def _on_policy_pair(hidden, weight, targets, batch, **options):
+    """fused_loss with old_logprob=None, and with ℓold given explicitly as the detached ℓθ."""
+    with torch.no_grad():
+        own = linear_logprob(hidden, weight, targets, temperature=options.get("temperature", 1.0)).logprob
+    implicit = dict(batch, old_logprob=None)
+    explicit = dict(batch, old_logprob=own)
+    return (fused(hidden, weight, targets, implicit, "token-mean", return_logprob=True, **options),
+            fused(hidden, weight, targets, explicit, "token-mean", **options), own)
+
+
+@pytest.mark.parametrize("options", [COEFS, {"kl_coef": 0.1, "temperature": 0.7}, {"opd_coef": 0.5, "gate": "soft_or"}])
+def test_on_policy_old_logprob_none_is_the_detached_own_logprob(loss_path, options):
+    hidden, weight, targets, batch = make_batch(seed=9)
+    (loss, metrics, logprob), (ref_loss, ref_metrics), own = _on_policy_pair(hidden, weight, targets, batch, **options)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-7)
+    for got, ref in zip(torch.autograd.grad(loss, (hidden, weight)), torch.autograd.grad(ref_loss, (hidden, weight))):
+        assert max_rel_err(got, ref) < 1e-5
+    assert metrics["ratio_min"] == 1 and metrics["ratio_max"] == 1 and metrics["clip_frac"] == 0
+    ignored = targets == -100
+    assert bool(ignored.any()) and bool((logprob[ignored] == 0).all())
+    torch.testing.assert_close(logprob[~ignored], own[~ignored], rtol=1e-6, atol=1e-6)
+    assert not logprob.requires_grad
+
+
+def test_on_policy_through_the_generic_protocol_and_without_grad(monkeypatch):
+    spy = types.SimpleNamespace(forward=chunked.forward, backward=chunked.backward, token_loss=chunked.token_loss)
+    hidden, weight, targets, batch = make_batch(seed=10)
+    with torch.no_grad():
+        (loss_ng, _, lp_ng), (ref_ng, _), own = _on_policy_pair(hidden, weight, targets, batch, **COEFS)
+    torch.testing.assert_close(loss_ng, ref_ng)
+    monkeypatch.setattr(importlib.import_module("seedfast.ops.fused_loss"), "get_backend", lambda name, device: spy)
+    (loss, _, logprob), (ref_loss, _), _ = _on_policy_pair(hidden, weight, targets, batch, **COEFS)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(loss, loss_ng, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(logprob, lp_ng)

@@ -20,8 +20,8 @@ def test_nonfinite_loss_is_skipped_logged_and_stops_after_k(overrides, tiny_poli
     real = update.fused_loss
 
     def poisoned(*args, **kwargs):
-        loss, metrics = real(*args, **kwargs)
-        return loss * float("nan"), metrics
+        loss, *rest = real(*args, **kwargs)
+        return loss * float("nan"), *rest
 
     monkeypatch.setattr(update, "fused_loss", poisoned)
     cfg = load_config(None, [*overrides(train_games, tmp_path), "algorithm=grpo", "trainer.steps=4",
