@@ -21,11 +21,13 @@ def plot_curves(histories: dict[str, list[dict[str, Any]]], path: Path, floor: f
         steps = [r["step"] + 1 for r in rows]
         axes[0].plot(steps, [r.get("train/success_rate", float("nan")) for r in rows], marker="o", label=name)
         evals = [(r["step"] + 1, r["eval/success_rate"]) for r in rows if "eval/success_rate" in r]
+        if evals and before is not None:
+            evals.insert(0, (0, before))  # every algorithm starts from the same SFT policy
         if evals:
             axes[1].plot(*zip(*evals), marker="s", label=name)
     for ax, title in zip(axes, ("training-pool success (rollouts, T=1.0)", "held-out success (eval)")):
         if floor is not None:
-            ax.axhline(floor, color="grey", linestyle=":", label="random policy")
+            ax.axhline(floor, color="grey", linestyle=":", label="random policy (held-out)")
         if before is not None and ax is axes[1]:
             ax.axhline(before, color="black", linestyle="--", label="SFT start")
         ax.set_xlabel("RL update")
