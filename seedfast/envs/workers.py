@@ -197,7 +197,7 @@ class EnvPool:
                 self._workers[slot].conn.send((command, arg))
                 pending[self._workers[slot].conn] = slot
             except (OSError, ValueError):  # the worker died since its last reply
-                results[slot] = self._fail(slot, "crash", "worker process is gone", command, arg)
+                results[slot] = self._fail(slot, "crash", self._death_message(slot), command, arg)
         deadline = time.monotonic() + timeout
         while pending:
             ready = wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
@@ -208,10 +208,7 @@ class EnvPool:
                 try:
                     status, payload = conn.recv()
                 except (EOFError, OSError):
-                    self._workers[slot].process.join(timeout=1.0)
-                    code = self._workers[slot].process.exitcode
-                    message = f"worker process died (exit code {code})"
-                    results[slot] = self._fail(slot, "crash", message, command, requests[slot])
+                    results[slot] = self._fail(slot, "crash", self._death_message(slot), command, requests[slot])
                     continue
                 if status == "ok":
                     results[slot] = self._transition(command, payload)
@@ -221,6 +218,12 @@ class EnvPool:
             message = f"no reply to {command} within {timeout:g}s"
             results[slot] = self._fail(slot, "timeout", message, command, requests[slot])
         return results
+
+    def _death_message(self, slot: int) -> str:
+        """Whether the pipe broke on send or on receive, name the exit code (e.g. -9 for SIGKILL)."""
+        process = self._workers[slot].process
+        process.join(timeout=1.0)
+        return f"worker process died (exit code {process.exitcode})"
 
     @staticmethod
     def _transition(command: str, payload: Any) -> Transition:

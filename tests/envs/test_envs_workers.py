@@ -43,12 +43,15 @@ def test_pool_plays_like_the_in_process_environment(pool, games):
     assert (observation, reward, done) == (out[0].observation, out[0].reward, out[0].done)
 
 
-def test_killed_worker_fails_its_trajectory_and_is_replaced(pool, games):
+@pytest.mark.parametrize("dead_before_send", [False, True])  # the pipe breaks on receive, or already on send
+def test_killed_worker_fails_its_trajectory_and_is_replaced(pool, games, dead_before_send):
     record = games["treasure_hunter"][0]
     crashes, restarts = pool.failures["crash"], pool.n_restarts
     pool.reset({0: record.path, 1: record.path})
     old_pid = pool.pid(0)
     os.kill(old_pid, signal.SIGKILL)
+    if dead_before_send:
+        pool._workers[0].process.join(timeout=10)
     out = pool.step({0: record.walkthrough[0], 1: record.walkthrough[0]})
     assert out[0].done and out[0].reward == 0.0 and not out[0].info["won"]
     assert out[0].info["error"].startswith("crash:") and "-9" in out[0].info["error"]

@@ -52,3 +52,55 @@ def test_teacher_from_forward_refuses_a_second_teacher():
     n = sum(len(s.response_ids) for s in samples)
     with pytest.raises(ValueError, match="teacher_from_forward"):
         UpdateBatch(samples, torch.zeros(3), None, teacher_logprob=torch.zeros(n), teacher_from_forward=True)
+
+
+def _sgd_step(model, batch, loss_cfg, use_opd, lr=0.05):
+    model.zero_grad(set_to_none=True)
+    minibatch_loss_backward(model, batch, list(range(len(batch.samples))), loss_cfg, use_kl=False,
+                            use_opd=use_opd, temperature=1.0, token_budget=4096)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad
+
+
+def _response_logprob(model, samples):
+    scores = score(model, samples)
+    return [float(scores.logprob[scores.offsets[i]:scores.offsets[i + 1]].sum()) for i in range(len(samples))]
+
+
+def test_an_update_makes_rewarded_actions_likelier_and_punished_ones_rarer():
+    """The sign, end to end: advantages → fused loss → gradients → parameters → log-probs."""
+    from seedfast.scoring import StepSample
+
+    model = build_decoder(make_config("qwen3"), dtype=torch.float32, seed=11)
+    prompt = torch.tensor([5, 9, 2, 7, 3])
+    good, bad = torch.tensor([4, 8]), torch.tensor([6, 1])
+    samples = [StepSample(prompt_ids=prompt, response_ids=good, sample_id=0),
+               StepSample(prompt_ids=prompt, response_ids=bad, sample_id=1)]
+    before = _response_logprob(model, samples)
+    _sgd_step(model, UpdateBatch(samples, torch.tensor([1.0, -1.0]), None), LossConfig(kl_coef=0.0), use_opd=False)
+    after = _response_logprob(model, samples)
+    assert after[0] > before[0] + 1e-3 and after[1] < before[1] - 1e-3
+
+
+def test_the_opd_term_raises_the_likelihood_of_what_the_skill_supports_and_nothing_without_a_skill():
+    """Zero advantage: SPEC §4's OPD term alone moves ℓθ, upwards (gradient −g per token), and a sample whose
+    skill failed (teacher mask 0) leaves the parameters untouched."""
+    from seedfast.scoring import StepSample
+
+    prompt, response, skill = torch.tensor([5, 9, 2, 7, 3]), torch.tensor([4, 8]), torch.tensor([11, 12, 13])
+    loss_cfg = LossConfig(kl_coef=0.0, entropy_coef=0.0, opd_coef=1.0, opd_beta=5.0)
+    for valid in (True, False):
+        model = build_decoder(make_config("qwen3"), dtype=torch.float32, seed=12)
+        sample = StepSample(prompt_ids=prompt, response_ids=response, sample_id=0, insert_at=5,
+                            privileged_ids=skill, teacher_valid=valid)
+        params = [p.detach().clone() for p in model.parameters()]
+        before = float(score(model, [sample]).logprob.sum())
+        _sgd_step(model, UpdateBatch([sample], torch.zeros(1), None, teacher_from_forward=True), loss_cfg,
+                  use_opd=True)
+        after = float(score(model, [sample]).logprob.sum())
+        if valid:
+            assert after > before + 1e-3
+        else:
+            assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params))
