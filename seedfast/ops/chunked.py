@@ -91,13 +91,20 @@ def forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     return logprob, entropy, teacher_logprob, lse
 
 
+def _minus_softmax_terms_(probs: torch.Tensor, logp: torch.Tensor | None, entropy: torch.Tensor | None,
+                          a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """−a·p − b·p⊙(log p + H), written into `logp` (or `probs` when b is None); the per-token a, b, H come
+    already shaped to broadcast against the tile (rows down dim 0 or along dim 1)."""
+    if b is None:
+        return probs.mul_(-a)
+    return logp.add_(entropy).mul_(b).add_(a).mul_(probs).neg_()
+
+
 def _logits_grad_(probs: torch.Tensor, logp: torch.Tensor | None, entropy: torch.Tensor | None,
                   a: torch.Tensor, b: torch.Tensor | None, local_targets: torch.Tensor) -> torch.Tensor:
-    """∂L/∂z = a·(onehot − p) − b·p⊙(log p + H), written into `logp` (or `probs` when b is None)."""
-    if b is None:
-        grad = probs.mul_(-a.unsqueeze(1))
-    else:
-        grad = logp.add_(entropy.unsqueeze(1)).mul_(b.unsqueeze(1)).add_(a.unsqueeze(1)).mul_(probs).neg_()
+    """∂L/∂z = a·(onehot − p) − b·p⊙(log p + H) for a [rows, cols] vocabulary tile, written in place."""
+    grad = _minus_softmax_terms_(probs, logp, None if entropy is None else entropy.unsqueeze(1), a.unsqueeze(1),
+                                 None if b is None else b.unsqueeze(1))
     inside, col = in_tile(local_targets, grad.shape[1])
     grad.scatter_add_(1, col.unsqueeze(1), torch.where(inside, a, 0.0).unsqueeze(1))
     return grad
@@ -155,10 +162,7 @@ def _logits_grad_columns_(probs: torch.Tensor, logp: torch.Tensor | None, entrop
                           a: torch.Tensor, b: torch.Tensor | None, targets: torch.Tensor,
                           cols: torch.Tensor) -> torch.Tensor:
     """_logits_grad_ for a transposed [V, rows] tile holding whole vocabulary columns."""
-    if b is None:
-        grad = probs.mul_(-a)
-    else:
-        grad = logp.add_(entropy).mul_(b).add_(a).mul_(probs).neg_()
+    grad = _minus_softmax_terms_(probs, logp, entropy, a, b)
     return grad.index_put_((targets, cols), a, accumulate=True)
 
 

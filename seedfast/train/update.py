@@ -87,11 +87,11 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
     groups = split_by_budget(costs, token_budget, [batch.samples[i].describe(i) for i in index])
     device = model.lm_head_weight.device
     total_loss, sums, weight_sum = 0.0, {}, 0.0
+    teacher_here = use_opd and batch.teacher_from_forward
     for group in groups:
         micro = [index[g] for g in group]
         micro_samples = [batch.samples[i] for i in micro]
         packed = pack_single(micro_samples).to(device)
-        teacher_here = use_opd and batch.teacher_from_forward
         out = model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids,
                     return_kv=teacher_here, attn_backend=attn_backend)
         hidden, kv = out if teacher_here else (out, None)
