@@ -61,21 +61,24 @@ class ChatServer:
                     reply = server.script[min(len(server.requests), len(server.script)) - 1]
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
-                try:
-                    server.answer(self, reply, body)
-                finally:
-                    with server._lock:
-                        server.in_flight -= 1
+                server.answer(self, reply, body, server._finished)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
+    def _finished(self):
+        with self._lock:
+            self.in_flight -= 1
+
     @staticmethod
-    def answer(handler, reply, body):
+    def answer(handler, reply, body, finished):
+        """Write the scripted reply. A request stops counting as in flight just before its reply is written:
+        the client may send its next request as soon as it has read this one, before the handler returns."""
         kind = reply[0]
         if kind == "status":
+            finished()
             handler.send_error(reply[1])
             return
         if kind == "sleep":
@@ -87,6 +90,7 @@ class ChatServer:
             content = reply[1](body) if callable(reply[1]) else reply[1]
             payload = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
             payload = payload.encode()
+        finished()
         try:
             handler.send_response(200)
             handler.send_header("Content-Type", "application/json")
