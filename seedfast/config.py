@@ -188,6 +188,10 @@ class LossConfig:
         "token-mean", "how per-token terms are aggregated")
     adv_norm: Literal["mean_std", "mean"] = opt("mean_std", "group advantage: subtract mean, divide by std")
     adv_eps: float = opt(1e-6, "added to the group std", gt=0)
+    step_penalty: Literal["after_norm", "in_reward"] = opt(
+        "after_norm", "how the invalid-action penalty enters the advantage: subtracted raw after the group "
+        "normalization of the outcome (it can never outweigh a win), or inside the reward before it (the "
+        "reference code; in all-fail groups the std division makes the penalty as large as a win)")
 
 
 @dataclass

@@ -3,6 +3,14 @@
 `A_i = (R_i − mean_g) / (std_g + ε)` over the step samples of group g, `std_g` the sample
 (unbiased) standard deviation. A group of one sample, or whose rewards are all equal, gets 0
 (it carries no relative signal; the reference code gives a lone sample its raw reward instead).
+
+A per-step penalty (e.g. −0.1 for an invalid action) enters in one of two ways (`grpo_with_penalty`):
+- `after_norm` (default): the outcome is normalized within the group and the raw penalty is subtracted
+  afterwards, `A_i = norm_g(R_i) − pen_i`. The penalty can never outweigh the outcome: in a group where
+  nobody wins, valid steps get 0 and invalid ones −pen (never a win-sized advantage).
+- `in_reward` (the reference code): `A_i = norm_g(R_i − pen_i)`. In a group where nobody wins the std is
+  that of the penalties alone, so dividing by it makes a 0.1 penalty as large as a win, and every valid
+  but useless step gets a positive advantage (reward hacking: docs/algorithms.md, "Step penalties").
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import torch
 from ._checks import check_2d, check_mask, check_option, check_tensor
 
 NORMS = ("mean_std", "mean")
+PENALTY_MODES = ("after_norm", "in_reward")
 
 GroupIds = torch.Tensor | Sequence[Hashable]
 
@@ -111,3 +120,21 @@ def per_token(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
                          f"{tuple(mask.shape)}; expected advantages of shape ({mask.shape[0]},)")
     valid = check_mask(func, "mask", mask, mask, "mask")
     return torch.where(valid, advantages[:, None], 0.0)
+
+
+def grpo_with_penalty(outcomes: torch.Tensor, penalties: torch.Tensor, group_ids: GroupIds,
+                      norm: str = "mean_std", eps: float = 1e-6, penalty_mode: str = "after_norm") -> torch.Tensor:
+    """GRPO advantages `[S]` from outcomes `[S]` and per-step penalties `[S]` (>= 0), see module docstring."""
+    func = "advantage.grpo_with_penalty"
+    check_tensor(func, "penalties", penalties, floating=False)
+    check_option(func, "penalty_mode", penalty_mode, PENALTY_MODES)
+    if penalties.shape != outcomes.shape:
+        raise ValueError(f"{func}: penalties has shape {tuple(penalties.shape)} but outcomes has shape "
+                         f"{tuple(outcomes.shape)}; expected one penalty per sample")
+    if bool((penalties < 0).any()):
+        i = int((penalties < 0).nonzero()[0])
+        raise ValueError(f"{func}: penalties[{i}] = {penalties[i].item()} is negative; a penalty is subtracted")
+    pen = penalties.to(torch.float32)
+    if penalty_mode == "in_reward":
+        return grpo(outcomes.to(torch.float32) - pen, group_ids, norm, eps)
+    return grpo(outcomes, group_ids, norm, eps).to(torch.float32) - pen

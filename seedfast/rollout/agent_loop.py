@@ -217,9 +217,11 @@ def _finish(episodes: list[_Episode], config: AgentLoopConfig, stats: RolloutSta
         trajectory = episode.trajectory
         outcome = 1.0 if trajectory.won else 0.0
         for step, fields in zip(trajectory.steps, episode.pending):
-            step.reward = outcome - config.invalid_penalty * (not step.valid)
+            penalty = config.invalid_penalty * (not step.valid)
+            step.reward = outcome - penalty
             records.append(
-                StepRecord(reward=step.reward, group_id=episode.task_index, trajectory_index=episode.index, **fields)
+                StepRecord(reward=step.reward, penalty=penalty, group_id=episode.task_index,
+                           trajectory_index=episode.index, **fields)
             )
         trajectory.meta["outcome"] = outcome
         stats.trajectories += 1

@@ -17,7 +17,8 @@ class StepRecord:
     """One step of one trajectory: the prompt as segments, the response ids exactly as generated.
 
     `group_id` is the task index (the GRPO group), `trajectory_index` indexes RolloutResult.trajectories.
-    `reward` = outcome R(τ) of the trajectory minus the invalid-action penalty of this step (SPEC §2).
+    `reward` = outcome R(τ) of the trajectory minus `penalty`, this step's invalid-action penalty (SPEC §2);
+    the two are kept apart so the advantage can treat them differently (algo.advantage.grpo_with_penalty).
     `response_logprobs` are the sampler's log-probs of the response tokens (None if the engine gives none).
     """
 
@@ -31,6 +32,7 @@ class StepRecord:
     valid: bool
     parsed: bool
     finish_reason: str
+    penalty: float = 0.0
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -64,6 +66,7 @@ class StepRecord:
             sample_id=self.sample_id if sample_id is None else sample_id,
             teacher_valid=teacher_valid,
             reward=self.reward,
+            penalty=self.penalty,
             group_id=self.group_id,
             meta=meta,
         )

@@ -67,7 +67,8 @@ class StepSample:
     teacher_drops: Sequence[tuple[int, int]] = ()
     sample_id: Hashable | None = None
     teacher_valid: bool = True
-    reward: float = 0.0
+    reward: float = 0.0  # outcome minus penalty
+    penalty: float = 0.0  # the step's shaping penalty (>= 0), already subtracted from reward
     group_id: Hashable | None = None
     meta: dict = field(default_factory=dict, compare=False)
 

@@ -155,8 +155,10 @@ class Trainer:
 
         with timer.phase("advantage"):
             rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+            penalties = torch.tensor([s.penalty for s in samples], dtype=torch.float32)
             groups = [s.group_id for s in samples]
-            advantages = adv_math.grpo(rewards, groups, norm=cfg.loss.adv_norm, eps=cfg.loss.adv_eps)
+            advantages = adv_math.grpo_with_penalty(rewards + penalties, penalties, groups, norm=cfg.loss.adv_norm,
+                                                    eps=cfg.loss.adv_eps, penalty_mode=cfg.loss.step_penalty)
             if cfg.algorithm == "grsd":
                 advantages, grsd_metrics = _grsd_modulate(cfg, samples, scores, advantages, trajectories)
                 metrics.update(grsd_metrics)

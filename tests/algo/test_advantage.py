@@ -93,3 +93,51 @@ def test_grpo_rejects_bad_inputs_with_one_clear_error():
         advantage.grpo(torch.zeros(2, 2), [0, 0])
     with pytest.raises(ValueError, match=r"advantages has shape \(3,\) but mask has shape \(2, 4\)"):
         advantage.per_token(torch.zeros(3), torch.ones(2, 4))
+
+
+# ------------------------------------------------------------------ step penalties (invalid actions)
+
+def _no_winner_group():
+    # one group, nobody wins; steps 1 and 4 were invalid actions (penalty 0.1)
+    outcomes = torch.zeros(6)
+    penalties = torch.tensor([0.0, 0.1, 0.0, 0.0, 0.1, 0.0])
+    return outcomes, penalties, [0] * 6
+
+
+def test_penalty_after_norm_never_gives_a_no_winner_group_a_win_sized_advantage():
+    outcomes, penalties, groups = _no_winner_group()
+    adv = advantage.grpo_with_penalty(outcomes, penalties, groups)
+    torch.testing.assert_close(adv, -penalties)  # valid steps 0, invalid steps -0.1: nothing rewards a loser
+    assert adv.max() <= 0 and adv.abs().max() <= 0.1 + 1e-7
+
+
+def test_penalty_in_reward_is_the_reference_and_blows_the_penalty_up_to_a_win():
+    # rewards 0,-0.1,0,0,-0.1,0: mean -1/30, unbiased std = sqrt((4/900 + 2*4/900) / 5) = sqrt(1/375)
+    outcomes, penalties, groups = _no_winner_group()
+    adv = advantage.grpo_with_penalty(outcomes, penalties, groups, penalty_mode="in_reward")
+    std = math.sqrt(1 / 375)
+    expected = torch.tensor([1 / 30, -1 / 15, 1 / 30, 1 / 30, -1 / 15, 1 / 30]) / (std + 1e-6)
+    torch.testing.assert_close(adv, expected)
+    win = advantage.grpo(torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0, 0.0]), groups)[0]
+    assert adv.abs().max() > 0.5 * win  # the failure mode: a penalty worth about as much as a win
+    assert (adv[[0, 2, 3, 5]] > 0).all()  # valid but useless steps of losers get rewarded
+
+
+def test_penalty_after_norm_keeps_the_outcome_signal_and_subtracts_the_raw_penalty():
+    outcomes = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    penalties = torch.tensor([0.0, 0.1, 0.1, 0.0, 0.0, 0.0])
+    groups = [0, 0, 0, 0, 1, 1]
+    adv = advantage.grpo_with_penalty(outcomes, penalties, groups)
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-6)
+    b = 0.5 / (math.sqrt(0.5) + 1e-6)
+    torch.testing.assert_close(adv, torch.tensor([a, a - 0.1, -a - 0.1, -a, b, -b]))
+    assert (adv[:2] > 0).all() and (adv[2:4] < 0).all()  # a penalty never flips a winner's sign
+
+
+def test_penalty_input_errors_name_the_tensor():
+    with pytest.raises(ValueError, match="penalties has shape"):
+        advantage.grpo_with_penalty(torch.zeros(3), torch.zeros(2), [0, 0, 0])
+    with pytest.raises(ValueError, match=r"penalties\[1\] = -0.1"):
+        advantage.grpo_with_penalty(torch.zeros(2), torch.tensor([0.0, -0.1]), [0, 0])
+    with pytest.raises(ValueError, match="penalty_mode"):
+        advantage.grpo_with_penalty(torch.zeros(2), torch.zeros(2), [0, 0], penalty_mode="raw")

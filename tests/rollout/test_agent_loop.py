@@ -81,6 +81,7 @@ def test_invalid_actions_are_penalized_per_step(games, tasks, tokenizer):
     for index, trajectory in enumerate(result.trajectories):
         rewards = [s.reward for s in result.steps_of(index)]
         assert rewards == [0.5] + [1.0] * len(games[index // 2].walkthrough)
+        assert [s.penalty for s in result.steps_of(index)] == [0.5] + [0.0] * len(games[index // 2].walkthrough)
         assert trajectory.n_invalid == 1 and trajectory.steps[0].action == "dance wildly"
 
 
@@ -198,4 +199,5 @@ def test_tiny_decoder_rollout_through_the_worker_pool_gives_scorer_ready_samples
             assert sample.teacher_prompt_ids().tolist() == prompt[:k] + skill + prompt[k:]
             assert sample.prompt_ids.tolist() == prompt and sample.response_ids.tolist() == list(record.response_ids)
             assert sample.reward == record.reward and sample.group_id == record.group_id
+            assert sample.penalty == record.penalty
             torch.testing.assert_close(sample.meta["rollout_logprobs"], torch.tensor(record.response_logprobs))
