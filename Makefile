@@ -2,18 +2,29 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# On a machine without CUDA, take the CPU build of torch that lies on disk instead of a multi-GB CUDA build.
-TORCH_CPU ?= torch==2.13.0
+# Installs take the exact versions of requirements/lock-cpu.txt (pip constraints); `make lock` refreshes it.
+LOCK := requirements/lock-cpu.txt
+# GPU machines (nvidia-smi) bring their own torch build: the lock less its torch, triton and nvidia-* lines.
+LOCK_NO_TORCH := $(VENV)/lock-no-torch.txt
+# The CPU build of torch, as the lock pins it (torch==X+cpu): on a machine without CUDA it comes from the
+# wheel on disk (pip's find-links) or else the PyTorch CPU index, never as a multi-GB CUDA build.
+TORCH_CPU := $(shell sed -n 's/^\(torch==[^ ;\#]*\).*/\1/p' $(LOCK))
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+EXTRAS := .[dev,envs,report]
 
-.PHONY: install test lint demo clean
+.PHONY: install test lint demo clean lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
-	  $(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_CPU)" || echo "note: $(TORCH_CPU) not available here; pip picks torch"; \
-	fi
-	$(PY) -m pip install -q -e ".[dev,envs,report]"
+	grep -viE '^(torch|triton|nvidia-[^=]*)==' $(LOCK) > $(LOCK_NO_TORCH)
+	@if command -v nvidia-smi >/dev/null 2>&1; then lock=$(LOCK_NO_TORCH); \
+	elif $(PY) -m pip install -q -c $(LOCK) "$(TORCH_CPU)" 2>/dev/null || \
+	     $(PY) -m pip install -q -c $(LOCK) --extra-index-url $(TORCH_CPU_INDEX) "$(TORCH_CPU)"; then lock=$(LOCK); \
+	else echo "note: $(TORCH_CPU) is not available here; installing with the lock less torch (pip picks torch)"; \
+	     lock=$(LOCK_NO_TORCH); fi; \
+	echo "$(PY) -m pip install -q -c $$lock -e \"$(EXTRAS)\""; \
+	$(PY) -m pip install -q -c $$lock -e "$(EXTRAS)"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,6 +36,26 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m seedfast demo configs/demo_cpu.yaml
+
+# Rewrite the lock from a fresh venv made from the current pyproject.toml: every package at the newest version
+# it allows (torch stays at the lock's $(TORCH_CPU): edit that line to move it). Run on linux x86_64 without
+# CUDA, Python 3.11; then `make test` (the stamp depends on the lock, so .venv is brought in line first).
+lock:
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	python3 -m venv "$$tmp/venv"; py="$$tmp/venv/bin/python"; \
+	$$py -m pip install -q --upgrade pip; \
+	$$py -m pip install -q "$(TORCH_CPU)" 2>/dev/null || \
+	  $$py -m pip install -q --extra-index-url $(TORCH_CPU_INDEX) "$(TORCH_CPU)"; \
+	$$py -m pip install -q -e "$(EXTRAS)"; \
+	{ echo '# requirements/lock-cpu.txt: the exact version of every package `make install` puts in .venv, used as pip'; \
+	  echo '# constraints (-c) for `pip install -e "$(EXTRAS)"`; seedfast itself and pip/setuptools/wheel are not listed.'; \
+	  $$py -c 'import platform, sys; print(f"# Made with Python {sys.version_info[0]}.{sys.version_info[1]} on {sys.platform} {platform.machine()}, CPU build of torch (+cpu: the PyTorch CPU wheel).")'; \
+	  echo '# With nvidia-smi, `make install` uses these lines less torch, triton and nvidia-*: GPU machines bring their torch.'; \
+	  echo '# Refresh: `make lock` (a fresh venv from the current pyproject.toml, newest allowed versions; torch stays at'; \
+	  echo '# the version pinned here, edit its line to move it), then `make test`.'; \
+	  $$py -m pip freeze --exclude-editable | grep -viE '^(pip|setuptools|wheel|seedfast)=='; \
+	} > "$$tmp/lock.txt"; \
+	mv "$$tmp/lock.txt" $(LOCK); echo "wrote $(LOCK) ($$(grep -c '==' $(LOCK)) packages); now run: make test"
 
 clean:
 	rm -rf $(VENV) build *.egg-info
