@@ -127,6 +127,9 @@ class EnvConfig:
 class RolloutConfig:
     n: int = opt(8, "trajectories per task: the GRPO group size", ge=1)
     tasks_per_batch: int = opt(16, "tasks per RL update (batch = tasks_per_batch x n trajectories)", ge=1)
+    task_pool: int | None = opt(None, "RL draws its tasks from a fixed pool of this many training games (chosen "
+                                      "with run.seed), so games recur across updates; null = all training games",
+                                ge=1)
     temperature: float = opt(1.0, "sampling temperature of training rollouts (also divides logits in loss)",
                              gt=0)
     top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)
@@ -259,6 +262,9 @@ class SFTConfig:
     skill_writing_fraction: float = opt(1.0, "share of games whose replays also give skill-writing examples",
                                         ge=0, le=1)
     schedule: Literal["constant", "cosine"] = opt("cosine", "SFT learning-rate schedule after warm-up")
+    renamed_copies: int = opt(0, "behaviour cloning: copies of each walkthrough with the taken object renamed to a "
+                                 "made-up word, so a model trained from scratch learns to copy names from the "
+                                 "task instead of memorizing them", ge=0)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from seedfast.skills.analyzers import oracle_answer
 from seedfast.skills.prompts import build_analyzer_messages
 from seedfast.train import sft_data
 from seedfast.train.sft_loop import SFTStats, evaluate_loss, train_sft  # noqa: F401 (re-exported)
+from seedfast.train.sft_rename import renamed_copies
 from seedfast.train.sft_replay import GameReplays, replay_games
 from seedfast.train.skill_text import oracle_plan, render_skill
 
@@ -59,13 +60,18 @@ def pairs_path(cfg: Config) -> Path | None:
 
 
 def walkthrough_replays(cfg: Config) -> list[GameReplays]:
-    """The RL run's training games (train/setup.load_tasks), each walkthrough played, with failed variants."""
+    """The RL run's training games (train/setup.load_tasks), each walkthrough played, with failed variants,
+    plus sft.renamed_copies renamed copies of each walkthrough (train/sft_rename)."""
     from seedfast.train.setup import load_tasks
 
     if cfg.env.kind != "textworld":
         raise ConfigError(f"sft.behaviour_cloning needs TextWorld walkthroughs; env.kind={cfg.env.kind!r} "
                           "has none")
-    return replay_games(load_tasks(cfg, "train"), seed=cfg.run.seed)
+    replays = replay_games(load_tasks(cfg, "train"), seed=cfg.run.seed)
+    if cfg.sft.renamed_copies:
+        renamed = renamed_copies([g.success for g in replays], cfg.sft.renamed_copies, seed=cfg.run.seed)
+        replays += [GameReplays(t.game_id, t) for t in renamed]
+    return replays
 
 
 def prompt_style(cfg: Config) -> PromptStyle:

@@ -1,0 +1,54 @@
+import random
+
+import pytest
+
+from seedfast.envs.trajectory import Trajectory, TrajectoryStep
+from seedfast.train.sft_rename import made_up_word, rename, renamed_copies, taken_objects
+
+
+def _trajectory() -> Trajectory:
+    task = "First, head south. Then pick-up the loaf of bread from the floor of the chamber. The bread box is empty."
+    steps = [
+        TrajectoryStep("-= Cellar =-\nAn exit to the south.", ["go south", "go west", "look"], "go south"),
+        TrajectoryStep("-= Chamber =-\nThere is a loaf of bread on the floor.",
+                       ["examine loaf of bread", "go north", "take loaf of bread"], "take loaf of bread"),
+    ]
+    return Trajectory(task=task, game_id="g-1", steps=steps, won=True,
+                      walkthrough=["go south", "take loaf of bread"])
+
+
+def test_taken_objects_reads_take_actions_once_each():
+    assert taken_objects(["go east", "take key from table", "take pear", "take key"]) == ["key", "pear"]
+    assert taken_objects(["go east", "open door"]) == []
+
+
+def test_made_up_words_are_seeded_pronounceable_and_varied():
+    a = [made_up_word(random.Random(s)) for s in range(200)]
+    assert a == [made_up_word(random.Random(s)) for s in range(200)]
+    assert all(w.isalpha() and w.islower() and 2 <= len(w) <= 15 for w in a)
+    assert len(set(a)) > 150
+
+
+def test_rename_replaces_whole_words_everywhere_and_keeps_the_walkthrough_consistent():
+    t = _trajectory()
+    r = rename(t, {"loaf of bread": "glomaris"})
+    assert "glomaris from the floor" in r.task and "The bread box" in r.task  # whole phrase only
+    assert r.actions == ["go south", "take glomaris"] and r.walkthrough == ["go south", "take glomaris"]
+    assert "take glomaris" in r.steps[1].admissible_actions and "examine glomaris" in r.steps[1].admissible_actions
+    assert "glomaris on the floor" in r.steps[1].observation
+    assert r.won and r.game_id == "g-1~renamed" and r.meta["renamed"] == {"loaf of bread": "glomaris"}
+    assert t.actions == ["go south", "take loaf of bread"]  # the original is untouched
+    with pytest.raises(ValueError, match="g-1"):
+        rename(t, {})
+
+
+def test_renamed_copies_give_every_copy_a_new_name_and_skip_trajectories_without_an_object():
+    plain = Trajectory(task="go east", game_id="g-2", steps=[TrajectoryStep("room", ["go east"], "go east")])
+    copies = renamed_copies([_trajectory(), plain], copies=3, seed=0)
+    assert len(copies) == 3
+    names = [c.actions[1][len("take "):] for c in copies]
+    assert len(set(names)) == 3 and "loaf of bread" not in names
+    for c in copies:
+        step = c.steps[1]
+        assert step.action in step.admissible_actions and c.steps[1].action.split(" ", 1)[1] in c.task
+    assert [c.actions for c in renamed_copies([_trajectory()], 3, seed=0)] == [c.actions for c in copies]
