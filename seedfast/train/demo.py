@@ -2,13 +2,13 @@
 
 games (TextWorld, generated offline) → tokenizer + tiny decoder → SFT (behaviour cloning, skill-augmented
 prompts, skill writing) → held-out eval of the SFT policy and of a random policy → GRPO and SEED for the same
-number of updates from the same SFT checkpoint and seed → held-out eval of each → report.md + report.png.
+number of updates from the same SFT checkpoint and seed, plus a no-learning control (the same rollouts, same games
+and sampling seeds, with the SFT policy and no update) → held-out eval of each → report.md + report.png.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import os
 import time
 from pathlib import Path
@@ -18,7 +18,7 @@ from seedfast.config import Config
 from seedfast.envs.textworld_games import make_games
 from seedfast.train import sft
 from seedfast.train.evaluate import evaluate, random_policy_success
-from seedfast.train.report import write_report
+from seedfast.train.report import EVIDENCE, curve_means, write_json, write_report
 from seedfast.train.rl import Trainer
 from seedfast.train.setup import device_of, load_policy, load_run_tokenizer, load_tasks
 
@@ -77,6 +77,17 @@ def main(cfg: Config, **_: Any) -> int:
         _say(f"{algorithm}: {len(histories[algorithm])} updates in {timings[algorithm]:.0f} s, held-out success "
              f"{after[algorithm]['eval/success_rate']:.3f}")
 
+    t = time.perf_counter()
+    sub = copy.deepcopy(cfg)
+    sub.algorithm, sub.loss.kl_coef = "grpo", 0.0  # rollouts only: no reference model needed
+    control = Trainer(sub, policy_dir=sft_dir, run_dir=run_dir / "control")
+    try:
+        control_history = control.control_run()
+    finally:
+        control.close()
+    timings["control"] = time.perf_counter() - t
+    _say(f"no-learning control: {len(control_history)} rollouts in {timings['control']:.0f} s")
+
     setup = {
         "games": f"{e.game_type} levels {e.levels}: {len(load_tasks(cfg, 'train'))} training, "
                  f"{len(eval_tasks)} held-out",
@@ -84,12 +95,23 @@ def main(cfg: Config, **_: Any) -> int:
                  f"{sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters, trained from scratch",
         "RL": f"{cfg.trainer.steps} updates x {cfg.rollout.tasks_per_batch} games x {cfg.rollout.n} trajectories, "
               f"lr {cfg.optim.lr}, seed {cfg.run.seed}, same SFT start for every algorithm",
+        "RL pool": (f"a fixed pool of {cfg.rollout.task_pool} training games, drawn again every update "
+                    "(success on it measures learning)" if cfg.rollout.task_pool else
+                    "fresh draws from every training game (success on it measures transfer)"),
         "skills": f"analyzer={cfg.skill.analyzer}, insertion={cfg.skill.insertion}",
         "total wall time": f"{time.perf_counter() - t_start:.0f} s",
     }
-    report = write_report(run_dir, histories, floor=floor, before=before, after=after, timings=timings, setup=setup)
-    (run_dir / "demo_summary.json").write_text(json.dumps(
-        {"before": before, "after": after, "random_floor": floor, "timings": timings, "setup": setup}, indent=1))
+    report = write_report(run_dir, histories, floor=floor, before=before, after=after, timings=timings, setup=setup,
+                          control=control_history)
+    every = {**histories, "control": control_history}
+    curves = {name: [r["train/success_rate"] for r in h] for name, h in every.items()}
+    signal = {name: [r.get("train/groups_with_signal") for r in h] for name, h in every.items()}
+    write_json(run_dir / "demo_summary.json", {
+        "before": before, "after": after, "random_floor": floor, "timings": timings, "setup": setup,
+        "seed": cfg.run.seed, "pool_success": curves, "groups_with_signal": signal,
+        "means": {name: curve_means(c) for name, c in curves.items()},
+        "seed_metrics": {name: {k: sum(r.get(k, 0.0) for r in h) / len(h) for k in EVIDENCE if any(k in r for r in h)}
+                         for name, h in histories.items()}})
     _say(f"report: {report}")
     print(report.read_text())
     return 0

@@ -1,14 +1,41 @@
-"""The demo report: success vs update per algorithm (PNG) and a short markdown table of what was measured."""
+"""The demo report: success vs update per algorithm and the no-learning control (PNG), and a markdown page of
+what was measured."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# per-update metrics that say whether the teacher carried signal (means over updates in the report)
+EVIDENCE = ("skill/parse_rate", "samples/teacher_valid_rate", "loss/gate_mean", "loss/opd_term",
+            "skill/teacher_gap_win", "skill/teacher_gap_lose", "train/groups_with_signal", "time/step")
+
+
+def curve_means(curve: Sequence[float]) -> dict[str, float]:
+    """Mean success over the first quarter and the last half of the updates, and over all of them."""
+    n = len(curve)
+    if not n:
+        return {}
+    quarter = max(1, math.ceil(n / 4))
+    half = curve[n // 2:] if n > 1 else curve
+    return {"first_quarter": sum(curve[:quarter]) / quarter, "last_half": sum(half) / len(half),
+            "all": sum(curve) / n}
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """JSON written whole, then renamed into place."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+    return path
+
 
 def plot_curves(histories: dict[str, list[dict[str, Any]]], path: Path, floor: float | None,
-                before: float | None) -> Path | None:
+                before: float | None, control: list[dict[str, Any]] | None = None) -> Path | None:
     try:
         import matplotlib
 
@@ -17,6 +44,9 @@ def plot_curves(histories: dict[str, list[dict[str, Any]]], path: Path, floor: f
     except ImportError:  # the report extra is optional; the markdown still has every number
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    if control:
+        axes[0].plot([r["step"] + 1 for r in control], [r["train/success_rate"] for r in control], color="grey",
+                     linestyle="--", marker=".", label="no-learning control")
     for name, rows in histories.items():
         steps = [r["step"] + 1 for r in rows]
         axes[0].plot(steps, [r.get("train/success_rate", float("nan")) for r in rows], marker="o", label=name)
@@ -26,7 +56,7 @@ def plot_curves(histories: dict[str, list[dict[str, Any]]], path: Path, floor: f
         if evals:
             axes[1].plot(*zip(*evals), marker="s", label=name)
     for ax, title in zip(axes, ("training-pool success (rollouts, T=1.0)", "held-out success (eval)")):
-        if floor is not None:
+        if floor is not None and ax is axes[1]:
             ax.axhline(floor, color="grey", linestyle=":", label="random policy (held-out)")
         if before is not None and ax is axes[1]:
             ax.axhline(before, color="black", linestyle="--", label="SFT start")
@@ -44,8 +74,9 @@ def plot_curves(histories: dict[str, list[dict[str, Any]]], path: Path, floor: f
 
 
 def write_report(run_dir: Path, histories: dict[str, list[dict[str, Any]]], *, floor: float, before: dict[str, float],
-                 after: dict[str, dict[str, float]], timings: dict[str, float], setup: dict[str, Any]) -> Path:
-    png = plot_curves(histories, run_dir / "report.png", floor, before.get("eval/success_rate"))
+                 after: dict[str, dict[str, float]], timings: dict[str, float], setup: dict[str, Any],
+                 control: list[dict[str, Any]] | None = None) -> Path:
+    png = plot_curves(histories, run_dir / "report.png", floor, before.get("eval/success_rate"), control)
     lines = ["# seedfast CPU demo", "", "Measured on this run, whatever it shows.", ""]
     lines += [f"- {k}: {v}" for k, v in setup.items()]
     lines += ["", "| policy | held-out success | invalid-action rate | episode length |", "|---|---|---|---|"]
@@ -55,19 +86,23 @@ def write_report(run_dir: Path, histories: dict[str, list[dict[str, Any]]], *, f
     for name, m in after.items():
         lines.append(f"| {name} after {len(histories[name])} updates | {m['eval/success_rate']:.3f} | "
                      f"{m['eval/invalid_rate']:.3f} | {m['eval/episode_length']:.2f} |")
-    lines += ["", "Training-pool success per update (rollouts at the training temperature):", ""]
-    names = list(histories)
+    curves = {**({"control (no learning)": control} if control else {}), **histories}
+    lines += ["", "Training-pool success per update (rollouts at the training temperature; the control rolls out "
+              "the SFT policy on the same games with the same sampling seeds and never updates):", ""]
+    names = list(curves)
     lines.append("| update | " + " | ".join(names) + " |")
     lines.append("|---|" + "---|" * len(names))
-    for i in range(max(len(h) for h in histories.values())):
-        cells = [f"{h[i]['train/success_rate']:.3f}" if i < len(h) else "" for h in histories.values()]
+    for i in range(max(len(h) for h in curves.values())):
+        cells = [f"{h[i]['train/success_rate']:.3f}" if i < len(h) else "" for h in curves.values()]
         lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
-    extra = [k for k in ("skill/parse_rate", "loss/gate_mean", "loss/opd_term", "time/step")]
+    means = {name: curve_means([r["train/success_rate"] for r in h]) for name, h in curves.items()}
+    for label, key in (("first quarter", "first_quarter"), ("last half", "last_half")):
+        lines.append(f"| mean, {label} | " + " | ".join(f"{means[n][key]:.3f}" for n in names) + " |")
     for name, h in histories.items():
-        means = {k: sum(r.get(k, 0.0) for r in h) / len(h) for k in extra if any(k in r for r in h)}
-        if means:
+        found = {k: sum(r.get(k, 0.0) for r in h) / len(h) for k in EVIDENCE if any(k in r for r in h)}
+        if found:
             lines.append("")
-            lines.append(f"{name} means over updates: " + ", ".join(f"{k} {v:.3f}" for k, v in means.items()))
+            lines.append(f"{name} means over updates: " + ", ".join(f"{k} {v:.3f}" for k, v in found.items()))
     lines += ["", "Wall time per phase (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items())]
     if png is not None:
         lines += ["", f"![success vs update]({png.name})"]

@@ -57,10 +57,27 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
 
 
+def groups_with_signal(trajectories: list) -> float:
+    """Share of groups whose trajectories disagree on the outcome (some won, some lost): only those carry
+    an outcome signal for GRPO."""
+    outcomes: dict[Any, set[bool]] = {}
+    for t in trajectories:
+        outcomes.setdefault(t.meta["group_id"], set()).add(bool(t.won))
+    return sum(len(v) == 2 for v in outcomes.values()) / max(len(outcomes), 1)
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def task_pool(tasks: list[Task], size: int | None, seed: int) -> list[Task]:
+    """The fixed RL pool: `size` of `tasks` chosen with `seed` (all of them when size is None)."""
+    if size is None or size >= len(tasks):
+        return list(tasks)
+    idx = np.random.default_rng([seed, 0x9001]).choice(len(tasks), size=size, replace=False)
+    return [tasks[i] for i in sorted(idx)]
 
 
 def choose_tasks(pool: list[Task], k: int, seed: int, step: int) -> list[Task]:
@@ -83,7 +100,7 @@ class Trainer:
             ref_dir = Path(cfg.model.ref_path) if cfg.model.ref_path else start
             self.ref = load_policy(cfg, ref_dir, self.device, trainable=False).eval()
         self.optimizer, self.scheduler = make_optimizer(cfg, self.policy)
-        self.train_tasks = load_tasks(cfg, "train")
+        self.train_tasks = task_pool(load_tasks(cfg, "train"), cfg.rollout.task_pool, cfg.run.seed)
         self.eval_tasks = load_tasks(cfg, "eval")
         if cfg.trainer.eval_games:
             self.eval_tasks = self.eval_tasks[: cfg.trainer.eval_games]
@@ -163,6 +180,7 @@ class Trainer:
                 advantages, grsd_metrics = _grsd_modulate(cfg, samples, scores, advantages, trajectories)
                 metrics.update(grsd_metrics)
         metrics["train/reward_mean"] = float(rewards.mean())
+        metrics["train/groups_with_signal"] = groups_with_signal(trajectories)
         metrics["train/advantage_zero_frac"] = float((advantages == 0).float().mean())
 
         use_opd = cfg.algorithm in ("seed", "sdar") and cfg.loss.opd_coef > 0 and (
@@ -257,6 +275,19 @@ class Trainer:
         return {"grsd/reflection_loss": loss}
 
     # ------------------------------------------------------------------ the run
+
+    def control_run(self) -> list[dict[str, Any]]:
+        """The no-learning control: the rollouts of every update (same games, same sampling seeds as a real
+        run), with the start policy and no update. Which games an update draws moves success by itself."""
+        history = []
+        for step in range(self.cfg.trainer.steps):
+            seed_everything(step_seed(self.cfg.run.seed, step))
+            result = self.rollout(step, PhaseTimer())
+            trajectories = result.trajectories
+            history.append({"step": step, "train/success_rate": result.stats.as_dict()["success_rate"],
+                            "train/groups_with_signal": groups_with_signal(trajectories),
+                            "rollout/invalid_rate": result.stats.as_dict()["invalid_rate"]})
+        return history
 
     def run(self, resume: str | None = None, profile_steps: str | None = None) -> list[dict[str, Any]]:
         cfg = self.cfg

@@ -124,6 +124,8 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
         loss.backward()
         if old is None:
             accumulate_rollout_gap(sums, logprob, micro_samples)
+        if teacher_logprob is not None:
+            accumulate_teacher_gap(sums, logprob, teacher_logprob, teacher_mask, micro_samples)
         total_loss += float(loss.detach())
         # metrics are means weighted by this micro-batch's weights: re-weight to the mini-batch
         wsum = float(w.sum())
@@ -136,7 +138,7 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
                 sums[k] = max(sums.get(k, -math.inf), v)
             else:
                 sums[k] = sums.get(k, 0.0) + v * wsum
-    gap = rollout_gap_metrics(sums)
+    gap = {**rollout_gap_metrics(sums), **teacher_gap_metrics(sums)}
     out = {k: (v if k.startswith("ratio_") else v / max(weight_sum, 1e-12)) for k, v in sums.items()}
     return total_loss, {**out, **gap}
 
@@ -158,6 +160,28 @@ def accumulate_rollout_gap(sums: dict[str, float], logprob: torch.Tensor, sample
     sums["_gap_sum"] = sums.get("_gap_sum", 0.0) + float(gap.sum())
     sums["_gap_n"] = sums.get("_gap_n", 0.0) + gap.numel()
     sums["_gap_max"] = max(sums.get("_gap_max", 0.0), float(gap.max()) if gap.numel() else 0.0)
+
+
+def accumulate_teacher_gap(sums: dict[str, float], logprob: torch.Tensor, teacher_logprob: torch.Tensor,
+                           teacher_mask: torch.Tensor, samples: list[StepSample]) -> None:
+    """Sums of ℓskill − ℓθ over the teacher-valid response tokens of winning and of losing trajectories: a
+    skill that carries signal raises the winners' actions more than the losers'."""
+    delta = (teacher_logprob.float() - logprob.detach().float()).cpu()
+    valid = teacher_mask.cpu().bool()
+    won = torch.cat([torch.full((len(s.response_ids),), s.reward + s.penalty > 0) for s in samples])
+    for name, rows in (("win", valid & won), ("lose", valid & ~won)):
+        sums[f"_tgap_{name}_sum"] = sums.get(f"_tgap_{name}_sum", 0.0) + float(delta[rows].sum())
+        sums[f"_tgap_{name}_n"] = sums.get(f"_tgap_{name}_n", 0.0) + int(rows.sum())
+
+
+def teacher_gap_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """Pop the sums of `accumulate_teacher_gap` out of `sums`: mean ℓskill − ℓθ on winners' and losers' tokens."""
+    out = {}
+    for name in ("win", "lose"):
+        total, n = sums.pop(f"_tgap_{name}_sum", 0.0), sums.pop(f"_tgap_{name}_n", 0.0)
+        if n:
+            out[f"skill/teacher_gap_{name}"] = total / n
+    return out
 
 
 def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:

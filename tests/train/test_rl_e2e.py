@@ -5,7 +5,10 @@ import torch
 from safetensors.torch import load_file
 
 from seedfast.config import load_config
-from seedfast.train.rl import Trainer
+from seedfast.envs.trajectory import Trajectory
+from seedfast.rollout.agent_loop import Task
+from seedfast.train.profiling import PhaseTimer
+from seedfast.train.rl import Trainer, choose_tasks, groups_with_signal, task_pool
 
 
 def _run(overrides, tiny_policy, train_games, tmp_path, *extra):
@@ -55,3 +58,41 @@ def test_failing_self_analyzer_masks_opd_and_is_counted(overrides, tiny_policy, 
     assert row["skill/parse_rate"] < 1.0
     assert any(k.startswith("skill/fail_") for k in row)
     assert "loss/total" in row
+
+
+def test_control_run_rolls_out_what_a_real_run_rolls_out_before_it_learns(overrides, tiny_policy, train_games,
+                                                                          tmp_path):
+    cfg = load_config(None, [*overrides(train_games, tmp_path), "algorithm=grpo", "rollout.temperature=1.5",
+                             "trainer.steps=2", "loss.kl_coef=0"])
+    control = Trainer(cfg, policy_dir=tiny_policy, run_dir=tmp_path / "control")
+    try:
+        rows = control.control_run()
+        first = control.rollout(0, PhaseTimer())
+    finally:
+        control.close()
+    assert [r["step"] for r in rows] == [0, 1] and not _changed(tiny_policy, control.policy)
+    _, _, history = _run(overrides, tiny_policy, train_games, tmp_path, "algorithm=grpo", "rollout.temperature=1.5",
+                         "loss.kl_coef=0")
+    # update 0 of a real run rolls out the start policy on the same games with the same seeds
+    assert rows[0]["train/success_rate"] == history[0]["train/success_rate"]
+    assert rows[0]["train/groups_with_signal"] == history[0]["train/groups_with_signal"]
+    assert len(first.trajectories) == cfg.rollout.n * cfg.rollout.tasks_per_batch
+
+
+def test_task_pool_fixes_the_games_every_update_draws():
+    tasks = [Task(f"g{i}", f"/games/g{i}") for i in range(10)]
+    pool = task_pool(tasks, 3, seed=5)
+    assert len(pool) == 3 and pool == task_pool(tasks, 3, seed=5) and pool != task_pool(tasks, 3, seed=6)
+    assert task_pool(tasks, None, seed=5) == tasks and task_pool(tasks, 20, seed=5) == tasks
+    draws = {tuple(t.game_id for t in choose_tasks(pool, 3, seed=0, step=s)) for s in range(5)}
+    assert draws == {tuple(t.game_id for t in pool)}
+
+
+def test_groups_with_signal_counts_groups_with_a_win_and_a_loss():
+    def traj(group, won):
+        t = Trajectory(task="", game_id="g", won=won)
+        t.meta["group_id"] = group
+        return t
+
+    trajectories = [traj(0, True), traj(0, False), traj(1, False), traj(1, False), traj(2, True), traj(2, True)]
+    assert groups_with_signal(trajectories) == pytest.approx(1 / 3)

@@ -104,3 +104,21 @@ def test_the_opd_term_raises_the_likelihood_of_what_the_skill_supports_and_nothi
             assert after > before + 1e-3
         else:
             assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params))
+
+
+def test_teacher_gap_splits_winners_and_losers_over_teacher_valid_tokens():
+    from seedfast.scoring.sample import StepSample
+    from seedfast.train.update import accumulate_teacher_gap, teacher_gap_metrics
+
+    won = StepSample(prompt_ids=[1, 2], response_ids=[3, 4], reward=0.9, penalty=0.1)  # outcome 1
+    lost = StepSample(prompt_ids=[1, 2], response_ids=[5, 6, 7], reward=-0.1, penalty=0.1)  # outcome 0
+    logprob = torch.tensor([-1.0, -2.0, -1.0, -1.0, -3.0])
+    teacher = torch.tensor([-0.5, -1.0, -2.0, 0.0, -1.0])
+    mask = torch.tensor([True, True, True, False, True])
+    sums = {"other": 1.0}
+    accumulate_teacher_gap(sums, logprob, teacher, mask, [won, lost])
+    accumulate_teacher_gap(sums, logprob[:2], teacher[:2], mask[:2], [won])
+    out = teacher_gap_metrics(sums)
+    assert out["skill/teacher_gap_win"] == pytest.approx((0.5 + 1.0) * 2 / 4)
+    assert out["skill/teacher_gap_lose"] == pytest.approx((-1.0 + 2.0) / 2)
+    assert sums == {"other": 1.0}  # only its own sums are popped

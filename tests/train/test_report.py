@@ -1,0 +1,38 @@
+import json
+
+import pytest
+
+from seedfast.train.report import curve_means, write_json, write_report
+
+
+def test_curve_means_by_hand():
+    m = curve_means([0.0, 0.2, 0.2, 0.4, 0.6, 0.6, 0.8, 1.0])
+    assert m["first_quarter"] == pytest.approx(0.1) and m["last_half"] == pytest.approx(0.75)
+    assert m["all"] == pytest.approx(0.475)
+    assert curve_means([0.5]) == {"first_quarter": 0.5, "last_half": 0.5, "all": 0.5}
+    assert curve_means([]) == {}
+
+
+def test_report_shows_the_control_beside_each_algorithm_with_the_means(tmp_path):
+    def rows(values, **extra):
+        return [{"step": i, "train/success_rate": v, **extra} for i, v in enumerate(values)]
+
+    histories = {"grpo": rows([0.25, 0.5, 0.5, 0.75], **{"train/groups_with_signal": 0.5}),
+                 "seed": rows([0.25, 0.5, 0.75, 1.0], **{"loss/gate_mean": 0.5, "skill/teacher_gap_win": 0.25})}
+    histories["grpo"][-1]["eval/success_rate"] = 0.5
+    control = rows([0.25, 0.0, 0.25, 0.25])
+    ev = {"eval/success_rate": 0.4, "eval/invalid_rate": 0.1, "eval/episode_length": 3.0}
+    path = write_report(tmp_path, histories, floor=0.1, before=ev, after={"grpo": ev, "seed": ev},
+                        timings={"sft": 1.0}, setup={"seed": 0}, control=control)
+    text = path.read_text()
+    assert "| update | control (no learning) | grpo | seed |" in text
+    assert "| 4 | 0.250 | 0.750 | 1.000 |" in text
+    assert "| mean, first quarter | 0.250 | 0.250 | 0.250 |" in text
+    assert "| mean, last half | 0.250 | 0.625 | 0.875 |" in text
+    assert "seed means over updates: loss/gate_mean 0.500, skill/teacher_gap_win 0.250" in text
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_write_json_leaves_no_partial_file(tmp_path):
+    path = write_json(tmp_path / "a.json", {"x": [1, 2]})
+    assert json.loads(path.read_text()) == {"x": [1, 2]} and not list(tmp_path.glob("*.tmp"))
