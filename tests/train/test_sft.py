@@ -19,7 +19,7 @@ from seedfast.rollout.prompts import PromptStyle
 from seedfast.rollout.sampler import Sampler
 from seedfast.train import sft
 from seedfast.train.sft_data import SFTExample, action_response_ids, bc_examples, make_example
-from seedfast.train.sft_loop import evaluate_loss, lr_at, plan_batches, train_sft
+from seedfast.train.sft_loop import evaluate_loss, lr_at, pack, plan_batches, token_logprobs, train_sft
 from seedfast.train.sft_replay import replay_games
 
 STYLE = PromptStyle(history_k=1)
@@ -167,17 +167,53 @@ def test_examples_that_cannot_train_are_named(tok, bc):
         train_sft(model, [], SFT())
 
 
+def answer_token_nll(model, examples):
+    """Per example, the NLL of each loss token given the true tokens before it (teacher forcing)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return [-token_logprobs(model, pack([ex], model.lm_head_weight.device)) for ex in examples]
+    finally:
+        model.train(was_training)
+
+
+def train_until_memorized(model, examples, *, seed=0, epochs=80, max_rounds=2, max_nll=0.1):
+    """Annealed rounds (5 warm-up steps, then cosine to 0 over `epochs` epochs) until every loss token of
+    every example has NLL < max_nll, i.e. p > 0.9: then each is the argmax, and greedy decoding must
+    reproduce every answer token by token. Returns the first round's stats and each example's worst NLL.
+
+    The mean loss is no such criterion: 40 constant-lr epochs brought it to 0.07 (from 6.3) while the one
+    token that tells `go south` from `go north` still had NLL 0.85 (p = 0.43): greedy said `go north`.
+    """
+    first = None
+    for _ in range(max_rounds):  # one round measured enough (worst NLL 0.01-0.05 over 6 init seeds)
+        stats = train_sft(model, examples, SFT(epochs=epochs, lr=1e-2, warmup_steps=5), seed=seed)
+        first = first or stats
+        worst = [float(nll.max()) for nll in answer_token_nll(model, examples)]
+        if max(worst) < max_nll:
+            break
+    return first, worst
+
+
 def test_short_sft_memorizes_the_walkthroughs(tok, bc, replays):
+    steps = [g.success.steps[i] for g in replays for i in range(len(g.success.steps))]
+    prompts = [ex.input_ids[: -len(action_response_ids(tok, s.action))] for ex, s in zip(bc, steps)]
+    assert len(bc) == len(steps)
+    action_of = {}
+    for ex, prompt, step in zip(bc, prompts, steps):  # else no model could reproduce both actions
+        assert action_of.setdefault(tuple(prompt), step.action) == step.action, f"{ex.source}: prompt seen before"
+
     model = tiny(tok, hidden=64, layers=2)
-    stats = train_sft(model, bc, SFT(epochs=40, lr=1e-2), schedule="constant")
-    assert stats.steps == 40 and stats.last_loss < 0.1 * stats.first_loss
+    stats, worst = train_until_memorized(model, bc)
+    assert stats.last_loss < 0.01 * stats.first_loss
+    assert max(worst) < 0.1, {ex.source: round(w, 3) for ex, w in zip(bc, worst)}
     sampler = Sampler(model)
     stops = stop_token_ids(tok)
-    for example, (game, i) in zip(bc, [(g, i) for g in replays for i in range(len(g.success.steps))]):
-        action = game.success.steps[i].action
-        prompt = example.input_ids[: -len(action_response_ids(tok, action))]
+    for ex, prompt, step in zip(bc, prompts, steps):
         out = sampler.generate([prompt], max_new_tokens=16, temperature=0.0, stop_ids=stops)[0]
-        assert parse_action(tok.decode(out, skip_special_tokens=True)) == action
+        assert parse_action(tok.decode(out, skip_special_tokens=True)) == step.action, ex.source
+        assert out == action_response_ids(tok, step.action), ex.source  # the whole answer, end of turn included
 
 
 @pytest.mark.gpu
