@@ -257,11 +257,15 @@ class SFTConfig:
     data: str | None = opt(None, "JSONL of (analyzer prompt, skill JSON) pairs; null = this run's collect output")
     behaviour_cloning: bool = opt(False, "also train on walkthrough trajectories (tiny model from scratch)")
     prompt_loss: bool = opt(False, "behaviour cloning: loss on prompt tokens too (teaches the language)")
+    prompt_loss_weight: float = opt(1.0, "weight of a prompt token in the SFT loss relative to an answer token "
+                                         "(with prompt_loss)", gt=0, le=1)
     skill_augment: bool = opt(False, "behaviour cloning: also show prompts with an oracle skill inserted")
     skill_augment_fraction: float = opt(0.5, "share of behaviour-cloning samples given a skill", ge=0, le=1)
     skill_writing_fraction: float = opt(1.0, "share of games whose replays also give skill-writing examples",
                                         ge=0, le=1)
     schedule: Literal["constant", "cosine"] = opt("cosine", "SFT learning-rate schedule after warm-up")
+    copy_warmup_steps: int = opt(0, "steps of a random-token copy task before SFT, so a model trained from "
+                                    "scratch grows the induction heads that copy names from the task", ge=0)
     renamed_copies: int = opt(0, "behaviour cloning: copies of each walkthrough with the taken object renamed to a "
                                  "made-up word, so a model trained from scratch learns to copy names from the "
                                  "task instead of memorizing them", ge=0)

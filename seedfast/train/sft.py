@@ -31,6 +31,7 @@ from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, PromptStyle, Turn, use
 from seedfast.skills.analyzers import oracle_answer
 from seedfast.skills.prompts import build_analyzer_messages
 from seedfast.train import sft_data
+from seedfast.train.copy_warmup import copy_warmup
 from seedfast.train.sft_loop import SFTStats, evaluate_loss, train_sft  # noqa: F401 (re-exported)
 from seedfast.train.sft_rename import renamed_copies
 from seedfast.train.sft_replay import GameReplays, replay_games
@@ -255,13 +256,20 @@ def main(cfg: Config, **_flags: Any) -> int:
     corpus: list[str] = []
     if not cfg.model.path:
         pairs = sft_data.read_pairs(pairs_file) if pairs_file is not None else []
-        corpus = tokenizer_corpus(replays, pairs, prompt_style(cfg), cfg.skill.skill_mode)
+        # the tokenizer never sees the made-up names: they must split into word pieces, as an unseen
+        # object's name does, or each becomes a token of its own that nothing else trains
+        originals = [g for g in replays if "renamed" not in g.success.meta]
+        corpus = tokenizer_corpus(originals, pairs, prompt_style(cfg), cfg.skill.skill_mode)
     model, tokenizer = load_policy(cfg, corpus)
     examples, counts = sft_examples(cfg, tokenizer, replays, pairs_file)
     model.to(device)
 
     log = JsonlLog(cfg.run_dir / METRICS_NAME)
     log({"event": "data", "games": len(replays), **counts})
+    if cfg.sft.copy_warmup_steps:
+        ordinary = [i for i in range(len(tokenizer)) if i not in set(tokenizer.all_special_ids)]
+        last = copy_warmup(model, ordinary, cfg.sft.copy_warmup_steps, lr=cfg.sft.lr, seed=cfg.run.seed)
+        log({"event": "copy_warmup", "steps": cfg.sft.copy_warmup_steps, "loss": last})
     autocast = DTYPES[cfg.model.dtype] if device.type == "cuda" and cfg.model.dtype != "fp32" else None
     stats: SFTStats = train_sft(model, examples, cfg.sft, seed=cfg.run.seed, log_fn=log,
                                 progress=cfg.log.progress and sys.stderr.isatty(), autocast_dtype=autocast)

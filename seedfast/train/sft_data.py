@@ -42,6 +42,7 @@ class SFTExample:
     kind: str
     source: str  # e.g. "treasure_hunter-L3-0 step 1", "skill_sft.jsonl:12"
     truncated: bool = False  # prompt shortened (history dropped or tokens cut) to fit the limit
+    answer_start: int = 0  # index of the first answer token (tokens before it are the prompt)
 
     def __post_init__(self) -> None:
         if len(self.input_ids) != len(self.loss_mask):
@@ -66,7 +67,7 @@ def make_example(prompt_ids: Sequence[int], answer_ids: Sequence[int], *, kind: 
         prompt, truncated = prompt[len(prompt) - max_prompt_tokens:], True
     mask = [prompt_loss and i > 0 for i in range(len(prompt))] + [True] * len(answer_ids)
     mask[0] = False
-    return SFTExample(prompt + list(answer_ids), mask, kind, source, truncated)
+    return SFTExample(prompt + list(answer_ids), mask, kind, source, truncated, answer_start=len(prompt))
 
 
 def end_of_turn_id(tokenizer: Any) -> int:

@@ -289,3 +289,15 @@ def test_make_example_truncates_the_prompt_from_the_left_never_the_answer():
         make_example([1], [], kind="bc", source="z")
     with pytest.raises(ValueError, match="kind"):
         make_example([1], [2], kind="other", source="w")
+
+
+def test_prompt_tokens_weigh_prompt_loss_weight_in_the_sft_loss():
+    from seedfast.train.sft_loop import batch_loss, pack
+
+    ex = make_example([1, 2, 3], [4, 5], kind="bc", source="s", prompt_loss=True)
+    assert ex.answer_start == 3 and ex.loss_mask == [False, True, True, True, True]
+    batch = pack([ex], "cpu")
+    assert batch.row_is_answer.tolist() == [False, False, True, True]
+    logprob = torch.tensor([-1.0, -2.0, -3.0, -5.0])
+    assert float(batch_loss(logprob, batch)) == pytest.approx(11 / 4)
+    assert float(batch_loss(logprob, batch, 0.5)) == pytest.approx((0.5 * 3 + 8) / 3)
