@@ -1,11 +1,14 @@
-"""Renamed walkthroughs: copies of a replay whose target object has a made-up name.
+"""Renamed walkthroughs: copies of a replay whose target object has a made-up name and whose compass is turned.
 
 A tiny model trained from scratch on a few hundred games sees a few dozen object names, each of which its
 BPE learns as one token; it then memorizes "take passkey" per game instead of reading the name from the
 task, and on a held-out game whose object it never saw (split into word pieces) it writes a name it knows.
 Copies of the walkthroughs with the taken object renamed to a pronounceable made-up word (several word
 pieces, never the same twice) make the only way to the right action reading the name from the task and
-copying it (docs/demo.md, "Why the SFT renames objects"). Nothing here knows the held-out games' names.
+copying it (docs/demo.md, "Why the SFT renames objects"). The same holds for directions: a model can
+memorize that the cellar's game goes south; in a copy the compass is turned (a rotation or reflection, so
+opposite directions stay opposite, in the task, the observations and the actions alike) and only the task
+says which way to go. Nothing here knows the held-out games' names.
 """
 
 from __future__ import annotations
@@ -19,6 +22,17 @@ from seedfast.envs.trajectory import Trajectory, TrajectoryStep
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "gl", "st", "tr", "pl")
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
 _CODAS = ("", "", "", "n", "r", "l", "s", "m", "k")
+COMPASS = ("north", "east", "south", "west")  # clockwise
+
+
+def compass_turns() -> list[dict[str, str]]:
+    """The 8 symmetries of the compass (4 rotations, 4 reflections) as word maps; opposites stay opposite."""
+    turns = []
+    for flip in (False, True):
+        order = COMPASS if not flip else (COMPASS[0], COMPASS[3], COMPASS[2], COMPASS[1])
+        for shift in range(4):
+            turns.append({COMPASS[i]: order[(i + shift) % 4] for i in range(4)})
+    return turns
 
 
 def made_up_word(rng: random.Random, syllables: tuple[int, int] = (2, 3)) -> str:
@@ -55,10 +69,13 @@ def rename(trajectory: Trajectory, names: dict[str, str]) -> Trajectory:
                       meta=dict(trajectory.meta, renamed=dict(names)))
 
 
-def renamed_copies(trajectories: Sequence[Trajectory], copies: int, seed: int) -> list[Trajectory]:
+def renamed_copies(trajectories: Sequence[Trajectory], copies: int, seed: int,
+                   turn_compass: bool = True) -> list[Trajectory]:
     """`copies` renamed copies of each trajectory that takes an object (others are skipped), made-up names
-    drawn with `seed`; a name is never one of the words already in that trajectory."""
+    drawn with `seed` (a name is never one of the words already in that trajectory) and, with
+    `turn_compass`, a random non-identity symmetry of the compass."""
     rng = random.Random(seed)
+    turns = compass_turns()[1:]
     out = []
     for trajectory in trajectories:
         objects = taken_objects(trajectory.actions)
@@ -72,5 +89,7 @@ def renamed_copies(trajectories: Sequence[Trajectory], copies: int, seed: int) -
                 while new in words:
                     new = made_up_word(rng)
                 names[name] = new
+            if turn_compass:
+                names.update({k: v for k, v in rng.choice(turns).items() if k != v})
             out.append(rename(trajectory, names))
     return out

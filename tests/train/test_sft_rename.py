@@ -52,3 +52,26 @@ def test_renamed_copies_give_every_copy_a_new_name_and_skip_trajectories_without
         step = c.steps[1]
         assert step.action in step.admissible_actions and c.steps[1].action.split(" ", 1)[1] in c.task
     assert [c.actions for c in renamed_copies([_trajectory()], 3, seed=0)] == [c.actions for c in copies]
+
+
+def test_compass_turns_are_the_eight_symmetries_and_keep_opposites_opposite():
+    from seedfast.train.sft_rename import COMPASS, compass_turns
+
+    turns = compass_turns()
+    assert len({tuple(sorted(t.items())) for t in turns}) == 8 and turns[0] == {d: d for d in COMPASS}
+    opposite = {"north": "south", "south": "north", "east": "west", "west": "east"}
+    for t in turns:
+        assert sorted(t.values()) == sorted(COMPASS)
+        assert all(t[opposite[d]] == opposite[t[d]] for d in COMPASS)
+
+
+def test_renamed_copies_turn_the_compass_in_the_task_and_the_actions_alike():
+    copies = renamed_copies([_trajectory()] * 20, copies=1, seed=3)
+    directions = {c.actions[0].split()[1] for c in copies}
+    assert len(directions) >= 3  # the first move varies across copies
+    for c in copies:
+        first = c.actions[0].split()[1]
+        assert f"head {first}" in c.task and f"exit to the {first}" in c.steps[0].observation
+        assert c.actions[0] in c.steps[0].admissible_actions
+    plain = renamed_copies([_trajectory()], copies=1, seed=3, turn_compass=False)[0]
+    assert plain.actions[0] == "go south"
