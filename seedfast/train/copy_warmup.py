@@ -5,9 +5,8 @@ action. A transformer does that with induction heads (attend to the token after 
 the current one, copy it), and a from-scratch 1M-parameter decoder grows them in about a hundred steps of a
 pure copy task. Behaviour cloning alone holds one or two copy targets per few hundred tokens: measured on the
 demo's games, 500 steps of it left a made-up object name at 4–8 nats per word piece, i.e. not copied at all.
-So `sft.copy_warmup_steps` steps of this task run before SFT (docs/demo.md, "Why the SFT warms up on
-copying"). The strings are drawn uniformly from the tokenizer's ordinary tokens: no game text, nothing of
-the held-out games.
+So `sft.copy_warmup_steps` steps of this task run before SFT (docs/demo.md, "A copy-task warm-up"). The
+strings are drawn uniformly from the tokenizer's ordinary tokens: no game text, nothing of the held-out games.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ BPE learns as one token; it then memorizes "take passkey" per game instead of re
 task, and on a held-out game whose object it never saw (split into word pieces) it writes a name it knows.
 Copies of the walkthroughs with the taken object renamed to a pronounceable made-up word (several word
 pieces, never the same twice) make the only way to the right action reading the name from the task and
-copying it (docs/demo.md, "Why the SFT renames objects"). The same holds for directions: a model can
+copying it (docs/demo.md, "Renamed copies"). The same holds for directions: a model can
 memorize that the cellar's game goes south; in a copy the compass is turned (a rotation or reflection, so
 opposite directions stay opposite, in the task, the observations and the actions alike) and only the task
 says which way to go. Nothing here knows the held-out games' names.
