@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from ops_reference import fp64_leaves, materialized_logprob, max_rel_err, random_problem
 
@@ -208,10 +208,13 @@ def test_non_contiguous_inputs_and_int32_targets(tile_config):
     torch.testing.assert_close(out.logprob.double(), ref, rtol=0, atol=2e-5)
 
 
-@settings(max_examples=40, deadline=None)
+# derandomized: CI draws the same examples every run; the example below once failed a tolerance that was
+# not fp32's (see the dW tolerance)
+@settings(max_examples=40, deadline=None, derandomize=True)
 @given(n=st.integers(0, 20), d=st.integers(1, 6), vocab=st.integers(1, 70),
        budget=st.sampled_from([4, 64, 300, 2048, 1 << 20]), temperature=st.floats(0.3, 3.0),
        n_ignored=st.integers(0, 5), seed=st.integers(0, 10_000))
+@example(n=18, d=2, vocab=1, budget=4, temperature=0.3, n_ignored=0, seed=0)
 def test_any_shape_any_tiling(n, d, vocab, budget, temperature, n_ignored, seed):
     previous = os.environ.get(tiles.TILE_BYTES_ENV)
     os.environ[tiles.TILE_BYTES_ENV] = str(budget)
@@ -233,5 +236,10 @@ def test_any_shape_any_tiling(n, d, vocab, budget, temperature, n_ignored, seed)
     if n:
         gh, gw = _grads_of((out.logprob, out.entropy), (torch.ones(n), torch.full((n,), 0.5)), (hidden, weight))
         rh, rw = _grads_of((ref_lp, ref_ent), (torch.ones(n).double(), torch.full((n,), 0.5).double()), (h64, w64))
-        torch.testing.assert_close(gh.double(), rh, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(gw.double(), rw, rtol=1e-4, atol=1e-5)
+        # the same fp32 floor for dH: a per-token gradient error (~1e-6, at most p-weighted) times max |W| / T
+        h_floor = 1e-5 + 2e-6 * float(w64.detach().abs().max()) / temperature
+        torch.testing.assert_close(gh.double(), rh, rtol=1e-4, atol=h_floor)
+        # dW[v] sums a per-token fp32 gradient scalar (error ~1e-6) times h over all n rows: the fp32 floor
+        # grows with sum_i |h_i| / T (with V = 1 the true dW is exactly 0 and only that floor remains)
+        floor = 1e-5 + 2e-6 * float(h64.detach().abs().sum(0).max()) / temperature
+        torch.testing.assert_close(gw.double(), rw, rtol=1e-4, atol=floor)
