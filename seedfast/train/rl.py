@@ -283,10 +283,10 @@ class Trainer:
         for step in range(self.cfg.trainer.steps):
             seed_everything(step_seed(self.cfg.run.seed, step))
             result = self.rollout(step, PhaseTimer())
-            trajectories = result.trajectories
-            history.append({"step": step, "train/success_rate": result.stats.as_dict()["success_rate"],
-                            "train/groups_with_signal": groups_with_signal(trajectories),
-                            "rollout/invalid_rate": result.stats.as_dict()["invalid_rate"]})
+            stats = result.stats.as_dict()
+            history.append({"step": step, "train/success_rate": stats["success_rate"],
+                            "train/groups_with_signal": groups_with_signal(result.trajectories),
+                            "rollout/invalid_rate": stats["invalid_rate"]})
         return history
 
     def run(self, resume: str | None = None, profile_steps: str | None = None) -> list[dict[str, Any]]:

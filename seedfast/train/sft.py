@@ -267,7 +267,8 @@ def main(cfg: Config, **_flags: Any) -> int:
     log = JsonlLog(cfg.run_dir / METRICS_NAME)
     log({"event": "data", "games": len(replays), **counts})
     if cfg.sft.copy_warmup_steps:
-        ordinary = [i for i in range(len(tokenizer)) if i not in set(tokenizer.all_special_ids)]
+        special = set(tokenizer.all_special_ids)
+        ordinary = [i for i in range(len(tokenizer)) if i not in special]
         last = copy_warmup(model, ordinary, cfg.sft.copy_warmup_steps, lr=cfg.sft.lr, seed=cfg.run.seed)
         log({"event": "copy_warmup", "steps": cfg.sft.copy_warmup_steps, "loss": last})
     autocast = DTYPES[cfg.model.dtype] if device.type == "cuda" and cfg.model.dtype != "fp32" else None

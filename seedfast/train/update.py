@@ -166,11 +166,14 @@ def accumulate_teacher_gap(sums: dict[str, float], logprob: torch.Tensor, teache
                            teacher_mask: torch.Tensor, samples: list[StepSample]) -> None:
     """Sums of ℓskill − ℓθ over the teacher-valid response tokens of winning and of losing trajectories: a
     skill that carries signal raises the winners' actions more than the losers'."""
-    delta = (teacher_logprob.float() - logprob.detach().float()).cpu()
-    valid = teacher_mask.cpu().bool()
-    won = torch.cat([torch.full((len(s.response_ids),), s.reward + s.penalty > 0) for s in samples])
+    delta = teacher_logprob.float() - logprob.detach().float()
+    valid = teacher_mask.bool()
+    lengths = torch.tensor([len(s.response_ids) for s in samples])
+    outcome_won = torch.tensor([s.reward + s.penalty > 0 for s in samples])
+    won = torch.repeat_interleave(outcome_won, lengths).to(delta.device)
     for name, rows in (("win", valid & won), ("lose", valid & ~won)):
-        sums[f"_tgap_{name}_sum"] = sums.get(f"_tgap_{name}_sum", 0.0) + float(delta[rows].sum())
+        # reduced on the device: only the scalar sums cross to the host, never the per-token tensors
+        sums[f"_tgap_{name}_sum"] = sums.get(f"_tgap_{name}_sum", 0.0) + float(torch.where(rows, delta, 0.0).sum())
         sums[f"_tgap_{name}_n"] = sums.get(f"_tgap_{name}_n", 0.0) + int(rows.sum())
 
 
