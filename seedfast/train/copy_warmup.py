@@ -11,49 +11,60 @@ strings are drawn uniformly from the tokenizer's ordinary tokens: no game text, 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from seedfast.ops import linear_logprob
+from seedfast.train.sft_data import SFTExample
+from seedfast.train.sft_loop import pack, token_logprobs
 
 
-def copy_batch(token_ids: Sequence[int], batch: int, length: int, generator: torch.Generator
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids [B·2L], cu_seqlens [B+1], rows, targets): B strings of `length` tokens, each repeated once;
-    `rows` are the positions that predict a token of a repeat (the first repeated token excluded: nothing
-    says where the repeat starts)."""
-    pool = torch.as_tensor(list(token_ids), dtype=torch.long)
-    strings = pool[torch.randint(len(pool), (batch, length), generator=generator)]
-    seqs = torch.cat([strings, strings], dim=1)
-    span = 2 * length
-    cu_seqlens = torch.arange(0, batch * span + 1, span, dtype=torch.int32)
-    starts = torch.arange(batch)[:, None] * span
-    rows = (starts + torch.arange(length, span - 1)[None, :]).reshape(-1)
-    return seqs.reshape(-1), cu_seqlens, rows, seqs.reshape(-1)[rows + 1]
+def copy_example(rng: random.Random, token_ids: Sequence[int], length: int, gap: int, source: str) -> SFTExample:
+    """A string of `length` tokens, `gap` filler tokens, the string again; the loss is on the repeat (its first
+    token excluded: nothing says where the repeat starts)."""
+    string = [rng.choice(token_ids) for _ in range(length)]
+    filler = [rng.choice(token_ids) for _ in range(gap)]
+    start = length + gap
+    mask = [False] * (start + 1) + [True] * (length - 1)
+    return SFTExample(string + filler + string, mask, "copy", source, answer_start=start)
+
+
+def copy_examples(token_ids: Sequence[int], tokens: int, *, seed: int = 0, length: tuple[int, int] = (4, 24),
+                  gap: tuple[int, int] = (0, 48)) -> list[SFTExample]:
+    """Copy-task examples of about `tokens` tokens in all, lengths and gaps drawn uniformly from the ranges."""
+    if len(token_ids) < 2:
+        raise ValueError(f"copy examples need at least 2 token ids to draw from, got {len(token_ids)}")
+    if not 2 <= length[0] <= length[1] or not 0 <= gap[0] <= gap[1]:
+        raise ValueError(f"copy examples: need 2 <= length low <= high and 0 <= gap low <= high, got "
+                         f"length={length}, gap={gap}")
+    rng, pool = random.Random(seed), list(token_ids)
+    examples, total = [], 0
+    while total < tokens:
+        example = copy_example(rng, pool, rng.randint(*length), rng.randint(*gap), f"copy {len(examples)}")
+        examples.append(example)
+        total += len(example.input_ids)
+    return examples
 
 
 def copy_warmup(model: torch.nn.Module, token_ids: Sequence[int], steps: int, *, lr: float = 2e-3,
-                batch: int = 16, length: int = 32, seed: int = 0,
+                batch_tokens: int = 2048, seed: int = 0,
                 log_fn: Callable[[dict[str, Any]], None] | None = None) -> float | None:
-    """`steps` AdamW steps of the copy task on `model` (a seedfast Decoder); returns the last loss (mean NLL
-    of the repeated tokens), None when steps is 0. The optimizer is local: SFT starts its own afterwards."""
+    """`steps` AdamW steps of the copy task on `model` (a seedfast Decoder), each on fresh examples of about
+    `batch_tokens` tokens; returns the last loss (mean NLL of the repeated tokens), None when steps is 0. The
+    optimizer is local: SFT starts its own afterwards."""
     if steps <= 0:
         return None
-    if len(token_ids) < 2:
-        raise ValueError(f"copy_warmup needs at least 2 token ids to draw from, got {len(token_ids)}")
     device = model.lm_head_weight.device
-    generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     was_training = model.training
     model.train()
     loss_value = None
     try:
         for step in range(steps):
-            ids, cu_seqlens, rows, targets = (t.to(device) for t in copy_batch(token_ids, batch, length, generator))
-            hidden = model(ids, cu_seqlens)[rows]
-            loss = -linear_logprob(hidden, model.lm_head_weight, targets).logprob.mean()
+            batch = pack(copy_examples(token_ids, batch_tokens, seed=seed * 1_000_003 + step), device)
+            loss = -token_logprobs(model, batch).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -109,6 +109,12 @@ def sft_examples(cfg: Config, tokenizer: Any, replays: Sequence[GameReplays],
     return examples, {**counts, "pairs_file": str(pairs_file) if pairs_file else None}
 
 
+def ordinary_ids(tokenizer: Any) -> list[int]:
+    """Every id of the tokenizer but its special tokens: what the copy task draws from."""
+    special = set(tokenizer.all_special_ids)
+    return [i for i in range(len(tokenizer)) if i not in special]
+
+
 def tokenizer_corpus(replays: Sequence[GameReplays], pairs: Sequence[tuple[list[dict], str, str]],
                      style: PromptStyle, skill_mode: str = "episode_only") -> list[str]:
     """ChatML text of what SFT and RL show the tiny model: step prompts with their answers, skills,
@@ -267,9 +273,7 @@ def main(cfg: Config, **_flags: Any) -> int:
     log = JsonlLog(cfg.run_dir / METRICS_NAME)
     log({"event": "data", "games": len(replays), **counts})
     if cfg.sft.copy_warmup_steps:
-        special = set(tokenizer.all_special_ids)
-        ordinary = [i for i in range(len(tokenizer)) if i not in special]
-        last = copy_warmup(model, ordinary, cfg.sft.copy_warmup_steps, lr=cfg.sft.lr, seed=cfg.run.seed)
+        last = copy_warmup(model, ordinary_ids(tokenizer), cfg.sft.copy_warmup_steps, lr=cfg.sft.lr, seed=cfg.run.seed)
         log({"event": "copy_warmup", "steps": cfg.sft.copy_warmup_steps, "loss": last})
     autocast = DTYPES[cfg.model.dtype] if device.type == "cuda" and cfg.model.dtype != "fp32" else None
     stats: SFTStats = train_sft(model, examples, cfg.sft, seed=cfg.run.seed, log_fn=log,

@@ -32,7 +32,7 @@ from seedfast.skills.prompts import build_analyzer_messages, canonical_answer
 from seedfast.train.skill_text import oracle_plan, skill_segment
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
-EXAMPLE_KINDS = ("bc", "bc_skill", "skill", "jsonl")
+EXAMPLE_KINDS = ("bc", "bc_skill", "skill", "jsonl", "copy")
 
 
 @dataclass(frozen=True)
