@@ -89,8 +89,16 @@ def write_results(name: str, payload: dict, packages: Sequence[str] = ("torch", 
         "versions": versions(*packages),
         **payload,
     }
-    path = RESULTS_DIR / f"{name}.json"
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    return write_json_atomic(RESULTS_DIR / f"{name}.json", record)
+
+
+def write_json_atomic(path: Path, payload: dict) -> Path:
+    """Write JSON to a temporary file beside `path`, then rename it into place: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(tmp, path)
     return path
 
 
