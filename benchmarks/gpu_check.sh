@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One short GPU window: the CUDA tests (pytest -m gpu) and the kernel microbenchmarks, < 8 minutes on one
-# GPU, no network, installs nothing.
+# One short GPU window: the CUDA tests (pytest -m gpu), the kernel microbenchmarks and one RL update side by side
+# with the reference recipe (benchmarks/peers.py, Qwen2.5-1.5B shape, bf16), < 11 minutes on one GPU, no network,
+# installs nothing.
 #
 #   benchmarks/gpu_check.sh OUT_DIR          (from anywhere; PYTHON=/path/to/python to pick the interpreter)
 #
 # Writes OUT_DIR/{env.txt, nvidia-smi.txt, pytest_gpu.xml (JUnit), pytest_gpu.log, kernels.log, kernels.json,
-# kernels.png, summary.txt}. Exit status: non-zero when a test failed or a step ran past its time limit.
+# kernels.png, peers.log, peers_cuda.json, summary.txt}. Exit status: non-zero when a test failed or a step ran past its time limit.
 set -uo pipefail
 
 OUT=${1:?usage: benchmarks/gpu_check.sh OUT_DIR}
@@ -57,8 +58,20 @@ bench_rc=$?
 bench_s=$(( $(date +%s) - start ))
 cp benchmarks/results/kernels.json benchmarks/results/kernels.png "$OUT/" 2>/dev/null
 
+# peers.py runs each recipe in a child process: the finder above reaches them as a sitecustomize on PYTHONPATH
+start=$(date +%s)
+BOOTDIR=$(mktemp -d)
+printf '%s\n' "$BOOT" > "$BOOTDIR/sitecustomize.py"
+PYTHONPATH="$BOOTDIR${PYTHONPATH:+:$PYTHONPATH}" timeout 180 "$PY" benchmarks/peers.py --shape qwen1.5b \
+  --device cuda --dtype bf16 --out "$OUT/peers_cuda.json" > "$OUT/peers.log" 2>&1
+peers_rc=$?
+[ $peers_rc -ne 0 ] && status=1
+peers_s=$(( $(date +%s) - start ))
+rm -rf "$BOOTDIR"
+
 {
   echo "pytest -m gpu: exit $tests_rc in ${tests_s}s ($(tail -n 1 "$OUT/pytest_gpu.log"))"
   echo "benchmarks/kernels.py: exit $bench_rc in ${bench_s}s (124 = time limit; kernels.json keeps finished shapes)"
+  echo "benchmarks/peers.py --device cuda: exit $peers_rc in ${peers_s}s (124 = time limit)"
 } | tee "$OUT/summary.txt"
 exit $status

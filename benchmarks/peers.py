@@ -54,7 +54,8 @@ ALGOS = ("seed", "grpo")
 PHASES = ("old", "ref", "teacher", "forward", "backward", "fwd_bwd", "optimizer")
 MALLOC_PINNED = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 WARMUP_BATCH = dict(tasks=1, trajectories=2, prompt=24, skill=4, response=4)
-TOKEN_BUDGET = 16384  # trainer.micro_batch_tokens' default: every shape here fits one micro-batch
+TOKEN_BUDGET = 16384
+FULL_CHECK_PARAMS = 300_000_000  # trainer.micro_batch_tokens' default: every shape here fits one micro-batch
 
 # model: seedfast DecoderConfig fields; batch: tasks × trajectories step samples, token lengths
 SHAPES = {
@@ -287,12 +288,25 @@ def peak_memory(device: str) -> Iterator[dict]:
     out.update(peak_extra_bytes=probe.extra_bytes, memory_method=f"peak RSS above entry ({probe.method})")
 
 
+def checked_names(model) -> list[str]:
+    """Parameters the conformance check compares: all of them, or for models above FULL_CHECK_PARAMS (GPU shapes)
+    the embedding / LM head, the final norm and the last layer, so that the dumps stay a few GB."""
+    named = dict(model.named_parameters())
+    if sum(p.numel() for p in named.values()) <= FULL_CHECK_PARAMS:
+        return list(named)
+    last = f"layers.{model.config.num_hidden_layers - 1}."
+    return [n for n in named if "embed_tokens" in n or "lm_head" in n or n == "model.norm.weight" or last in n]
+
+
 def dump_state(model, path: Path) -> None:
     """The clipped gradients and the updated weights, for the conformance check in the parent."""
     from safetensors.torch import save_file
 
     tensors = {}
+    keep = set(checked_names(model))
     for name, p in model.named_parameters():
+        if name not in keep:
+            continue
         tensors[f"weight/{name}"] = p.detach().float().cpu().contiguous()
         if p.grad is not None:
             tensors[f"grad/{name}"] = p.grad.detach().float().cpu().contiguous()
@@ -435,6 +449,8 @@ def run_shape(args: argparse.Namespace) -> dict:
                 dump = Path(tmp) / f"{algo}_{row['leg']}.safetensors"
                 if row["leg"] != "reference" and "error" not in row and ref_dump.exists():
                     row["conformance"] = conformance(ref_dump, dump, ckpt)
+            for dump in Path(tmp).glob(f"{algo}_*.safetensors"):
+                dump.unlink()
             add_ratios(rows)
             results[algo] = rows
     return {"liger_kernel": liger or "not available", "results": results}
