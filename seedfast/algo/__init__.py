@@ -1,4 +1,4 @@
-"""The math of SPEC §4–5 in plain torch: advantages, losses and gates, GRSD modulation.
+"""The math of docs/algorithms.md in plain torch: advantages, losses and gates, GRSD modulation.
 
     from seedfast.algo import advantage, grsd, losses
 """

@@ -1,4 +1,4 @@
-"""Group-relative advantages (GRPO, SPEC §4).
+"""Group-relative advantages (GRPO; docs/algorithms.md, 'Advantages (GRPO)').
 
 `A_i = (R_i − mean_g) / (std_g + ε)` over the step samples of group g, `std_g` the sample
 (unbiased) standard deviation. A group of one sample, or whose rewards are all equal, gets 0

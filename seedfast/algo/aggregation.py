@@ -1,4 +1,4 @@
-"""Loss aggregation over per-token values `[B, T]` (SPEC §4, `agg`).
+"""Loss aggregation over per-token values `[B, T]` (`agg`: docs/algorithms.md, 'Total loss and aggregation').
 
 Every mode is linear in the values, so it is written as fixed per-token weights:
 `aggregate(values, mask, mode) == (values * aggregation_weights(mask, mode)).sum()`.

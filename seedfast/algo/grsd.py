@@ -1,4 +1,4 @@
-"""GRSD: sign-preserving turn-level advantage modulation and reflection advantages (SPEC §5)."""
+"""GRSD: sign-preserving turn-level advantage modulation and reflection advantages (docs/algorithms.md, 'GRSD')."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""The per-token loss terms of SPEC §4 in plain torch, and their composition.
+"""The per-token loss terms of docs/algorithms.md ('Policy loss', 'OPD gate') in plain torch, and their composition.
 
     L = agg(pg + kl_coef·kl − entropy_coef·H) + opd_coef·agg(opd)
 
 All inputs are per-token `[B, T]` tensors (one sequence per row), `mask [B, T]` marks the response
 tokens (bool, or numeric with nonzero = valid). This module is the reference that the fused
-token-loss kernel is tested against: every function here is written to be read next to the SPEC.
+token-loss kernel is tested against: every function here is written to be read next to docs/algorithms.md.
 
 Numerics: terms are computed in fp32 (fp64 when an input is fp64). Values at masked positions are
 replaced by 0 before any arithmetic, so padding may hold anything (−inf, NaN) without leaking into
@@ -268,9 +268,9 @@ def total_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: tor
                opd_coef: float = 0.0, opd_beta: float = 5.0, gate: str = "gap",
                agg: str = "token-mean", global_tokens: Count = None,
                global_seqs: Count = None) -> tuple[torch.Tensor, Metrics]:
-    """L = agg(pg + kl_coef·kl − entropy_coef·H) + opd_coef·agg(opd)   (SPEC §4).
+    """L = agg(pg + kl_coef·kl − entropy_coef·H) + opd_coef·agg(opd)   (docs/algorithms.md, 'Total loss').
 
-    Coefficients default to 0 (plain PPO/GRPO); SPEC defaults are kl_coef 0.01, entropy_coef 0.001,
+    Coefficients default to 0 (plain PPO/GRPO); the run defaults are kl_coef 0.01, entropy_coef 0.001,
     opd_coef 0.01, opd_beta 5.0. A nonzero coefficient needs its tensor (ref_logprob, entropy,
     teacher_logprob). A tensor given with a zero coefficient only adds its metrics.
     Metrics: loss, pg_loss and those of policy_loss; kl (mean over valid tokens) with ref_logprob;

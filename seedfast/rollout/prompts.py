@@ -1,4 +1,5 @@
-"""Per-step agent prompts (SPEC §2) as token segments, so every insertion point is known in tokens.
+"""Per-step agent prompts as token segments, so every insertion point is known in tokens (docs/algorithms.md,
+'Samples and rewards').
 
 The prompt is the tokenizer's own chat template over two messages, system and user; the user message is
 the task, the last `history_k` (observation, action) turns, the current observation with the admissible

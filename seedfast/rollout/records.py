@@ -17,7 +17,8 @@ class StepRecord:
     """One step of one trajectory: the prompt as segments, the response ids exactly as generated.
 
     `group_id` is the task index (the GRPO group), `trajectory_index` indexes RolloutResult.trajectories.
-    `reward` = outcome R(τ) of the trajectory minus `penalty`, this step's invalid-action penalty (SPEC §2);
+    `reward` = outcome R(τ) of the trajectory minus `penalty`, this step's invalid-action penalty
+    (docs/algorithms.md, 'Samples and rewards');
     the two are kept apart so the advantage can treat them differently (algo.advantage.grpo_with_penalty).
     `response_logprobs` are the sampler's log-probs of the response tokens (None if the engine gives none).
     """
@@ -43,7 +44,8 @@ class StepRecord:
         return (self.trajectory_index, self.step_index)
 
     def insert_points(self) -> dict[str, int]:
-        """Token index of each insertion mode in `prompt_ids` (SPEC §2)."""
+        """Token index of each insertion mode in `prompt_ids` (docs/algorithms.md, 'Teacher context and
+        insertion points')."""
         return {mode: insertion_index(self.segments, mode, self.sample_id) for mode in INSERTION_MODES}
 
     def to_sample(

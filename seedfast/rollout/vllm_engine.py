@@ -8,7 +8,8 @@ vLLM is imported only when an engine is built (`pip install seedfast[gpu]`). Wei
 worker through a worker extension (CUDA IPC handles for CUDA tensors, pickled copies otherwise) and go
 through the model's own `load_weights`, which maps HF names onto vLLM's fused layers. After a sync the
 prefix cache is reset (its KV was computed with the old weights) and a few tensors are read back and
-compared, so a sync that silently did nothing (PITFALLS: sleep mode) raises instead of skewing training.
+compared, so a sync that silently did nothing raises instead of skewing training (docs/pitfalls.md, 'Weight sync
+that silently does nothing').
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""One training sample per environment step (SPEC §2), and the teacher context derived from it.
+"""One training sample per environment step, and the teacher context derived from it (docs/algorithms.md,
+'Samples and rewards').
 
 Dependency-free on purpose (torch and dataclasses only): rollout builds these, scoring and train read them.
 

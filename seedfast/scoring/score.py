@@ -1,4 +1,5 @@
-"""Shared-prefix dual-context scoring (DESIGN §1): ℓold (+H) and ℓskill in one pass over the history.
+"""Shared-prefix dual-context scoring: ℓold (+H) and ℓskill in one pass over the history (docs/performance.md,
+'The teacher reuses the prefix KV').
 
 Per micro-batch (packed varlen, no padding; packing.py says which tokens go where):
     1. prefix call   P[:L] of every sample, keeping its KV

@@ -1,4 +1,5 @@
-"""Prompt segments with known token boundaries: insertion points (SPEC §2) and the truncation rule.
+"""Prompt segments with known token boundaries: insertion points and the truncation rule (docs/algorithms.md,
+'Teacher context and insertion points').
 
 Dependency-free (torch only) so that rollout can build prompts as `list[Segment]` and hand them here.
 A prompt is a list of `(kind, ids)` pieces in this order (each kind may be absent or repeat):
@@ -71,7 +72,8 @@ def join_segments(segments: Sequence[Segment | tuple]) -> torch.Tensor:
 
 
 def insertion_index(segments: Sequence[Segment | tuple], mode: str, sample_id: Hashable | None = None) -> int:
-    """Token index k of the insertion point `mode` in the joined prompt (SPEC §2)."""
+    """Token index k of the insertion point `mode` in the joined prompt (docs/algorithms.md, 'Teacher context and
+    insertion points')."""
     bounds = segment_bounds(check_segments(segments, sample_id))
     if mode == "prepend":
         return 0
@@ -103,7 +105,8 @@ def fit_teacher_context(
     max_length: int,
     sample_id: Hashable | None = None,
 ) -> TeacherFit:
-    """Insertion points for each privileged piece, and the truncation rule of SPEC §2.
+    """Insertion points for each privileged piece, and the truncation rule (docs/algorithms.md, 'Teacher context and
+    insertion points').
 
     The teacher input is P with the privileged pieces inserted, followed by A. While its length exceeds
     `max_length`, whole history turns are dropped from the left of the history window (never the

@@ -1,5 +1,6 @@
-"""`teacher_params: current` (SPEC §3): ℓskill re-scored with the current θ, reusing the prefix KV that the
-update step's own forward already computed, so only the teacher branches run (under no_grad)."""
+"""`teacher_params: current` (docs/algorithms.md, 'Token log-probabilities'): ℓskill re-scored with the current θ,
+reusing the prefix KV that the update step's own forward already computed, so only the teacher branches run (under
+no_grad)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""GRSD text side (SPEC §5): reflection prompt and parser, judges (0-3), guidance prompt and validator.
+"""GRSD text side: reflection prompt and parser, judges (0-3), guidance prompt and validator (docs/algorithms.md,
+'GRSD').
 
 Stage A: the policy reflects on each trajectory (3 numbered key points); a judge scores each reflection.
 Stage B: for a group with a success and a failure, a snapshot of the policy writes guidance with exactly

@@ -1,4 +1,5 @@
-"""The hindsight-skill analyzer prompt (SPEC §6): trajectory -> JSON {"episode_summary", "episode_skill"}.
+"""The hindsight-skill analyzer prompt: trajectory -> JSON {"episode_summary", "episode_skill"} (docs/algorithms.md,
+'SEED').
 
 The same messages serve the external analyzer (stage 1 labels), the skill-writing SFT and the policy
 analyzing its own rollouts (stage 2), so what the policy learns to answer is what it is later asked.

@@ -1,4 +1,5 @@
-"""From a rollout and its privileged text to the scorer's step samples (SPEC §2, §6 skill granularity)."""
+"""From a rollout and its privileged text to the scorer's step samples (docs/algorithms.md, 'Teacher context and
+insertion points' and 'SEED')."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from seedfast.scoring.sample import StepSample
 from seedfast.train.privileged import Privileged
 from seedfast.train.skill_text import skill_segment
 
-LATE = "before_response"  # step skills always go late (SPEC §6)
+LATE = "before_response"  # step skills always go late (docs/algorithms.md, 'SEED')
 
 
 def skills_for_step(cfg: Config, privileged: Privileged, record: StepRecord, tokenizer: Any,

@@ -1,11 +1,13 @@
-"""The privileged text of each algorithm (SPEC §1), per trajectory, and its failures counted.
+"""The privileged text of each algorithm, per trajectory, and its failures counted (docs/algorithms.md: 'SEED',
+'SDAR', 'GRSD').
 
 - seed: π_old analyzes each trajectory into a hindsight skill (episode skill, optional step skills).
 - sdar: a static provider (skill library per task type).
 - grsd: reflections (sampled) → judge scores → for groups with a success and a failure, guidance written by
   the policy (greedy) from the success and failure reflections; the guidance is that group's privileged text.
 - grpo: none.
-A trajectory whose text failed (parse error, analyzer error) gets None: it leaves OPD, never RL (SPEC §6).
+A trajectory whose text failed (parse error, analyzer error) gets None: it leaves OPD, never RL (docs/algorithms.md,
+'OPD gate').
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stage 2: the RL loop of DESIGN §1, for grpo / sdar / seed / grsd.
+"""Stage 2: the RL loop of docs/architecture.md ('One RL step, file by file'), for grpo / sdar / seed / grsd.
 
     rollout (π_old) → privileged text → step samples → shared-prefix scoring (ℓold, ℓskill) and ℓref
     → advantages (GRSD modulation) → mini-batch updates through the fused loss → metrics → checkpoint
@@ -249,7 +249,8 @@ class Trainer:
         return out
 
     def _reflection_update(self, privileged: Privileged, group_of: list[int]) -> dict[str, float]:
-        """GRSD stage A: PPO-clip on the reflection tokens with judge-normalized advantages, weight α (SPEC §5)."""
+        """GRSD stage A: PPO-clip on the reflection tokens with judge-normalized advantages, weight α
+        (docs/algorithms.md, 'GRSD')."""
         refl = privileged.reflections
         keep = [i for i, ids in enumerate(refl.response_ids) if ids]
         if not keep:
@@ -335,7 +336,7 @@ class Trainer:
 
 def _grsd_modulate(cfg: Config, samples: list[StepSample], scores: Any, advantages: torch.Tensor,
                    trajectories: list) -> tuple[torch.Tensor, dict[str, float]]:
-    """Turn-level modulation with δ = mean ℓguide − mean ℓold over the action tokens (SPEC §5)."""
+    """Turn-level modulation with δ = mean ℓguide − mean ℓold over the action tokens (docs/algorithms.md, 'GRSD')."""
     if scores.teacher_logprob is None:
         return advantages, {}
     n = len(samples)

@@ -113,7 +113,7 @@ def bc_examples(tokenizer: Any, trajectories: Sequence[Trajectory], *, style: Pr
     them (chosen with `seed`) whose prompt holds the step's oracle plan at `skill_insertion`.
 
     The trajectories' actions are the targets (walkthroughs). A skill prompt fits `max_prompt_tokens` with
-    the skill counted, the teacher-context rule of SPEC §2.
+    the skill counted, the truncation rule of docs/algorithms.md, 'Teacher context and insertion points'.
     """
     if skill_insertion is not None and skill_insertion not in INSERTION_MODES:
         raise ValueError(f"skill_insertion {skill_insertion!r} is not one of {INSERTION_MODES}")

@@ -1,8 +1,8 @@
 """The policy update: mini-batches of step samples → packed forward → fused loss (no logits) → optimizer step.
 
 Aggregation weights are computed over the whole mini-batch before it is cut into micro-batches, so the sum of
-the micro-batch losses is exactly the mini-batch loss (SPEC §4: the token count is the global one) and the
-result does not depend on the token budget.
+the micro-batch losses is exactly the mini-batch loss (the token count is the global one: docs/algorithms.md, 'Total
+loss and aggregation') and the result does not depend on the token budget.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ class UpdateBatch:
     teacher_mask: torch.Tensor | None = None  # [N] bool
     loss_scale: float = 1.0  # e.g. GRSD's α for reflection samples
     # ℓskill from the update's own forward, its teacher branches reusing that forward's prefix KV, so the
-    # history is never run a second time (DESIGN §1, point 2): exact for teacher_params "old" when the update
-    # is on-policy (θ = θ_old there), and the definition of teacher_params "current" otherwise.
+    # history is never run a second time (docs/performance.md, 'The teacher reuses the prefix KV'): exact for
+    # teacher_params "old" when the update is on-policy (θ = θ_old there), and the definition of teacher_params
+    # "current" otherwise.
     teacher_from_forward: bool = False
 
     def __post_init__(self) -> None:
@@ -152,7 +153,8 @@ def rollout_gap_metrics(sums: dict[str, float]) -> dict[str, float]:
 
 
 def accumulate_rollout_gap(sums: dict[str, float], logprob: torch.Tensor, samples: list[StepSample]) -> None:
-    """Train-vs-rollout log-prob gap (PITFALLS: a silent weight-sync failure shows here first)."""
+    """Train-vs-rollout log-prob gap: a silent weight-sync failure shows here first (docs/pitfalls.md, 'Weight sync
+    that silently does nothing')."""
     rollout = [s.meta.get("rollout_logprobs") for s in samples]
     if any(r is None for r in rollout):
         return
