@@ -2,7 +2,7 @@
 of a fresh process.
 
 A benchmark prints a table and writes benchmarks/results/<name>.json holding the machine it ran on,
-the versions, the shapes and the measurements (DESIGN §5).
+the versions, the shapes and the measurements (docs/performance.md, 'Benchmarks').
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from seedfast.rollout.sampler import Sampler  # noqa: E402
 
 
 def tiny_decoder(vocab: int) -> torch.nn.Module:
-    """The CPU demo's policy: Qwen3-style, hidden 128, 4 layers, GQA 4/2 (CALIBRATION.md)."""
+    """The CPU demo's policy: Qwen3-style, hidden 128, 4 layers, GQA 4/2 (docs/performance.md, 'CPU demo scale')."""
     cfg = DecoderConfig(model_type="qwen3", vocab_size=vocab, hidden_size=128, intermediate_size=384,
                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                         tie_word_embeddings=True)

@@ -11,7 +11,7 @@ Measured for each insertion point (prepend / after_task / before_response) and p
 - student      score() on the same samples without privileged text (ℓold only)
 - teacher      whole - student: what the teacher context adds to scoring
 - teacher_kv   teacher_logprob_with_prefix from a prefix KV already in hand (teacher branches only)
-Ratios: whole / (naive student + naive teacher), teacher / naive teacher (DESIGN §5: ≤ 0.3, issue 4: ≤ 0.25
+Ratios: whole / (naive student + naive teacher), teacher / naive teacher (docs/performance.md: ≤ 0.3, issue 4: ≤ 0.25
 with before_response; whole ≤ 0.6). Timings interleave the variants; ratios use the fastest of --reps
 (the run least disturbed by other load), the JSON has the medians too.
 """

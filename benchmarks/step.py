@@ -1,4 +1,4 @@
-"""RL step time by phase: SEED vs GRPO (and SDAR) on the same batch (DESIGN §5 target: SEED ≤ 1.10× GRPO).
+"""RL step time by phase: SEED vs GRPO (and SDAR) on the same batch (target, docs/performance.md: SEED ≤ 1.10× GRPO).
 
 One rollout is made once and handed to every algorithm, each starting from the same weights, so the
 comparison isolates what each algorithm adds after the rollout: analysis (SEED: the policy writes a skill per
@@ -100,7 +100,7 @@ def main() -> None:
                    "max_steps": args.max_steps, "analysis_tokens": args.analysis_tokens,
                    "step_samples": len(result.steps)},
         "rows": rows,
-        "target": "SEED step <= 1.10x GRPO step (DESIGN §5)",
+        "target": "SEED step <= 1.10x GRPO step (docs/performance.md, 'Targets')",
     })
 
 

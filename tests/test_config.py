@@ -1,4 +1,4 @@
-"""seedfast.config: SPEC defaults, YAML + dotted overrides, every kind of error, round trip."""
+"""seedfast.config: the defaults of docs/algorithms.md, YAML + dotted overrides, every kind of error, round trip."""
 
 import dataclasses
 import warnings
@@ -30,7 +30,7 @@ def load(*overrides: str) -> Config:
 
 def test_defaults_are_the_spec_values():
     c = Config()
-    spec = {  # SPEC.md sections 2, 4, 5, 6, written out by hand
+    spec = {  # docs/algorithms.md, 'Defaults' and 'SEED', written out by hand
         "env.history_k": 5, "env.invalid_penalty": 0.1, "rollout.n": 8, "rollout.tasks_per_batch": 16,
         "rollout.temperature": 1.0, "rollout.eval_temperature": 0.4, "rollout.max_prompt_length": 2048,
         "rollout.max_response_tokens": 512, "loss.clip_low": 0.2, "loss.clip_high": 0.2, "loss.dual_clip": 3.0,

@@ -13,7 +13,7 @@ def _t(*values):
 
 
 def _hand_q_hat(advantages, deltas, eps=1e-6):
-    """SPEC §5 for one group, plain Python: q̂ before the η cut and the clip."""
+    """docs/algorithms.md, 'GRSD', for one group, plain Python: q̂ before the η cut and the clip."""
     q_exp = [math.expm1(max(-20.0, min(20.0, math.copysign(1.0, a) * d if a else 0.0)))
              for a, d in zip(advantages, deltas)]
     mean_abs = sum(abs(q) for q in q_exp) / len(q_exp)

@@ -64,7 +64,7 @@ def test_asymmetric_clip_high():
 
 
 def _scalar_pg(a, log_ratio, eps_low, eps_high, c):
-    """SPEC §4, one token, plain Python."""
+    """docs/algorithms.md, 'Policy loss', one token, plain Python."""
     rho = math.exp(log_ratio)
     pg = max(-a * rho, -a * min(max(rho, 1 - eps_low), 1 + eps_high))
     if c is not None and a < 0:

@@ -46,7 +46,7 @@ def test_total_is_the_composition_of_its_terms(agg, gate):
 
 
 def test_total_matches_a_scalar_token_loop():
-    """SPEC §4 written token by token in plain Python (token-mean, k3, gap gate)."""
+    """The loss of docs/algorithms.md written token by token in plain Python (token-mean, k3, gap gate)."""
     x = _batch(1)
     loss, _ = losses.total_loss(**x, **COEFS, opd_beta=5.0)
     valid, tvalid = x["mask"].tolist(), x["teacher_mask"].tolist()
@@ -84,7 +84,7 @@ def test_zero_coefficients_reduce_to_the_policy_loss_and_only_add_metrics():
 
 @pytest.mark.parametrize("agg", MODES)
 def test_per_token_gradients_match_the_spec_scalars(agg):
-    """∂L/∂ℓθ_t = a_t and ∂L/∂H_t = b_t as SPEC §4 derives them (what the fused kernel computes)."""
+    """∂L/∂ℓθ_t = a_t and ∂L/∂H_t = b_t as docs/algorithms.md derives them (what the fused kernel computes)."""
     x = _batch(3)
     lp = x["logprob"].clone().requires_grad_(True)
     h = x["entropy"].clone().requires_grad_(True)

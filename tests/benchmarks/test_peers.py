@@ -1,6 +1,6 @@
 """benchmarks/peers.py compares like with like: from the same weights and step samples, the reference recipe
-(transformers model, materialized logits, teacher re-forward, the SPEC loss written out again) and seedfast's
-update path give the same loss, the same clipped gradients and the same updated weights (fp32)."""
+(transformers model, materialized logits, teacher re-forward, the loss of docs/algorithms.md written out again) and
+seedfast's update path give the same loss, the same clipped gradients and the same updated weights (fp32)."""
 
 import sys
 from pathlib import Path

@@ -1,4 +1,5 @@
-"""Fused token-loss kernel (interpreter on CPU) against the SPEC §4 formulas in fp64 and the torch backend."""
+"""Fused token-loss kernel (interpreter on CPU) against the formulas of docs/algorithms.md in fp64 and the torch
+backend."""
 
 import math
 
@@ -40,7 +41,7 @@ def _per_token(seed=0, n=N):
 def reference(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teacher_mask, advantages,
               token_weights, *, clip_low, clip_high, dual_clip, kl_coef, kl_kind, entropy_coef, opd_coef,
               opd_beta, gate):
-    """SPEC §4 per token in fp64, written out; a and b by autograd."""
+    """The loss of docs/algorithms.md per token in fp64, written out; a and b by autograd."""
     w = token_weights.double()
     on = w != 0
     clean = lambda x: None if x is None else torch.where(on, x.double(), 0.0)  # noqa: E731

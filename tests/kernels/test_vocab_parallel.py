@@ -54,7 +54,8 @@ def _run_case(rank, world, dtype, with_entropy, teacher, backend, tol):
 
 
 def _check_dtensor_rejected(world):
-    # FSDP2 shards weights as DTensors; their data_ptr() is not the local shard (PITFALLS): refuse them.
+    # FSDP2 shards weights as DTensors; their data_ptr() is not the local shard: refuse them
+    # (docs/pitfalls.md, 'Sharded weights (DTensor) in a kernel').
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 

@@ -35,7 +35,8 @@ def test_each_algorithm_runs_with_its_loss_terms(algorithm, overrides, tiny_poli
     assert len(history) == 2
     last = history[-1]
     assert "loss/total" in last and "loss/kl" in last and "eval/success_rate" in last
-    # rollout and learner share the weights: their log-probs of the sampled tokens must agree (PITFALLS)
+    # rollout and learner share the weights: their log-probs of the sampled tokens must agree (docs/pitfalls.md,
+    # 'Weight sync that silently does nothing')
     assert history[0]["rollout/logprob_gap_mean"] < 1e-3
     opd_keys = [k for r in history for k in r if k in ("loss/gate_mean", "loss/opd_term")]
     if algorithm in ("seed", "sdar"):

@@ -85,8 +85,8 @@ def test_an_update_makes_rewarded_actions_likelier_and_punished_ones_rarer():
 
 
 def test_the_opd_term_raises_the_likelihood_of_what_the_skill_supports_and_nothing_without_a_skill():
-    """Zero advantage: SPEC §4's OPD term alone moves ℓθ, upwards (gradient −g per token), and a sample whose
-    skill failed (teacher mask 0) leaves the parameters untouched."""
+    """Zero advantage: the OPD term (docs/algorithms.md) alone moves ℓθ, upwards (gradient −g per token), and a
+    sample whose skill failed (teacher mask 0) leaves the parameters untouched."""
     from seedfast.scoring import StepSample
 
     prompt, response, skill = torch.tensor([5, 9, 2, 7, 3]), torch.tensor([4, 8]), torch.tensor([11, 12, 13])
