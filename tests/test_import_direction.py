@@ -1,0 +1,164 @@
+"""Imports between seedfast's packages go one way (docs/architecture.md, 'Import direction').
+
+Every module under seedfast/ and kernels/ (installed as seedfast.kernels) is parsed with `ast`; imports at any
+depth count (module level, inside functions, under `if TYPE_CHECKING`), relative imports are resolved, and so are
+modules imported by name at run time (`importlib.import_module("seedfast...")` and the `Command("seedfast...")`
+table of cli.py). An edge outside ALLOWED fails, naming the file, the line and the import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# What each package (or top-level module) of seedfast may import from the others. "seedfast" is the package's
+# own __init__ (the version string): anyone may import it, and it imports nothing.
+ALLOWED: dict[str, set[str]] = {
+    "seedfast": set(),
+    "config": set(),
+    "algo": set(),      # the math in plain torch
+    "kernels": set(),   # Triton kernels only
+    "model": set(),     # returns hidden states; never forms logits, so it needs no ops
+    "envs": set(),
+    "ops": {"algo", "kernels"},  # the torch backend reuses algo's per-token formulas (each written once)
+    "skills": {"envs"},
+    "scoring": {"model", "ops"},
+    "rollout": {"envs", "model", "scoring", "skills"},  # builds StepSamples and prompt segments (scoring)
+    "dist": {"model", "ops"},  # reserved (empty today): wrapping the model, the sharded LM head
+    "train": {"algo", "config", "dist", "envs", "model", "ops", "rollout", "scoring", "skills"},
+    "cli": {"config", "envs", "rollout", "train"},  # command modules are imported by name when they run
+    "__main__": {"cli"},
+}
+
+# Imports that break the layering on purpose, as {(file relative to the repo, imported module): reason}.
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("seedfast/envs/make.py", "seedfast.config"):
+        "the `seedfast envs make` command module raises ConfigError when ALFWorld's data folder is missing; "
+        "config imports nothing from seedfast, so this adds no cycle, but envs is otherwise config-free "
+        "(rollout/collect.py, the other command outside train, takes its cfg untyped instead)",
+}
+
+
+def _module_name(path: Path) -> str:
+    if path.is_relative_to(ROOT / "kernels"):
+        parts = ["seedfast", "kernels", *path.relative_to(ROOT / "kernels").with_suffix("").parts]
+    else:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _node(module: str) -> str | None:
+    """The package (first component below seedfast) a dotted module belongs to; None outside seedfast."""
+    parts = module.split(".")
+    if parts[0] != "seedfast":
+        return None
+    return parts[1] if len(parts) > 1 else "seedfast"
+
+
+def _source_files() -> list[Path]:
+    files = sorted((ROOT / "seedfast").rglob("*.py")) + sorted((ROOT / "kernels").rglob("*.py"))
+    return [f for f in files if "__pycache__" not in f.parts]
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported dotted module) for every import in the file, at any depth."""
+    module = _module_name(path)
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target == "seedfast" or (node.level and not node.module):
+                # `from seedfast import cli` / `from . import x`: each name may be a module
+                out += [(node.lineno, f"{target}.{alias.name}") for alias in node.names]
+            else:
+                out.append((node.lineno, target))
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            first = node.args[0]
+            if (name in ("import_module", "Command") and isinstance(first, ast.Constant)
+                    and isinstance(first.value, str) and first.value.startswith("seedfast.")):
+                out.append((node.lineno, first.value))
+    return out
+
+
+def _known(name: str) -> bool:
+    return name in ALLOWED
+
+
+def _edges() -> list[tuple[str, int, str, str, str]]:
+    """(file, line, imported module, source package, target package) for every cross-package import."""
+    edges = []
+    for path in _source_files():
+        src = _node(_module_name(path))
+        for line, target in _imports(path):
+            dst = _node(target)
+            if dst is None or dst == src:
+                continue
+            if not _known(dst):  # `from seedfast import __version__`: a name of the root package
+                dst = "seedfast"
+            edges.append((str(path.relative_to(ROOT)), line, target, src, dst))
+    return edges
+
+
+def test_every_package_has_a_place_in_the_layering():
+    found = {_node(_module_name(p)) for p in _source_files()}
+    missing = sorted(n for n in found if not _known(n))
+    assert not missing, f"packages with no entry in ALLOWED (add them to the layering and the docs): {missing}"
+
+
+def test_allowed_graph_is_acyclic():
+    state: dict[str, int] = {}
+
+    def visit(n: str, path: list[str]) -> None:
+        if state.get(n) == 1:
+            pytest.fail(f"ALLOWED has a cycle: {' -> '.join(path + [n])}")
+        if state.get(n) == 2:
+            return
+        state[n] = 1
+        for m in sorted(ALLOWED.get(n, ())):
+            visit(m, path + [n])
+        state[n] = 2
+
+    for n in sorted(ALLOWED):
+        visit(n, [])
+
+
+def test_the_parser_sees_known_edges():
+    # guards the checker itself: a parser that found nothing would pass every other test
+    pairs = {(src, dst) for _, _, _, src, dst in _edges()}
+    for edge in [("ops", "algo"), ("ops", "kernels"), ("scoring", "ops"), ("train", "rollout"),
+                 ("cli", "train"), ("__main__", "cli")]:
+        assert edge in pairs, f"expected the import {edge[0]} -> {edge[1]} to be found"
+
+
+def test_imports_follow_the_layering():
+    bad = []
+    for file, line, target, src, dst in _edges():
+        if dst == "seedfast" or dst in ALLOWED[src] or (file, target) in EXCEPTIONS:
+            continue
+        bad.append(f"{file}:{line}: {src} imports {target} ({dst}); {src} may import {sorted(ALLOWED[src])}")
+    assert not bad, "imports against the layering of docs/architecture.md:\n" + "\n".join(bad)
+
+
+def test_root_package_imports_nothing_from_seedfast():
+    assert not [t for _, t in _imports(ROOT / "seedfast" / "__init__.py") if _node(t)]
+
+
+def test_exceptions_are_still_needed():
+    present = {(file, target) for file, _, target, _, _ in _edges()}
+    stale = sorted(key for key in set(EXCEPTIONS) - present if (ROOT / key[0]).exists())
+    assert not stale, f"EXCEPTIONS entries no import needs any more (remove them): {stale}"
