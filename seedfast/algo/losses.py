@@ -268,7 +268,9 @@ def total_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: tor
                opd_coef: float = 0.0, opd_beta: float = 5.0, gate: str = "gap",
                agg: str = "token-mean", global_tokens: Count = None,
                global_seqs: Count = None) -> tuple[torch.Tensor, Metrics]:
-    """L = agg(pg + kl_coef·kl − entropy_coef·H) + opd_coef·agg(opd)   (docs/algorithms.md, 'Total loss').
+    """L = agg(pg + kl_coef·kl − entropy_coef·H) + opd_coef·agg(opd)
+
+    The loss of docs/algorithms.md, 'Total loss and aggregation'.
 
     Coefficients default to 0 (plain PPO/GRPO); the run defaults are kl_coef 0.01, entropy_coef 0.001,
     opd_coef 0.01, opd_beta 5.0. A nonzero coefficient needs its tensor (ref_logprob, entropy,

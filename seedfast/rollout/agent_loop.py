@@ -2,7 +2,8 @@
 
 Each step builds one prompt per live episode, makes ONE batched `generate` call, parses the actions and
 steps every environment through the slot interface (a worker pool or in-process envs). Responses are kept
-as the generated ids (docs/pitfalls.md, 'Re-tokenization drift'); the decoded text is used only to parse.
+as the generated ids (docs/pitfalls.md, 'Re-tokenization drift in multi-turn loops'); the decoded text is used
+only to parse.
 """
 
 from __future__ import annotations
