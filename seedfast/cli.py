@@ -29,15 +29,12 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "envs": Command("seedfast.envs.textworld_games", "make_from_config", "generate environment games offline"),
+    "envs": Command("seedfast.envs.make", "make_from_config", "generate (TextWorld) or check (ALFWorld) the games"),
     "collect": Command("seedfast.rollout.collect", "main",
                        "stage 1: roll out the base policy, label trajectories with the analyzer (JSONL)"),
     "sft": Command("seedfast.train.sft", "main", "supervised fine-tuning: skill writing (+ behaviour cloning)"),
-    "train": Command("seedfast.train.rl", "main", "RL: grpo | sdar | seed | grsd (torchrun for several GPUs)"),
+    "train": Command("seedfast.train.rl", "main", "RL: grpo | sdar | seed | grsd (one process, one device)"),
     "eval": Command("seedfast.train.evaluate", "main", "evaluate a run's policy on the train or eval games"),
-    "score": Command("seedfast.train.score", "main",
-                     "score trajectories: per-token old / ref / skill log-probs and gates (JSONL)"),
-    "bench": Command("seedfast.train.bench", "main", "time the steps of one update on this config"),
     "demo": Command("seedfast.train.demo", "main",
                     "CPU demo: games, tokenizer, tiny model SFT, SEED and GRPO, eval, report"),
 }
@@ -78,7 +75,7 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
         p.add_argument("--train", dest="env.n_train", help="env.n_train: training games")
         p.add_argument("--eval", dest="env.n_eval", help="env.n_eval: evaluation games")
         p.add_argument("--out", dest="env.games_dir", help="env.games_dir")
-    if name in ("train", "sft"):
+    if name == "train":
         p.add_argument("--resume", dest="trainer.resume", metavar="auto|PATH",
                        help="trainer.resume: auto = newest checkpoint of this run")
     if name == "train":

@@ -98,8 +98,9 @@ class ModelConfig:
     tokenizer: str | None = opt(None, "tokenizer folder; null = model.path, or <run_dir>/tokenizer for tiny")
     ref_path: str | None = opt(None, "reference policy for the KL term; null = the policy the RL run starts from")
     dtype: Literal["bf16", "fp16", "fp32"] = opt("bf16", "parameter and compute dtype")
-    attn_backend: Literal["auto", "flash", "sdpa", "eager"] = opt(
-        "auto", "attention kernel; auto = flash-attn varlen on CUDA when installed, sdpa elsewhere")
+    attn_backend: Literal["auto", "flash", "sdpa", "flex"] = opt(
+        "auto", "attention kernel; auto = flash-attn varlen on CUDA when installed, else FlexAttention on CUDA, "
+        "sdpa on CPU (flex has no backward on CPU)")
     tiny: TinyModelConfig = section(TinyModelConfig, "from-scratch decoder used when model.path is null")
 
 
@@ -171,8 +172,6 @@ class SkillConfig:
     max_skill_tokens: int = opt(256, "longest skill inserted into a teacher prompt, in tokens", ge=1)
     max_analysis_tokens: int = opt(512, "tokens the analyzer may generate (summary + skill JSON)", ge=1)
     analysis_temperature: float = opt(0.0, "sampling temperature when the policy analyzes (0 = greedy)", ge=0)
-    max_step_skills: int = opt(5, "step skills kept per trajectory (episode_step / step_only)", ge=0)
-    min_skill_chars: int = opt(20, "shorter skills count as a parse failure (trajectory leaves OPD)", ge=0)
     library: str | None = opt(None, "static skill library file (SDAR provider); null = per-task skills")
 
 
@@ -203,7 +202,6 @@ class GRSDConfig:
     g_max: float = opt(0.2, "clip of the normalized modulation", gt=0)
     eta: float = opt(0.0, "dead zone: |q| at or below eta is zeroed", ge=0)
     reflection_coef: float = opt(0.01, "weight alpha of the RL loss on reflection tokens", ge=0)
-    reflection_points: int = opt(3, "numbered key points per reflection", ge=1)
     judge: Literal["external", "oracle"] = opt(
         "external", "who scores reflections 0-3: an external model, or the walkthrough oracle (tests, CPU demo)")
     max_reflection_tokens: int = opt(256, "tokens per reflection", ge=1)
@@ -279,20 +277,10 @@ class CollectConfig:
 
 
 @dataclass
-class DistConfig:
-    strategy: Literal["auto", "none", "fsdp", "megatron"] = opt(
-        "auto", "auto = FSDP2 under torchrun with more than one process, else single process")
-    tensor_parallel: int = opt(1, "megatron only: tensor-parallel size", ge=1)
-    pipeline_parallel: int = opt(1, "megatron only: pipeline-parallel size", ge=1)
-    activation_checkpointing: bool = opt(False, "recompute layer activations in backward")
-
-
-@dataclass
 class LogConfig:
     tensorboard: bool = opt(True, "write TensorBoard events to <run_dir>/tb")
     wandb_project: str | None = opt(None, "Weights & Biases project; null = off")
     progress: bool = opt(True, "progress bars on the terminal")
-    every: int = opt(1, "log metrics every this many updates", ge=1)
 
 
 @dataclass
@@ -314,7 +302,6 @@ class Config:
     trainer: TrainerConfig = section(TrainerConfig, "trainer")
     sft: SFTConfig = section(SFTConfig, "supervised fine-tuning")
     collect: CollectConfig = section(CollectConfig, "stage-1 collection")
-    dist: DistConfig = section(DistConfig, "distribution")
     log: LogConfig = section(LogConfig, "logging")
     demo: DemoConfig = section(DemoConfig, "CPU demo")
 
@@ -654,8 +641,10 @@ def validate(cfg: Config, command: str | None = None) -> Config:
         raise ConfigError(f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} is below the longest "
                           f"sample (rollout.max_prompt_length + skill.max_skill_tokens + "
                           f"rollout.max_response_tokens = {sample_max})")
-    if (cfg.dist.tensor_parallel > 1 or cfg.dist.pipeline_parallel > 1) and cfg.dist.strategy != "megatron":
-        raise ConfigError("dist.tensor_parallel / dist.pipeline_parallel > 1 need dist.strategy=megatron")
+    if cfg.rollout.engine == "vllm" and command not in (None, "collect", "config"):
+        raise ConfigError(f"rollout.engine=vllm: `seedfast {command}` samples with the own engine (vLLM serves "
+                          "`seedfast collect` only: the RL loop has no weight sync to a vLLM server yet); "
+                          "set rollout.engine=own")
     if len(set(cfg.demo.algorithms)) != len(cfg.demo.algorithms) or not cfg.demo.algorithms:
         raise ConfigError(f"demo.algorithms: expected distinct algorithms, got {format_value(cfg.demo.algorithms)}")
 

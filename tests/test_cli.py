@@ -118,20 +118,20 @@ def test_config_error_raised_by_the_implementation_exits_2(monkeypatch, capsys):
 
 
 def test_missing_module_says_not_available_yet(monkeypatch, capsys):
-    monkeypatch.setitem(cli.COMMANDS, "bench", cli.Command("seedfast.train.no_such_module_xyz", "main", "x"))
-    rc, _, err = run_cli(capsys, "bench")
+    monkeypatch.setitem(cli.COMMANDS, "later", cli.Command("seedfast.train.no_such_module_xyz", "main", "x"))
+    rc, _, err = run_cli(capsys, "later")
     assert rc == 1 and "not available yet (seedfast.train.no_such_module_xyz:main" in err
-    monkeypatch.setitem(cli.COMMANDS, "bench", cli.Command("seedfast.config", "no_such_function", "x"))
-    rc, _, err = run_cli(capsys, "bench")
+    monkeypatch.setitem(cli.COMMANDS, "later", cli.Command("seedfast.config", "no_such_function", "x"))
+    rc, _, err = run_cli(capsys, "later")
     assert rc == 1 and "not available yet" in err
 
 
 def test_a_missing_dependency_inside_an_implementation_is_not_hidden(monkeypatch, tmp_path, capsys):
     (tmp_path / "seedfast_fake_broken.py").write_text("import no_such_dependency_xyz\n\ndef main(cfg):\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(cli.COMMANDS, "score", cli.Command("seedfast_fake_broken", "main", "x"))
+    monkeypatch.setitem(cli.COMMANDS, "later", cli.Command("seedfast_fake_broken", "main", "x"))
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
-        cli.main(["score"])
+        cli.main(["later"])
 
 
 @pytest.mark.parametrize("command", [*cli.COMMANDS, "config"])
@@ -175,3 +175,23 @@ def test_real_process_help_does_not_import_torch():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "trainer.steps = 150" in p.stdout
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_training_refuses_several_processes(monkeypatch, tmp_path, capsys, command):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    rc, _, err = run_cli(capsys, command, f"run.out_dir={tmp_path}")
+    assert rc == 2 and f"seedfast {command} runs in one process" in err
+
+
+def test_envs_make_alfworld_checks_the_data_and_generates_nothing(tmp_path, capsys):
+    rc, _, err = run_cli(capsys, "envs", "make", "alfworld", "env.game_type=all", f"env.games_dir={tmp_path}")
+    assert rc == 2 and "env.games_dir: ALFWorld data not found" in err
+    for split, n in (("train", 3), ("valid_unseen", 2)):
+        for i in range(n):
+            game = tmp_path / "json_2.1.1" / split / f"pick_and_place_simple-Apple-None-Fridge-{i}" / "trial_1"
+            game.mkdir(parents=True)
+            (game / "game.tw-pddl").write_text("{}")
+    rc, out, _ = run_cli(capsys, "envs", "make", "alfworld", "env.game_type=all", f"env.games_dir={tmp_path}",
+                         "env.n_train=null", "env.n_eval=null")
+    assert rc == 0 and "3 train, 2 eval" in out and not list(tmp_path.glob("*.z8"))

@@ -306,14 +306,3 @@ def _locked(path: Path):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def make_from_config(cfg: Any, **_flags: Any) -> int:
-    """`seedfast envs make [CONFIG] [env.key=value ...]`: the games of cfg.env, generated or found in the cache."""
-    e = cfg.env
-    records = make_games(e.games_dir, e.game_type, e.levels, e.n_train, e.n_eval, seed=e.games_seed,
-                         workers=e.workers or os.cpu_count() or 1)
-    n_train = sum(r.split == "train" for r in records)
-    print(f"{len(records)} {e.game_type} games (levels {e.levels}): {n_train} train, {len(records) - n_train} eval "
-          f"in {e.games_dir}")
-    return 0

@@ -226,8 +226,7 @@ def build_engine(cfg: Any):
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_hf(path, dtype=dtype, device=device)
-    backend = cfg.model.attn_backend if cfg.model.attn_backend != "eager" else "sdpa"
-    model.attn_backend = backend
+    model.attn_backend = cfg.model.attn_backend
     return Sampler(model, seed=cfg.run.seed), tokenizer
 
 
@@ -239,7 +238,8 @@ def _analyzer(cfg: Any, engine, tokenizer):
         return make_analyzer("oracle", skill_mode=skill.skill_mode)
     if kind == "self":
         return make_analyzer("self", engine=engine, tokenizer=tokenizer, skill_mode=skill.skill_mode,
-                             max_new_tokens=skill.max_analysis_tokens, max_prompt_tokens=cfg.rollout.max_prompt_length)
+                             max_new_tokens=skill.max_analysis_tokens, max_prompt_tokens=cfg.rollout.max_prompt_length,
+                             temperature=skill.analysis_temperature)
     ext = skill.external
     if not ext.endpoint or not ext.model:
         raise ValueError("skill.collect_analyzer=external needs skill.external.endpoint and skill.external.model")

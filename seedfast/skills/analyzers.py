@@ -40,10 +40,13 @@ def _parse(raw: str, trajectory: Trajectory, skill_mode: str) -> SkillResult:
 
 
 class SelfAnalyzer:
-    """The policy analyzes its own trajectories, greedy, through `engine.generate`."""
+    """The policy analyzes its own trajectories through `engine.generate` (greedy unless `temperature` > 0)."""
 
     def __init__(self, engine: GenerationEngine, tokenizer: Any, skill_mode: str = "episode_only",
-                 max_new_tokens: int = 256, max_prompt_tokens: int = 2048, stop_ids: Sequence[int] | None = None):
+                 max_new_tokens: int = 256, max_prompt_tokens: int = 2048, stop_ids: Sequence[int] | None = None,
+                 temperature: float = 0.0):
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
         if not hasattr(engine, "generate"):
             raise TypeError(f"engine must have a generate() method, got {type(engine).__name__}")
         if not hasattr(tokenizer, "apply_chat_template"):
@@ -52,6 +55,7 @@ class SelfAnalyzer:
         self.skill_mode = check_skill_mode(skill_mode)
         self.max_new_tokens, self.max_prompt_tokens = max_new_tokens, max_prompt_tokens
         self.stop_ids = list(stop_ids) if stop_ids is not None else None
+        self.temperature = temperature
 
     def prompt_ids(self, trajectory: Trajectory) -> list[int] | None:
         """The prompt's token ids, shortened until it fits `max_prompt_tokens`; None if it never does."""
@@ -67,7 +71,7 @@ class SelfAnalyzer:
         prompts = [self.prompt_ids(t) for t in trajectories]
         fitting = [i for i, p in enumerate(prompts) if p is not None]
         texts = generate_texts(self.engine, self.tokenizer, [prompts[i] for i in fitting], self.max_new_tokens,
-                               temperature=0.0, top_p=1.0, stop_ids=self.stop_ids)
+                               temperature=self.temperature, top_p=1.0, stop_ids=self.stop_ids)
         results = [invalid("prompt_too_long") for _ in trajectories]
         for i, text in zip(fitting, texts):
             results[i] = _parse(text, trajectories[i], self.skill_mode)

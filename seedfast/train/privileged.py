@@ -56,7 +56,8 @@ def _seed_skills(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, t
     if kind == "self":
         analyzer = make_analyzer("self", engine=engine, tokenizer=tokenizer, skill_mode=cfg.skill.skill_mode,
                                  max_new_tokens=cfg.skill.max_analysis_tokens,
-                                 max_prompt_tokens=cfg.rollout.max_prompt_length)
+                                 max_prompt_tokens=cfg.rollout.max_prompt_length,
+                                 temperature=cfg.skill.analysis_temperature)
     elif kind == "external":
         analyzer = make_analyzer("external", client=_external_client(cfg), skill_mode=cfg.skill.skill_mode)
     else:

@@ -41,6 +41,7 @@ from seedfast.train.setup import (
     make_env_slots,
     make_optimizer,
     policy_path,
+    require_one_process,
 )
 from seedfast.train.update import (
     UpdateBatch,
@@ -372,6 +373,7 @@ def _grsd_modulate(cfg: Config, samples: list[StepSample], scores: Any, advantag
 def main(cfg: Config, resume: str | None = None, profile_steps: str | None = None, **_: Any) -> int:
     if cfg.trainer.steps < 1:
         raise ConfigError("trainer.steps must be >= 1")
+    require_one_process("train")
     cfg.save()
     trainer = Trainer(cfg)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,14 @@ from seedfast.rollout.env_slots import LocalEnvSlots, PoolEnvSlots
 from seedfast.rollout.prompts import PromptStyle
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def require_one_process(command: str) -> None:
+    """Training runs in one process on one device: refuse a launch under torchrun with several processes, which
+    would otherwise train N unsynchronized copies."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(f"seedfast {command} runs in one process (one device); run it without torchrun "
+                          "(multi-GPU training is not implemented yet)")
 
 
 def device_of(cfg: Config) -> torch.device:
@@ -40,7 +49,7 @@ def policy_path(cfg: Config) -> Path:
 
 def load_policy(cfg: Config, path: Path, device: torch.device, trainable: bool = True) -> torch.nn.Module:
     model = load_hf(path, dtype=DTYPES[cfg.model.dtype], device=device)
-    model.attn_backend = cfg.model.attn_backend if cfg.model.attn_backend != "eager" else "sdpa"
+    model.attn_backend = cfg.model.attn_backend
     model.train(trainable)
     for p in model.parameters():
         p.requires_grad_(trainable)

@@ -160,12 +160,8 @@ def build_tiny(cfg: Config, texts: Sequence[str], tokenizer: Any = None) -> tupl
         rope_theta=tiny.rope_theta, tie_word_embeddings=tiny.tie_embeddings,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
-    model = build_decoder(config, dtype=torch.float32, attn_backend=_attn_backend(cfg), seed=cfg.run.seed)
+    model = build_decoder(config, dtype=torch.float32, attn_backend=cfg.model.attn_backend, seed=cfg.run.seed)
     return model, tokenizer
-
-
-def _attn_backend(cfg: Config) -> str:
-    return "sdpa" if cfg.model.attn_backend == "eager" else cfg.model.attn_backend
 
 
 def load_policy(cfg: Config, corpus: Sequence[str]) -> tuple[torch.nn.Module, Any]:
@@ -180,7 +176,7 @@ def load_policy(cfg: Config, corpus: Sequence[str]) -> tuple[torch.nn.Module, An
         tok_dir = tok_dir or path
         if not (tok_dir / "tokenizer_config.json").is_file():
             raise ConfigError(f"no tokenizer in {str(tok_dir)!r}: set model.tokenizer to a tokenizer folder")
-        return load_hf(path, dtype=torch.float32, attn_backend=_attn_backend(cfg)), load_tokenizer(tok_dir)
+        return load_hf(path, dtype=torch.float32, attn_backend=cfg.model.attn_backend), load_tokenizer(tok_dir)
     tok_dir = tok_dir or cfg.run_dir / TOKENIZER_DIR
     have = (tok_dir / "tokenizer_config.json").is_file()
     if not have and not corpus:
@@ -243,14 +239,9 @@ class JsonlLog:
 
 def main(cfg: Config, **_flags: Any) -> int:
     """Entry point of `seedfast sft CONFIG`."""
-    from seedfast.train.setup import device_of
+    from seedfast.train.setup import device_of, require_one_process
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError("seedfast sft runs in one process (one device); run it without torchrun "
-                          "(distributed SFT is not written yet)")
-    if cfg.trainer.resume:
-        print(f"seedfast sft: trainer.resume={cfg.trainer.resume!r} is ignored: SFT has no checkpoints and "
-              "starts afresh", file=sys.stderr)
+    require_one_process("sft")
     torch.manual_seed(cfg.run.seed)
     device = device_of(cfg)
     pairs_file = pairs_path(cfg)

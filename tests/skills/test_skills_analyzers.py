@@ -150,3 +150,21 @@ def test_make_analyzer(tokenizer):
     assert isinstance(external, ExternalAnalyzer) and external.skill_mode == "episode_step"
     with pytest.raises(ValueError, match="analyzer kind"):
         make_analyzer("teacher")
+
+
+def test_self_analyzer_samples_at_the_temperature_it_is_given(tokenizer):
+    engine = ScriptedEngine(tokenizer, [GOOD])
+    SelfAnalyzer(engine, tokenizer, max_new_tokens=64, temperature=0.7).analyze([trajectory(["go south"], won=True)])
+    assert engine.calls[0]["temperature"] == 0.7
+    with pytest.raises(ValueError, match="temperature"):
+        SelfAnalyzer(engine, tokenizer, temperature=-1.0)
+
+
+def test_the_seed_skills_of_a_run_use_skill_analysis_temperature(tokenizer):
+    from seedfast.config import load_config
+    from seedfast.train.privileged import _seed_skills
+
+    cfg = load_config(None, ["skill.analyzer=self", "skill.analysis_temperature=0.6"])
+    engine = ScriptedEngine(tokenizer, [GOOD])
+    privileged = _seed_skills(cfg, [trajectory(["go south"], won=True)], engine, tokenizer)
+    assert engine.calls[0]["temperature"] == 0.6 and privileged.metrics["skill/parse_rate"] == 1.0
