@@ -15,6 +15,7 @@ import torch
 from .row_stats import RowStats, in_tile
 from .tiles import fused_rows, tile_budget_bytes, tile_shape
 from .token_loss import merge_metric_sums, token_loss
+from .validate import check_target_range
 
 __all__ = ["backward", "forward", "fused_forward_backward", "token_loss"]
 
@@ -59,10 +60,16 @@ def _plan(targets: torch.Tensor, ignore_index: int, weight: torch.Tensor, live_t
 
 
 def forward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-            teacher_hidden: torch.Tensor | None, temperature: float, with_entropy: bool, ignore_index: int
+            teacher_hidden: torch.Tensor | None, temperature: float, with_entropy: bool, ignore_index: int,
+            *, check_targets: bool = True
             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
-    """(logprob, entropy | None, teacher_logprob | None, lse), all [N] fp32; ignored rows hold 0."""
+    """(logprob, entropy | None, teacher_logprob | None, lse), all [N] fp32; ignored rows hold 0.
+
+    check_targets=False skips the target-range check (one host sync) for callers that already ran it:
+    the public ops, via validate.check_linear_inputs."""
     n, vocab, device = hidden.shape[0], weight.shape[0], hidden.device
+    if check_targets:
+        check_target_range("forward", targets, vocab, ignore_index)
     logprob = torch.zeros(n, dtype=torch.float32, device=device)
     lse = torch.zeros_like(logprob)
     entropy = torch.zeros_like(logprob) if with_entropy else None
@@ -112,13 +119,19 @@ def _logits_grad_(probs: torch.Tensor, logp: torch.Tensor | None, entropy: torch
 
 def backward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
              entropy: torch.Tensor | None, grad_logprob: torch.Tensor, grad_entropy: torch.Tensor | None,
-             temperature: float, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grad_hidden in hidden.dtype, grad_weight in weight.dtype); dW and dh accumulate in fp32."""
+             temperature: float, ignore_index: int, *, need_hidden_grad: bool = True, need_weight_grad: bool = True
+             ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(grad_hidden in hidden.dtype, grad_weight in weight.dtype); dW and dh accumulate in fp32.
+
+    A gradient that is not needed (need_*_grad=False, e.g. a frozen LM head) is returned as None and its
+    GEMM is never run; with neither needed nothing is computed."""
     if grad_entropy is not None and entropy is None:
         raise ValueError("backward: grad_entropy was given but entropy is None (entropy was not computed)")
     n, (vocab, d) = hidden.shape[0], weight.shape
-    grad_hidden = torch.zeros_like(hidden, memory_format=torch.contiguous_format)
-    grad_weight = torch.zeros(vocab, d, dtype=torch.float32, device=weight.device)
+    if not (need_hidden_grad or need_weight_grad):
+        return None, None
+    grad_hidden = torch.zeros_like(hidden, memory_format=torch.contiguous_format) if need_hidden_grad else None
+    grad_weight = torch.zeros(vocab, d, dtype=torch.float32, device=weight.device) if need_weight_grad else None
     valid, rows, cols = _plan(targets, ignore_index, weight, live_tiles=1 if grad_entropy is None else 2)
     scale = 1.0 / temperature
 
@@ -129,17 +142,20 @@ def backward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
         b = None if grad_entropy is None else grad_entropy[sel].float()
         block_lse = lse[sel]
         block_h = None if b is None else entropy[sel]
-        dh = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
+        dh = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if need_hidden_grad else None
         for start in range(0, vocab, cols):
             w = _weight_tile(weight, start, cols)
             logp = torch.mm(h, w.t()).sub_(block_lse.unsqueeze(1))
             probs = logp.exp_() if b is None else torch.exp(logp)
             grad = _logits_grad_(probs, logp, block_h, a, b, y - start)
-            dh.addmm_(grad, w)
-            grad_weight[start:start + cols].addmm_(grad.t(), h)
+            if dh is not None:
+                dh.addmm_(grad, w)
+            if grad_weight is not None:
+                grad_weight[start:start + cols].addmm_(grad.t(), h)
             del logp, probs, grad  # free this tile before the next one is allocated: one tile alive, not two
-        grad_hidden[sel] = dh.mul_(scale).to(hidden.dtype)
-    return grad_hidden, grad_weight.to(weight.dtype)
+        if grad_hidden is not None:
+            grad_hidden[sel] = dh.mul_(scale).to(hidden.dtype)
+    return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype)
 
 
 def _log_softmax_(logits: torch.Tensor, dim: int) -> torch.Tensor:
@@ -172,10 +188,13 @@ def _take(per_token: dict[str, torch.Tensor | None], sel: Rows) -> dict[str, tor
 
 def fused_forward_backward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                            temperature: float, ignore_index: int, with_entropy: bool,
-                           per_token: dict[str, torch.Tensor | None], options: dict[str, object]
-                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+                           per_token: dict[str, torch.Tensor | None], options: dict[str, object],
+                           need_hidden_grad: bool = True, need_weight_grad: bool = True
+                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None, torch.Tensor | None,
+                                      torch.Tensor]:
     """Loss, metric sums, both gradients and the [N] log-probs (0 on ignored rows) in one streamed pass:
     per row block of whole vocabulary rows, three matmuls (logits, dh, dW) instead of the four of forward + backward.
+    A gradient with need_*_grad=False is None and its matmul is skipped (a frozen LM head: two matmuls).
 
     `per_token` holds the [N] inputs of token_loss (old_logprob, ref_logprob, teacher_logprob,
     teacher_mask, advantages, token_weights), `options` its keyword options. Rows with ignored
@@ -187,11 +206,12 @@ def fused_forward_backward(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     count = n if valid is None else valid.numel()
     rows = fused_rows(count, vocab, weight.dtype != torch.float32, tile_budget_bytes(), 2 if with_entropy else 1)
     if rows == 0:
-        return _three_step(hidden, weight, targets, temperature, ignore_index, with_entropy, per_token, options)
+        return _three_step(hidden, weight, targets, temperature, ignore_index, with_entropy, per_token, options,
+                           need_hidden_grad, need_weight_grad)
 
     device = hidden.device
-    grad_hidden = torch.zeros_like(hidden, memory_format=torch.contiguous_format)
-    grad_weight = torch.zeros(vocab, d, dtype=torch.float32, device=device)
+    grad_hidden = torch.zeros_like(hidden, memory_format=torch.contiguous_format) if need_hidden_grad else None
+    grad_weight = torch.zeros(vocab, d, dtype=torch.float32, device=device) if need_weight_grad else None
     loss = torch.zeros((), dtype=torch.float32, device=device)
     all_logprob = torch.zeros(n, dtype=torch.float32, device=device)
     sums: dict[str, torch.Tensor] = {}
@@ -214,22 +234,32 @@ def fused_forward_backward(hidden: torch.Tensor, weight: torch.Tensor, targets: 
         loss += block_loss
         sums = merge_metric_sums(sums, block_sums)
 
+        if grad_hidden is None and grad_weight is None:
+            del logp, probs
+            continue
         grad = _logits_grad_columns_(probs, logp if with_entropy else None, entropy, a, b, y, cols)
-        grad_hidden[sel] = torch.mm(grad.t(), w).mul_(scale).to(hidden.dtype)
-        grad_weight.addmm_(grad, h)
+        if grad_hidden is not None:
+            grad_hidden[sel] = torch.mm(grad.t(), w).mul_(scale).to(hidden.dtype)
+        if grad_weight is not None:
+            grad_weight.addmm_(grad, h)
         del logp, probs, grad  # free this tile before the next one is allocated: one tile alive, not two
 
     if not sums:  # no valid row: still report the (empty) metric sums
         _, _, _, sums = token_loss(torch.zeros(0, device=device), None, **_take(per_token, slice(0, 0)),
                                    **options)
-    return loss, sums, grad_hidden, grad_weight.to(weight.dtype), all_logprob
+    return (loss, sums, grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
+            all_logprob)
 
 
 def _three_step(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
                 ignore_index: int, with_entropy: bool, per_token: dict[str, torch.Tensor | None],
-                options: dict[str, object]
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
-    logprob, entropy, _, lse = forward(hidden, weight, targets, None, temperature, with_entropy, ignore_index)
+                options: dict[str, object], need_hidden_grad: bool, need_weight_grad: bool
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None, torch.Tensor | None,
+                           torch.Tensor]:
+    # Targets are not range-checked here, as in the single pass: the callers (the public ops) have done it.
+    logprob, entropy, _, lse = forward(hidden, weight, targets, None, temperature, with_entropy, ignore_index,
+                                       check_targets=False)
     loss, a, b, sums = token_loss(logprob, entropy, **per_token, **options)
-    grad_hidden, grad_weight = backward(hidden, weight, targets, lse, entropy, a, b, temperature, ignore_index)
+    grad_hidden, grad_weight = backward(hidden, weight, targets, lse, entropy, a, b, temperature, ignore_index,
+                                        need_hidden_grad=need_hidden_grad, need_weight_grad=need_weight_grad)
     return loss, sums, grad_hidden, grad_weight, logprob

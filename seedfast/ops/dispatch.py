@@ -1,7 +1,10 @@
 """Backend selection for seedfast.ops.
 
 A backend is a module exposing `forward`, `backward` and `token_loss` (optionally
-`fused_forward_backward`), see the ops contract. `torch` is seedfast/ops/chunked.py and runs anywhere;
+`fused_forward_backward`), see the ops contract. Keywords of the protocol: forward(..., check_targets=)
+(False when the caller range-checked the targets already: the public ops, one host sync per call), and
+backward / fused_forward_backward(..., need_hidden_grad=, need_weight_grad=) (a gradient not needed is
+returned as None and its GEMM skipped, e.g. a frozen LM head). `torch` is seedfast/ops/chunked.py and runs anywhere;
 `triton` is seedfast/ops/triton_backend.py and needs CUDA tensors (or TRITON_INTERPRET=1 on CPU).
 "auto" picks triton on CUDA when it imports, else torch; env SEEDFAST_OPS_BACKEND=torch|triton
 overrides "auto" (an explicit backend argument wins over the environment).

@@ -25,16 +25,18 @@ class _FusedLoss(torch.autograd.Function):
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, backend: ModuleType,
                 temperature: float, ignore_index: int, per_token: dict, options: dict, extra_out: dict):
         with_entropy = needs_entropy(options["entropy_coef"], options["opd_coef"], options["gate"])
+        # Only the gradients autograd will ask for are computed: a frozen LM head costs no dW GEMM.
+        need = {"need_hidden_grad": ctx.needs_input_grad[0], "need_weight_grad": ctx.needs_input_grad[1]}
         if hasattr(backend, "fused_forward_backward"):
             loss, sums, grad_hidden, grad_weight, logprob = backend.fused_forward_backward(
                 hidden, weight, targets, temperature=temperature, ignore_index=ignore_index,
-                with_entropy=with_entropy, per_token=per_token, options=options)
+                with_entropy=with_entropy, per_token=per_token, options=options, **need)
         else:
             logprob, entropy, _, lse = backend.forward(hidden, weight, targets, None, temperature, with_entropy,
-                                                       ignore_index)
+                                                       ignore_index, check_targets=False)
             loss, a, b, sums = backend.token_loss(logprob, entropy, **per_token, **options)
             grad_hidden, grad_weight = backend.backward(hidden, weight, targets, lse, entropy, a, b, temperature,
-                                                        ignore_index)
+                                                        ignore_index, **need)
         extra_out.update(sums=sums, logprob=logprob)
         ctx.grads = (grad_hidden, grad_weight)
         return loss
@@ -47,9 +49,11 @@ class _FusedLoss(torch.autograd.Function):
                                "handed out once (do not use retain_graph=True through fused_loss)")
         grad_hidden, grad_weight = ctx.grads
         ctx.grads = None
-        # In place: the gradients are ours, and a copy of [V, d] would be pure waste.
-        grad_hidden.mul_(grad_loss)
-        grad_weight.mul_(grad_loss)
+        # In place: the gradients are ours, and a copy of [V, d] would be pure waste. A gradient not
+        # needed was not computed (None).
+        for grad in (grad_hidden, grad_weight):
+            if grad is not None:
+                grad.mul_(grad_loss)
         return (grad_hidden if ctx.needs_input_grad[0] else None,
                 grad_weight if ctx.needs_input_grad[1] else None, *(None,) * 7)
 
@@ -106,7 +110,7 @@ def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
     else:
         with_entropy = needs_entropy(entropy_coef, opd_coef, gate)
         logprob, entropy, _, _ = impl.forward(hidden, weight, targets, None, temperature, with_entropy,
-                                              ignore_index)
+                                              ignore_index, check_targets=False)
         loss, _, _, sums = impl.token_loss(logprob, entropy, **per_token, **options)
     metrics = metric_means(sums)
     metrics["loss"] = loss.detach()

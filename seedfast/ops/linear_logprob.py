@@ -26,7 +26,7 @@ class _LinearLogprob(torch.autograd.Function):
                 backend: ModuleType):
         ctx.set_materialize_grads(False)
         logprob, entropy, teacher_logprob, lse = backend.forward(
-            hidden, weight, targets, teacher_hidden, temperature, with_entropy, ignore_index)
+            hidden, weight, targets, teacher_hidden, temperature, with_entropy, ignore_index, check_targets=False)
         ctx.save_for_backward(hidden, weight, targets, lse, entropy)
         ctx.backend, ctx.temperature, ctx.ignore_index = backend, temperature, ignore_index
         if teacher_logprob is not None:
@@ -42,11 +42,13 @@ class _LinearLogprob(torch.autograd.Function):
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
         if grad_logprob is None:
             grad_logprob = torch.zeros_like(lse)
+        # A frozen LM head (or hidden states without grad): the backend skips that gradient's GEMM.
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden, grad_weight = ctx.backend.backward(
             hidden, weight, targets, lse, entropy, grad_logprob.float(),
-            None if grad_entropy is None else grad_entropy.float(), ctx.temperature, ctx.ignore_index)
-        return (grad_hidden if ctx.needs_input_grad[0] else None,
-                grad_weight if ctx.needs_input_grad[1] else None, *none)
+            None if grad_entropy is None else grad_entropy.float(), ctx.temperature, ctx.ignore_index,
+            need_hidden_grad=need_hidden, need_weight_grad=need_weight)
+        return (grad_hidden if need_hidden else None, grad_weight if need_weight else None, *none)
 
 
 def linear_logprob(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -62,6 +64,7 @@ def linear_logprob(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     Accumulation is fp32; extra memory is O(N + tile), never O(N·V). backend: "auto", "torch", "triton".
     """
     func = "linear_logprob"
+    # Validates the targets' range (the one host sync for it): the backends are called with check_targets=False.
     targets = check_linear_inputs(func, hidden, weight, targets, teacher_hidden, temperature, ignore_index)
     impl = get_backend(backend, hidden.device)
     temperature, with_entropy = float(temperature), bool(with_entropy)
@@ -71,5 +74,5 @@ def linear_logprob(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
         return LinearLogprobOutput(*_LinearLogprob.apply(hidden, weight, targets, teacher_hidden, temperature,
                                                          with_entropy, ignore_index, impl))
     logprob, entropy, teacher_logprob, _ = impl.forward(hidden, weight, targets, teacher_hidden, temperature,
-                                                        with_entropy, ignore_index)
+                                                        with_entropy, ignore_index, check_targets=False)
     return LinearLogprobOutput(logprob, entropy, teacher_logprob)

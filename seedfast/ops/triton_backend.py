@@ -32,6 +32,8 @@ from seedfast.kernels import linear_logprob_fwd as _fwd
 from seedfast.kernels import matmul as _mm
 from seedfast.kernels import token_loss as _tl
 
+from .validate import check_target_range
+
 KL_KINDS = {"k1": _tl.KL_K1, "k2": _tl.KL_K2, "low_var_kl": _tl.KL_LOW_VAR, "k3": _tl.KL_LOW_VAR}
 GATES = {"gap": _tl.GATE_GAP, "entropy": _tl.GATE_ENTROPY, "soft_or": _tl.GATE_SOFT_OR}
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -113,15 +115,6 @@ def _validate_linear(hidden, weight, targets, teacher_hidden, temperature) -> No
     _check_device(*(t for t in (hidden, weight, targets, teacher_hidden) if t is not None))
 
 
-def _check_target_range(targets: torch.Tensor, vocab: int, ignore_index: int) -> None:
-    # One host sync; an out-of-range id would otherwise silently give logprob = -lse.
-    bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
-    if bool(bad.any()):
-        first = int(bad.nonzero()[0, 0])
-        raise ValueError(f"targets[{first}] = {int(targets[first])} is outside [0, V={vocab}) "
-                         f"and is not ignore_index={ignore_index}")
-
-
 def choose_n_splits(n_tokens: int, vocab: int, device: torch.device) -> tuple[int, int]:
     """(vocabulary splits, token blocks per program group) for the forward grid.
 
@@ -144,8 +137,11 @@ def choose_grad_chunk(n_tokens: int, vocab: int, elem_bytes: int) -> int:
 # ----------------------------------------------------------------------------------------- forward
 
 def forward(hidden, weight, targets, teacher_hidden=None, temperature=1.0, with_entropy=False,
-            ignore_index=-100, *, n_splits: int | None = None):
-    """-> (logprob [N] f32, entropy [N] f32 | None, teacher_logprob [N] f32 | None, lse [N] f32)."""
+            ignore_index=-100, *, n_splits: int | None = None, check_targets: bool = True):
+    """-> (logprob [N] f32, entropy [N] f32 | None, teacher_logprob [N] f32 | None, lse [N] f32).
+
+    check_targets=False skips the target-range check (a host sync) for callers that ran it already (the
+    public ops do, in validate.check_linear_inputs): out-of-range ids would silently give logprob = -lse."""
     _validate_linear(hidden, weight, targets, teacher_hidden, temperature)
     n, d = hidden.shape
     vocab = weight.shape[0]
@@ -157,7 +153,8 @@ def forward(hidden, weight, targets, teacher_hidden=None, temperature=1.0, with_
         return empty, (empty.clone() if with_entropy else None), (empty.clone() if has_teacher else None), empty
     if vocab == 0:
         raise ValueError("weight has V = 0 rows")
-    _check_target_range(targets, vocab, ignore_index)
+    if check_targets:
+        check_target_range("forward", targets, vocab, ignore_index)
     targets = targets.contiguous()
     splits, group_n = choose_n_splits(n, vocab, dev)
     with _on(dev):
@@ -214,8 +211,12 @@ def _check_per_token(n: int, device: torch.device, **tensors) -> None:
 
 
 def backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy, temperature=1.0,
-             ignore_index=-100, *, chunk: int | None = None):
-    """-> (grad_hidden [N, d] hidden.dtype, grad_weight [V, d] weight.dtype)."""
+             ignore_index=-100, *, chunk: int | None = None, need_hidden_grad: bool = True,
+             need_weight_grad: bool = True):
+    """-> (grad_hidden [N, d] hidden.dtype | None, grad_weight [V, d] weight.dtype | None).
+
+    A gradient with need_*_grad=False is None and its GEMM is not launched (a frozen LM head: no dW GEMM);
+    with neither needed nothing is launched."""
     _validate_linear(hidden, weight, targets, None, temperature)
     n, d = hidden.shape
     vocab = weight.shape[0]
@@ -223,15 +224,18 @@ def backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy, 
     _check_per_token(n, dev, lse=lse, entropy=entropy, grad_logprob=grad_logprob, grad_entropy=grad_entropy)
     if grad_entropy is not None and entropy is None:
         raise ValueError("grad_entropy needs the entropy saved by forward (entropy is None)")
+    if not (need_hidden_grad or need_weight_grad):
+        return None, None
     if n == 0 or vocab == 0:
-        return torch.zeros_like(hidden), torch.zeros_like(weight)
+        return (torch.zeros_like(hidden) if need_hidden_grad else None,
+                torch.zeros_like(weight) if need_weight_grad else None)
     with _on(dev):
         return _backward(hidden, weight, targets.contiguous(), lse, entropy, grad_logprob, grad_entropy,
-                         temperature, ignore_index, chunk)
+                         temperature, ignore_index, chunk, need_hidden_grad, need_weight_grad)
 
 
 def _backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy, temperature, ignore_index,
-              chunk):
+              chunk, need_hidden_grad, need_weight_grad):
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -245,9 +249,11 @@ def _backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy,
     chunk = chunk or choose_grad_chunk(n, vocab, hidden.element_size())
     single = chunk >= vocab
     chunk = min(chunk, vocab)
-    grad_weight = torch.empty_like(weight)
+    grad_weight = torch.empty_like(weight) if need_weight_grad else None
     # One chunk: dH is complete after one GEMM and goes straight to the output dtype.
-    dh = torch.empty_like(hidden) if single else torch.empty((n, d), device=dev, dtype=torch.float32)
+    dh = None
+    if need_hidden_grad:
+        dh = torch.empty_like(hidden) if single else torch.empty((n, d), device=dev, dtype=torch.float32)
     g = torch.empty((n, chunk), device=dev, dtype=hidden.dtype)
     prec = _dot_precision(hidden.dtype)
     interp = _interpreted()
@@ -264,12 +270,11 @@ def _backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy,
             kernel = _tuned.tuned("grad_logits", _capability(dev), hidden.dtype == torch.float32)
             kernel[lambda meta, vc=vc: (_cdiv(n, meta["BLOCK_N"]) * _cdiv(vc, meta["BLOCK_V"]),)](
                 *args, HAS_B=has_b, DOT_PRECISION=prec)
-        w_chunk = weight[v0:v0 + vc]
-        # dW[chunk] = Gᵀ·H: [vc, N] x [N, d]
-        _matmul(g, (1, g.stride(0)), hidden, grad_weight[v0:v0 + vc], vc, d, n, False, prec, "matmul_dw")
-        # dH (+)= G·W[chunk]: [N, vc] x [vc, d]
-        _matmul(g, (g.stride(0), 1), w_chunk, dh, n, d, vc, v0 > 0, prec, "matmul_dh")
-    grad_hidden = dh if single else dh.to(hidden.dtype)
+        if grad_weight is not None:  # dW[chunk] = Gᵀ·H: [vc, N] x [N, d]
+            _matmul(g, (1, g.stride(0)), hidden, grad_weight[v0:v0 + vc], vc, d, n, False, prec, "matmul_dw")
+        if dh is not None:  # dH (+)= G·W[chunk]: [N, vc] x [vc, d]
+            _matmul(g, (g.stride(0), 1), weight[v0:v0 + vc], dh, n, d, vc, v0 > 0, prec, "matmul_dh")
+    grad_hidden = None if dh is None else dh if single else dh.to(hidden.dtype)
     return grad_hidden, grad_weight
 
 

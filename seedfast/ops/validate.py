@@ -67,14 +67,23 @@ def check_linear_inputs(func: str, hidden: object, weight: object, targets: obje
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise ValueError(f"{func}: ignore_index must be an int, got {ignore_index!r}")
     targets = targets.long()
-    if targets.numel():
-        vocab = weight.shape[0]
-        bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
-        if bool(bad.any()):
-            first = int(bad.nonzero()[0, 0])
-            raise ValueError(f"{func}: targets[{first}] = {int(targets[first])} is outside the vocabulary "
-                             f"[0, {vocab}) and is not ignore_index={ignore_index}")
+    check_target_range(func, targets, weight.shape[0], ignore_index)
     return targets
+
+
+def check_target_range(func: str, targets: torch.Tensor, vocab: int, ignore_index: int) -> None:
+    """Every target is in [0, vocab) or ignore_index, else one ValueError naming the first offender.
+
+    The one target-range check of seedfast.ops (an out-of-range id would silently give logprob = -lse):
+    one device→host sync when all is well. The public ops run it here and call the backends with
+    check_targets=False, so a call syncs for it once whatever the backend."""
+    if not targets.numel():
+        return
+    bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
+    if bool(bad.any()):
+        first = int(bad.nonzero()[0, 0])
+        raise ValueError(f"{func}: targets[{first}] = {int(targets[first])} is outside the vocabulary "
+                         f"[0, {vocab}) and is not ignore_index={ignore_index}")
 
 
 def check_per_token(func: str, name: str, x: object, n: int, device: torch.device, *, floating: bool = True,

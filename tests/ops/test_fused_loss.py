@@ -175,9 +175,9 @@ def test_generic_protocol_path_and_entropy_only_when_needed(monkeypatch):
     backward; the entropy is requested only when a term uses it."""
     requested = []
 
-    def forward(*args):
+    def forward(*args, **kwargs):
         requested.append(args[5])  # with_entropy
-        return chunked.forward(*args)
+        return chunked.forward(*args, **kwargs)
 
     spy = types.SimpleNamespace(forward=forward, backward=chunked.backward, token_loss=chunked.token_loss)
     # The package re-exports the function fused_loss, which shadows its module's name: fetch the module.
