@@ -11,13 +11,18 @@ the allocator), the other the median wall time of `--reps` calls after a warm-up
 - loss_grpo: PPO clip + dual clip + k3 KL (token-mean). naive = the materialized log-probs fed to
   seedfast.algo.losses.total_loss; liger = LigerFusedLinearGRPOLoss (loss_type "dapo", beta = KL coef).
 - loss_seed: the same plus the entropy bonus and the gated OPD term (entropy needed: one more pass).
+- *_frozen (--frozen): ours with a frozen LM head (weight.requires_grad False, hidden trainable), beside
+  *_frozen_before, the same call with the backend made to compute dW anyway (as before need_weight_grad:
+  autograd dropped it); time_vs_before is their ratio, measured in one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +33,8 @@ from _common import PeakRSS, median, print_table, run_worker, time_reps, write_r
 
 VARIANTS = ("naive_logprob", "ours_logprob", "naive_loss_grpo", "ours_loss_grpo", "liger_loss_grpo",
             "naive_loss_seed", "ours_loss_seed")
+FROZEN_VARIANTS = ("ours_logprob_frozen_before", "ours_logprob_frozen", "ours_loss_grpo_frozen_before",
+                   "ours_loss_grpo_frozen")
 SEQ_LEN = 512
 GRPO = {"kl_coef": 0.01, "kl_kind": "low_var_kl"}
 SEED = {**GRPO, "entropy_coef": 0.001, "opd_coef": 0.01, "opd_beta": 5.0, "gate": "gap"}
@@ -56,6 +63,25 @@ def make_inputs(n: int, d: int, vocab: int, seed: int = 0) -> dict:
     }
 
 
+@contextlib.contextmanager
+def dw_always():
+    """The torch backend as it was before need_weight_grad: dW is computed even for a frozen head."""
+    from seedfast.ops import chunked
+
+    saved = {name: getattr(chunked, name) for name in ("backward", "fused_forward_backward")}
+
+    def forced(fn):
+        return lambda *args, **kwargs: fn(*args, **{**kwargs, "need_weight_grad": True})
+
+    try:
+        for name, fn in saved.items():
+            setattr(chunked, name, forced(fn))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(chunked, name, fn)
+
+
 def make_forward(variant: str, x: dict):
     """A closure computing the variant's scalar (loss, or log-probs · upstream) with its autograd graph."""
     import torch
@@ -63,6 +89,9 @@ def make_forward(variant: str, x: dict):
     from seedfast.algo import losses
     from seedfast.ops import fused_loss, linear_logprob
 
+    if "_frozen" in variant:  # a frozen LM head: only hidden gets a gradient
+        x["weight"].requires_grad_(False)
+        variant = variant.split("_frozen")[0]
     hidden, weight, targets = x["hidden"], x["weight"], x["targets"]
     batch, seq = x["mask"].shape
     per_token_adv = x["advantages"][:, None].expand(batch, seq).reshape(-1)
@@ -108,9 +137,11 @@ def make_forward(variant: str, x: dict):
 def make_step(variant: str, x: dict):
     """A closure running forward + backward once (and dropping the gradients afterwards)."""
     forward = make_forward(variant, x)
+    mode = dw_always if variant.endswith("_before") else contextlib.nullcontext
 
     def step():
-        forward().backward()
+        with mode():
+            forward().backward()
         x["hidden"].grad = None
         x["weight"].grad = None
 
@@ -145,7 +176,7 @@ def worker(variant: str, mode: str, n: int, d: int, vocab: int, reps: int, threa
     if mode == "memory":
         with PeakRSS() as mem:
             step()
-        grads = x["hidden"].numel() * x["hidden"].element_size() + x["weight"].numel() * x["weight"].element_size()
+        grads = sum(t.numel() * t.element_size() for t in (x["hidden"], x["weight"]) if t.requires_grad)
         return {"peak_extra_bytes": mem.extra_bytes, "grad_bytes": grads, "memory_method": mem.method}
     wall, cpu = [], []
     for _ in range(reps):
@@ -175,7 +206,12 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=512, help="hidden size")
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--reps", type=int, default=3, help="timed calls per variant (median reported)")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + FROZEN_VARIANTS)
+    parser.add_argument("--frozen", action="store_true", help="run the frozen-head variants (after and before "
+                        "skipping dW) instead; results/<name>_frozen.json")
+    parser.add_argument("--rounds", type=int, default=1, help="timing processes per variant, interleaved "
+                        "(medians over all their calls)")
+    parser.add_argument("--note", default=None, help="a note stored in the results JSON (e.g. the machine's load)")
     parser.add_argument("--tile-bytes", type=int, help="SEEDFAST_OPS_TILE_BYTES for our variants (else the default)")
     parser.add_argument("--threads", type=int, help="torch threads per variant (else torch's default); 1 gives "
                         "steadier numbers on a machine that other jobs share")
@@ -187,20 +223,24 @@ def main() -> None:
         print(json.dumps(worker(*args.worker, args.n, args.d, args.vocab, args.reps, args.threads)))
         return
 
-    args.name = args.name or "logprob_cpu" + (f"_t{args.threads}" if args.threads else "")
+    if args.frozen:
+        args.variants = list(FROZEN_VARIANTS)
+    args.name = args.name or ("logprob_cpu" + (f"_t{args.threads}" if args.threads else "")
+                              + ("_frozen" if args.frozen else ""))
+    load_at_start = list(os.getloadavg())
     liger = liger_status()
     logits_bytes = args.n * args.vocab * 4
     common = ["--n", str(args.n), "--d", str(args.d), "--vocab", str(args.vocab), "--reps", str(args.reps)]
     if args.threads:
         common += ["--threads", str(args.threads)]
     rows = []
+    env = {"SEEDFAST_OPS_TILE_BYTES": str(args.tile_bytes)} if args.tile_bytes else {}
     for variant in args.variants:
         row = {"variant": variant}
         if variant.startswith("liger") and liger is None:
             row["note"] = "not available (liger_kernel does not import)"
             rows.append(row)
             continue
-        env = {"SEEDFAST_OPS_TILE_BYTES": str(args.tile_bytes)} if args.tile_bytes else {}
         mem = run_worker([__file__, *common, "--worker", variant, "memory"], env={**env, **MALLOC_PINNED})
         timing = run_worker([__file__, *common, "--worker", variant, "time"], env=env)
         extra = mem["peak_extra_bytes"] - mem["grad_bytes"]
@@ -209,6 +249,15 @@ def main() -> None:
                    extra_over_logits=extra / logits_bytes)
         rows.append(row)
         print(f"  {variant}: {row['median_s']:.2f} s, +{row['peak_extra_mib']:.0f} MiB", file=sys.stderr)
+    # More timing processes per variant, round-robin and in reverse order every other round, so that a
+    # change in the machine's load during the run falls on all variants alike.
+    measured = [r for r in rows if "median_s" in r]
+    for round_ in range(1, args.rounds):
+        for row in measured[::-1] if round_ % 2 else measured:
+            timing = run_worker([__file__, *common, "--worker", row["variant"], "time"], env=env)
+            row["seconds"] += timing["seconds"]
+            row["cpu_seconds"] += timing["cpu_seconds"]
+            row["median_s"], row["median_cpu_s"] = median(row["seconds"]), median(row["cpu_seconds"])
 
     by_name = {r["variant"]: r for r in rows}
     for r in rows:
@@ -216,8 +265,12 @@ def main() -> None:
         if base and "median_s" in r and "median_s" in base:
             r["time_vs_naive"] = r["median_s"] / base["median_s"]
             r["cpu_vs_naive"] = r["median_cpu_s"] / base["median_cpu_s"]
-    print_table(rows, ["variant", "median_s", "time_vs_naive", "median_cpu_s", "cpu_vs_naive", "peak_extra_mib",
-                       "extra_beyond_grads_mib", "extra_over_logits", "note"],
+        before = by_name.get(r["variant"] + "_before")
+        if r["variant"].endswith("_frozen") and before and "median_s" in r and "median_s" in before:
+            r["time_vs_before"] = r["median_s"] / before["median_s"]
+            r["cpu_vs_before"] = r["median_cpu_s"] / before["median_cpu_s"]
+    print_table(rows, ["variant", "median_s", "time_vs_naive", "time_vs_before", "median_cpu_s", "cpu_vs_naive",
+                       "cpu_vs_before", "peak_extra_mib", "extra_beyond_grads_mib", "extra_over_logits", "note"],
                 title=f"forward+backward, N={args.n} d={args.d} V={args.vocab} fp32 CPU, "
                       f"threads={args.threads or 'default'}; materialized logits = {logits_bytes / 2**20:.0f} MiB")
     from seedfast.ops import tiles
@@ -235,6 +288,9 @@ def main() -> None:
         "liger_compiled": LIGER_COMPILED,
         "targets": {"extra_over_logits_max": 1 / 16, "logprob_time_vs_naive_max": 1.2,
                     "loss_time_vs_naive_max": 1.0},
+        "rounds": args.rounds,
+        "loadavg_1_5_15_at_start": load_at_start,
+        "note": args.note,
         "results": rows,
     }, packages=("torch", "triton", "transformers", "liger-kernel"))
     print(f"wrote {path}")

@@ -1,6 +1,7 @@
 """The CPU benchmark compares like with like: its naive and fused variants compute the same values and
 gradients, and its memory probe sees what the process allocates."""
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -29,3 +30,30 @@ def test_peak_rss_sees_an_allocation():
         block = torch.ones(8 << 20)  # 32 MiB, touched
         del block
     assert probe.extra_bytes >= 30 << 20
+
+
+@pytest.mark.parametrize("kind", ["logprob", "loss_grpo"])
+def test_frozen_head_variants_agree_and_differ_only_in_dw(kind, monkeypatch):
+    """*_frozen and *_frozen_before give the same hidden gradient and no weight gradient; only _before has the
+    backend compute dW (as every version before need_weight_grad did)."""
+    from seedfast.ops import chunked
+
+    asked = []
+    for name in ("backward", "fused_forward_backward"):
+        original = getattr(chunked, name)
+
+        def spy(*args, original=original, **kwargs):
+            asked.append(kwargs["need_weight_grad"])
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(chunked, name, spy)
+    grads = {}
+    for variant in (f"ours_{kind}_frozen", f"ours_{kind}_frozen_before"):
+        x = logprob_cpu.make_inputs(64, 16, 300)
+        asked.clear()
+        with logprob_cpu.dw_always() if variant.endswith("_before") else contextlib.nullcontext():
+            logprob_cpu.make_forward(variant, x)().backward()
+        assert asked == [variant.endswith("_before")]
+        assert x["weight"].grad is None
+        grads[variant] = x["hidden"].grad
+    torch.testing.assert_close(*grads.values(), rtol=0, atol=0)
