@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ._checks import check_2d, check_mask, check_same_shape, check_tensor
@@ -26,6 +28,16 @@ def has_contrast(success: torch.Tensor, group_ids: GroupIds) -> torch.Tensor:
     wins = torch.zeros(num_groups, dtype=torch.long, device=ok.device).index_add_(0, codes, ok.long())
     count = torch.zeros(num_groups, dtype=torch.long, device=ok.device).index_add_(0, codes, torch.ones_like(codes))
     return ((wins > 0) & (wins < count))[codes]
+
+
+def contrast_groups(success: Sequence[bool], group_ids: Sequence[int]) -> set[int]:
+    """The groups (ids) with at least one success and at least one failure among their trajectories."""
+    if len(success) != len(group_ids):
+        raise ValueError(f"grsd.contrast_groups: {len(success)} successes but {len(group_ids)} group ids")
+    if not success:
+        return set()
+    contrast = has_contrast(torch.tensor([bool(s) for s in success]), list(group_ids))
+    return {g for g, c in zip(group_ids, contrast.tolist()) if c}
 
 
 def turn_delta(guide_logprob: torch.Tensor, old_logprob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from seedfast.algo import grsd as grsd_math
 from seedfast.config import Config
 from seedfast.envs.trajectory import Trajectory
 from seedfast.skills import grsd as grsd_text
@@ -114,8 +115,8 @@ def _grsd_guidance(cfg: Config, trajectories: Sequence[Trajectory], engine: Any,
     groups: dict[int, list[int]] = {}
     for i, g in enumerate(group_of):
         groups.setdefault(g, []).append(i)
-    contrast = {g: idx for g, idx in groups.items()
-                if any(trajectories[i].won for i in idx) and not all(trajectories[i].won for i in idx)}
+    with_contrast = grsd_math.contrast_groups([t.won for t in trajectories], group_of)
+    contrast = {g: idx for g, idx in groups.items() if g in with_contrast}
     episode: list[str | None] = [None] * len(trajectories)
     asks, owners = [], []
     for g, idx in contrast.items():

@@ -43,6 +43,7 @@ from seedfast.train.setup import (
     policy_path,
     require_one_process,
 )
+from seedfast.train.step_plan import plan_step
 from seedfast.train.update import (
     UpdateBatch,
     accumulate_rollout_gap,
@@ -50,8 +51,6 @@ from seedfast.train.update import (
     minibatch_loss_backward,
     rollout_gap_metrics,
 )
-
-USES_TEACHER = {"seed", "sdar", "grsd"}
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -95,9 +94,9 @@ class Trainer:
         start = Path(policy_dir) if policy_dir else policy_path(cfg)
         self.policy = load_policy(cfg, start, self.device)
         self.tokenizer = load_run_tokenizer(cfg, start)
-        self.uses_kl = cfg.loss.kl_coef > 0
+        self.plan = plan_step(cfg)
         self.ref = None
-        if self.uses_kl:
+        if self.plan.kl:
             ref_dir = Path(cfg.model.ref_path) if cfg.model.ref_path else start
             self.ref = load_policy(cfg, ref_dir, self.device, trainable=False).eval()
         self.optimizer, self.scheduler = make_optimizer(cfg, self.policy)
@@ -109,7 +108,6 @@ class Trainer:
         self.envs = make_env_slots(cfg, n_slots)
         self.judge = make_judge(cfg) if cfg.algorithm == "grsd" else None
         self.n_params = sum(p.numel() for p in self.policy.parameters())
-        self.on_policy = cfg.trainer.ppo_epochs == 1 and cfg.trainer.mini_batches == 1
         self.bad_steps = 0
         self.step = 0
         self.log = None
@@ -142,7 +140,8 @@ class Trainer:
         metrics: dict[str, float] = {f"rollout/{k}": float(v) for k, v in result.stats.as_dict().items()}
         group_of = [t.meta["group_id"] for t in trajectories]
         privileged: Privileged | None = None
-        if cfg.algorithm in USES_TEACHER:
+        plan = self.plan
+        if plan.privileged_text:
             with timer.phase("analyze"):
                 privileged = privileged_text(cfg, trajectories, engine=engine, tokenizer=self.tokenizer,
                                              group_of=group_of, judge=self.judge)
@@ -152,15 +151,10 @@ class Trainer:
         if not samples:
             raise RuntimeError(f"step {step}: the rollout produced no step samples")
 
-        # ℓskill inside the update, from its own forward's prefix KV (θ = θ_old when on-policy)
-        teacher_in_update = (cfg.algorithm in ("seed", "sdar") and cfg.loss.opd_coef > 0
-                             and (self.on_policy or cfg.skill.teacher_params == "current"))
-        # fully on-policy (one epoch, one mini-batch): ℓold is the detached ℓθ of the update's own forward,
-        # so nothing needs a separate scoring pass (GRSD still does: its δ is measured before the update)
-        skip_score = self.on_policy and (cfg.algorithm == "grpo" or teacher_in_update)
+        teacher_in_update = plan.teacher == "update"
         with timer.phase("score"):
             scores = None
-            if not skip_score:
+            if plan.score_pass:
                 scores = score(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
                                temperature=cfg.rollout.temperature)
                 gap_sums: dict[str, float] = {}
@@ -184,8 +178,7 @@ class Trainer:
         metrics["train/groups_with_signal"] = groups_with_signal(trajectories)
         metrics["train/advantage_zero_frac"] = float((advantages == 0).float().mean())
 
-        use_opd = cfg.algorithm in ("seed", "sdar") and cfg.loss.opd_coef > 0 and (
-            teacher_in_update or (scores is not None and scores.teacher_mask is not None))
+        use_opd = plan.opd and (teacher_in_update or (scores is not None and scores.teacher_mask is not None))
         from_scores = use_opd and not teacher_in_update
         batch = UpdateBatch(samples, advantages, scores.logprob if scores is not None else None,
                             ref_logprob=ref_lp,
@@ -195,7 +188,7 @@ class Trainer:
         self.policy.train()
         with timer.phase("update"):
             metrics.update(self._update(batch, use_opd=use_opd))
-            if cfg.algorithm == "grsd" and privileged is not None and privileged.reflections is not None:
+            if plan.reflection_update and privileged is not None and privileged.reflections is not None:
                 metrics.update(self._reflection_update(privileged, group_of))
         self.scheduler.step()
 
@@ -229,7 +222,7 @@ class Trainer:
                 index = sorted(order[start:start + size])
                 self.optimizer.zero_grad(set_to_none=True)
                 loss, m = minibatch_loss_backward(
-                    self.policy, batch, index, cfg.loss, use_kl=self.uses_kl, use_opd=use_opd,
+                    self.policy, batch, index, cfg.loss, use_kl=self.plan.kl, use_opd=use_opd,
                     temperature=cfg.rollout.temperature, token_budget=cfg.trainer.micro_batch_tokens)
                 norm = grad_norm_and_clip(self.policy, cfg.optim.grad_clip)
                 if not (math.isfinite(loss) and math.isfinite(norm)):
@@ -352,16 +345,10 @@ def _grsd_modulate(cfg: Config, samples: list[StepSample], scores: Any, advantag
         guide[i, : hi - lo] = scores.teacher_logprob[lo:hi].cpu()
         mask[i, : hi - lo] = 1
     delta = grsd_math.turn_delta(guide, old, mask)
-    has_guide = torch.tensor([s.has_teacher for s in samples])
-    contrast = torch.tensor([
-        bool(has_guide[i]) and any(t.won for t in trajectories if t.meta["group_id"] == samples[i].group_id)
-        and not all(t.won for t in trajectories if t.meta["group_id"] == samples[i].group_id)
-        for i in range(n)])
-    # groups whose guidance failed keep Â = A, like groups without contrast
-    contrast_by_group = {}
-    for i in range(n):
-        contrast_by_group[samples[i].group_id] = contrast_by_group.get(samples[i].group_id, True) and bool(contrast[i])
-    contrast = torch.tensor([contrast_by_group[s.group_id] for s in samples])
+    groups = grsd_math.contrast_groups([t.won for t in trajectories], [t.meta["group_id"] for t in trajectories])
+    # groups whose guidance failed (a sample without the guide) keep Â = A, like groups without contrast
+    groups -= {s.group_id for s in samples if not s.has_teacher}
+    contrast = torch.tensor([s.group_id in groups for s in samples])
     delta = torch.where(contrast, delta, torch.zeros_like(delta))
     out = grsd_math.modulate(advantages, delta, [s.group_id for s in samples], contrast, lam=cfg.grsd.lam,
                              g_max=cfg.grsd.g_max, eta=cfg.grsd.eta)

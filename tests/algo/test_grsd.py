@@ -117,3 +117,14 @@ def test_grsd_rejects_bad_inputs():
         grsd.reflection_advantages(_t(float("inf"), 1.0), [0, 0])
     with pytest.raises(ValueError, match=r"mask has shape \(1, 3\) but guide_logprob has shape \(2, 3\)"):
         grsd.turn_delta(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(1, 3))
+
+
+def test_contrast_groups_are_the_groups_with_a_win_and_a_loss():
+    from seedfast.algo.grsd import contrast_groups
+
+    won = [True, False, True, True, False, False, True]
+    groups = [7, 7, 3, 3, 9, 9, 4]
+    assert contrast_groups(won, groups) == {7}
+    assert contrast_groups([], []) == set()
+    with pytest.raises(ValueError, match="2 successes but 1 group ids"):
+        contrast_groups([True, False], [1])

@@ -1,0 +1,47 @@
+"""What one RL step computes, decided once from the config (docs/algorithms.md, docs/architecture.md).
+
+The trainer's loop reads this plan instead of re-deriving the same facts from `algorithm`, `opd_coef`,
+`teacher_params`, `ppo_epochs` and `mini_batches` at each branch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from seedfast.config import Config
+
+TeacherSource = Literal["none", "scorer", "update"]
+PRIVILEGED_TEXT = ("seed", "sdar", "grsd")  # algorithms whose teacher sees a text the student does not
+OPD_ALGORITHMS = ("seed", "sdar")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    privileged_text: bool  # write skills / guidance for the rollout's trajectories
+    teacher: TeacherSource  # where the teacher's log-probs come from: nowhere, the scoring pass, the update's forward
+    score_pass: bool  # a separate no-grad pass for ℓold (and the teacher) before the update
+    kl: bool  # a reference policy and the KL term
+    opd: bool  # the on-policy distillation term (when some sample has a teacher context)
+    reflection_update: bool  # GRSD: the RL loss on the reflections themselves
+    on_policy: bool  # one epoch, one mini-batch: θ = θ_old during the update
+
+
+def plan_step(cfg: Config) -> StepPlan:
+    """The plan of every step of a run with this config."""
+    algorithm = cfg.algorithm
+    on_policy = cfg.trainer.ppo_epochs == 1 and cfg.trainer.mini_batches == 1
+    opd = algorithm in OPD_ALGORITHMS and cfg.loss.opd_coef > 0
+    if opd:
+        # on-policy the update's own forward gives ℓskill from its prefix KV (θ = θ_old); with the current
+        # parameters it must be the update's forward anyway; otherwise θ_old's scoring pass gives it
+        teacher: TeacherSource = "update" if on_policy or cfg.skill.teacher_params == "current" else "scorer"
+    elif algorithm == "grsd":
+        teacher = "scorer"  # GRSD's turn-level δ is measured before the update
+    else:
+        teacher = "none"
+    # fully on-policy, ℓold is the detached ℓθ of the update's own forward: no separate pass is needed unless
+    # the teacher's log-probs must come from one
+    score_pass = not (on_policy and (algorithm == "grpo" or teacher == "update"))
+    return StepPlan(privileged_text=algorithm in PRIVILEGED_TEXT, teacher=teacher, score_pass=score_pass,
+                    kl=cfg.loss.kl_coef > 0, opd=opd, reflection_update=algorithm == "grsd", on_policy=on_policy)

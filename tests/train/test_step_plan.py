@@ -1,0 +1,34 @@
+import pytest
+
+from seedfast.config import load_config
+from seedfast.train.step_plan import StepPlan, plan_step
+
+
+def plan(*overrides: str) -> StepPlan:
+    return plan_step(load_config(None, ["skill.analyzer=oracle", *overrides]))
+
+
+# (overrides, privileged_text, teacher, score_pass, opd, reflection_update), written out by hand
+CASES = [
+    (["algorithm=grpo"], False, "none", False, False, False),
+    (["algorithm=grpo", "trainer.ppo_epochs=2"], False, "none", True, False, False),
+    (["algorithm=seed"], True, "update", False, True, False),  # on-policy: ℓskill from the update's prefix KV
+    (["algorithm=seed", "trainer.mini_batches=2"], True, "scorer", True, True, False),
+    (["algorithm=seed", "trainer.mini_batches=2", "skill.teacher_params=current"], True, "update", True, True, False),
+    (["algorithm=seed", "loss.opd_coef=0"], True, "none", True, False, False),
+    (["algorithm=sdar", "skill.library=lib.json"], True, "update", False, True, False),
+    (["algorithm=grsd", "grsd.judge=oracle"], True, "scorer", True, False, True),  # δ is measured before the update
+]
+
+
+@pytest.mark.filterwarnings("ignore::seedfast.config.ConfigWarning")
+@pytest.mark.parametrize("overrides, privileged, teacher, score_pass, opd, reflection", CASES)
+def test_the_plan_of_each_algorithm(overrides, privileged, teacher, score_pass, opd, reflection):
+    p = plan(*overrides)
+    assert (p.privileged_text, p.teacher, p.score_pass, p.opd, p.reflection_update) == (
+        privileged, teacher, score_pass, opd, reflection)
+
+
+def test_kl_follows_its_coefficient_and_on_policy_its_epochs():
+    assert plan("loss.kl_coef=0").kl is False and plan("loss.kl_coef=0.01").kl is True
+    assert plan().on_policy and not plan("trainer.ppo_epochs=2").on_policy
