@@ -8,8 +8,8 @@ The same step samples (prompt, insertion point, skill, response, reward, group),
 written by seedfast.model.save_hf) and the same hyper-parameters (the defaults of seedfast.config's LossConfig and
 OptimConfig) go to three recipes, each in its own fresh process, for one SEED update and one GRPO update:
 - reference: transformers' *ForCausalLM, separate ℓold / ℓref / ℓskill forwards with materialized logits, the
-  teacher over the whole rebuilt skill-augmented prompt, the SPEC loss written out again, backward through the
-  logits, AdamW (benchmarks/peers_reference.py);
+  teacher over the whole rebuilt skill-augmented prompt, the loss of docs/algorithms.md written out again,
+  backward through the logits, AdamW (benchmarks/peers_reference.py);
 - liger: the same with LigerFusedLinearGRPOLoss for the update's policy term + KL (skipped when it does not import);
 - seedfast: the trainer's own path (seedfast/train/rl.py Trainer.learn and _update): score_reference for ℓref,
   then minibatch_loss_backward (fused loss, no logits; on-policy, so no ℓold pass; ℓskill from the update

@@ -1,7 +1,8 @@
 """The reference recipe for one RL update, written the way verl-based SEED / SDAR / GRSD code does it, and the same
 recipe with Liger-Kernel's fused linear GRPO loss: the peers of benchmarks/peers.py.
 
-Nothing here calls seedfast: the model is transformers' own *ForCausalLM, and the loss is SPEC §4 written out
+Nothing here calls seedfast: the model is transformers' own *ForCausalLM, and the loss of docs/algorithms.md is
+written out
 again from the formulas (GRPO advantages, PPO clip + dual clip, k3 KL, entropy bonus, gated OPD, token-mean).
 
 Reference recipe (verl's actor, padded path):

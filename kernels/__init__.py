@@ -5,6 +5,6 @@ linear_logprob_fwd   fused z = h·Wᵀ/T -> online max / Σexp / entropy / targe
                      optional teacher rows on the same W tiles; the split-merging reduce kernel
 linear_logprob_bwd   logits gradient a·(onehot - p) + b·(-p⊙(log p + H)) of one vocabulary chunk
 matmul               C (+)= A·B with an fp32 accumulator (dW = Gᵀ·H, dH += G·W)
-token_loss           SPEC §4 per-token loss, a_t, b_t and metric partial sums in one launch
+token_loss           per-token loss (docs/algorithms.md), a_t, b_t and metric partial sums in one launch
 configs / autotuned  autotune candidates per architecture, and the autotuned wrappers
 """

@@ -1,4 +1,5 @@
-"""Fused per-token loss of SPEC §4, its derivatives and its metric sums, in one launch over N tokens.
+"""Fused per-token loss (docs/algorithms.md, 'Total loss and aggregation'), its derivatives and its metric sums, in
+one launch over N tokens.
 
 Per token t (all inputs [N] fp32; w_t are the aggregation weights, 0 for padding):
     ρ      = exp(clamp(ℓθ - ℓold, ±20))     (as seedfast.algo.losses: no inf, no 0·inf in the gradient)

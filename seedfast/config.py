@@ -3,7 +3,7 @@
     cfg = load_config("configs/demo_cpu.yaml", ["trainer.steps=3", "algorithm=grpo"])
     cfg.to_yaml()            # the resolved config, as a run writes it to runs/<name>/config.yaml
 
-Every field carries its default (SPEC.md) and a one-line doc that `seedfast <cmd> --help` prints.
+Every field carries its default (docs/algorithms.md, 'Defaults') and a one-line doc that `seedfast <cmd> --help` prints.
 Numbers and enums are checked here, once, so that no run starts with a value it would trip on later.
 """
 

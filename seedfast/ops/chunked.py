@@ -2,7 +2,8 @@
 
 Logits are computed one tile (row block × vocabulary tile, sized by tiles.py) at a time in fp32 and
 never stored: the forward keeps per-row online statistics, the backward recomputes each tile and turns
-it into ∂L/∂z = a·(onehot − p) + b·(−p⊙(log p + H)) in place (SPEC §4). Rows whose target is
+it into ∂L/∂z = a·(onehot − p) + b·(−p⊙(log p + H)) in place (docs/algorithms.md, 'Gradient with respect to the
+logits'). Rows whose target is
 `ignore_index` are skipped entirely. With z = h·Wᵀ/T the temperature is folded into the hidden rows.
 """
 

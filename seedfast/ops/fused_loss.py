@@ -1,4 +1,5 @@
-"""fused_loss: the whole SPEC §4 loss from hidden states and the LM head, with its gradient computed in
+"""fused_loss: the whole loss of docs/algorithms.md ('Total loss and aggregation') from hidden states and the LM
+head, with its gradient computed in
 the same streamed pass as the log-probs (no [N, V] logits, no second autograd graph).
 
     L = Σ_t w_t·(pg_t + kl_coef·kl_t − entropy_coef·H_t) + opd_coef·Σ_t w_t·m_t·g_t·(sg[ℓskill_t] − ℓθ_t)
@@ -67,7 +68,8 @@ def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
                temperature: float = 1.0, ignore_index: int = -100, backend: str = "auto",
                return_logprob: bool = False
                ) -> tuple[torch.Tensor, Metrics] | tuple[torch.Tensor, Metrics, torch.Tensor]:
-    """(loss 0-dim fp32, metrics) of SPEC §4 for tokens t with logits hidden·weightᵀ / temperature, and
+    """(loss 0-dim fp32, metrics) of the total loss (docs/algorithms.md) for tokens t with logits hidden·weightᵀ /
+    temperature, and
     with return_logprob=True also the detached per-token ℓθ [N] fp32 (0 on ignored tokens).
 
     Per-token [N] inputs: token_weights (aggregation weights, 0 on non-response tokens), advantages,

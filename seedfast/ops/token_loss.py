@@ -1,4 +1,5 @@
-"""The per-token loss of SPEC §4 on [N] tensors and its derivatives a = ∂L/∂ℓθ, b = ∂L/∂H.
+"""The per-token loss (docs/algorithms.md, 'Total loss and aggregation') on [N] tensors and its derivatives
+a = ∂L/∂ℓθ, b = ∂L/∂H.
 
     L = Σ_t w_t·(pg_t + kl_coef·kl_t − entropy_coef·H_t) + opd_coef·Σ_t w_t·m_t·g_t·(sg[ℓskill_t] − ℓθ_t)
 

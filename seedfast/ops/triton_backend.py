@@ -2,7 +2,7 @@
 
 forward   fused linear -> logprob / entropy / teacher logprob, split over the vocabulary when N is small
 backward  per vocabulary chunk: logits gradient G [N, chunk] -> dW[chunk] = Gᵀ·H, dH += G·W[chunk]
-token_loss  the SPEC §4 per-token loss, a_t, b_t and metric sums in one launch
+token_loss  the per-token loss (docs/algorithms.md), a_t, b_t and metric sums in one launch
 
 On CUDA the autotuned kernels run; on CPU tensors the kernels run only when they were created under
 TRITON_INTERPRET=1 (tests), with one small fixed configuration.

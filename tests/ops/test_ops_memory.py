@@ -1,4 +1,5 @@
-"""No op ever allocates anything of the order of the [N, V] logits (DESIGN §3: O(N + tile) memory)."""
+"""No op ever allocates anything of the order of the [N, V] logits (docs/performance.md, 'No full-vocabulary logits':
+O(N + tile) memory)."""
 
 import torch
 from ops_reference import materialized_logprob, random_problem

@@ -38,7 +38,7 @@ def test_hand_computed_loss_and_derivatives(dual_clip):
     loss, a, b, sums = token_loss(**inputs(), dual_clip=dual_clip, **OPTIONS)
     w = [0.5, 0.25, 0.25]
     g0, g2 = sigmoid(2.0 * 1.5), sigmoid(2.0 * -1.0)
-    assert g0 == pytest.approx(0.9525741, abs=1e-7)  # SPEC's worked example
+    assert g0 == pytest.approx(0.9525741, abs=1e-7)  # sigmoid(3), by hand
     rho0, rho1 = math.exp(0.1), math.exp(1.5)
     pg1 = 3.0 if dual_clip else rho1
     expected_loss = (w[0] * (-2.0 * rho0 + 0.1 * 0.5 - 0.01 * 1.0) + 0.2 * w[0] * g0 * 1.5
