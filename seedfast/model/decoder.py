@@ -2,7 +2,12 @@
 
     hidden = model(input_ids [T] int64, cu_seqlens [B+1] int32)                       # [T, d], after final norm
     hidden, kv = model(ids, cu, position_ids=None, past=past_kv, return_kv=True)
+    hidden, cache = model.prefill(ids, cu, capacity)                                  # + a StaticKVCache
+    hidden = model.decode(next_ids [B], cache)                                        # [B, d], one token per row
     logits would be hidden @ model.lm_head_weight.T -- never formed here (seedfast.ops streams it)
+
+Both paths run the same layer modules (Attention.qkv / DecoderLayer.mlp_residual): only how attention reads
+the cached keys differs (packed varlen for training and scoring, a padded static cache for generation).
 
 Parameter names are transformers' own (model.embed_tokens.weight, model.layers.{i}.self_attn.q_proj.weight, ...,
 model.norm.weight, lm_head.weight when untied), so HF state dicts load without a mapping table.
@@ -11,12 +16,13 @@ model.norm.weight, lm_head.weight when untied), so HF state dicts load without a
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .attention import VarlenPlan, check_backend
 from .config import DecoderConfig
-from .kv import PackedKV, concat_gather_index
+from .kv import DecodeStep, PackedKV, StaticKVCache, concat_gather_index
 from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
 from .packing import check_cu_seqlens, check_input_ids, lengths_of, positions_in_sequence
 
@@ -44,19 +50,52 @@ class Attention(nn.Module):
         past_v: torch.Tensor | None,
         merge_index: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        T = x.shape[0]
-        q = self.q_proj(x).view(T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(T, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(T, self.n_kv_heads, self.head_dim)
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        """Packed tokens x [T, d] -> (attention output [T, d], their keys and values [T, n_kv_heads, hd])."""
+        q, k, v = self.qkv(x, cos, sin)
         k_all, v_all = k, v
         if past_k is not None:
             k_all = torch.cat([past_k, k])[merge_index]
             v_all = torch.cat([past_v, v])[merge_index]
         out = plan(q, k_all, v_all, scale=self.head_dim**-0.5)
-        return self.o_proj(out.reshape(T, self.n_heads * self.head_dim)), k, v
+        return self.project_out(out), k, v
+
+    def decode(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: StaticKVCache,
+        layer: int,
+        step: DecodeStep,
+    ) -> torch.Tensor:
+        """One token per cache row, x [B, d] -> [B, d]; writes its key/value into `cache` first.
+
+        Plain SDPA over the step's span of cache columns with a per-row length mask: one query per row needs
+        no varlen kernel, and the padded layout is what lets the cache grow in place.
+        """
+        q, k, v = self.qkv(x, cos, sin)
+        keys, values = cache.write(layer, k, v, step)
+        gqa = {"enable_gqa": True} if self.n_heads != self.n_kv_heads else {}
+        out = F.scaled_dot_product_attention(
+            q[:, :, None, :], keys, values, attn_mask=step.mask, scale=self.head_dim**-0.5, **gqa
+        )
+        return self.project_out(out)
+
+    def qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [N, heads, hd], k and v [N, kv_heads, hd] of tokens x [N, d]: projections, qk-norm, RoPE on q/k."""
+        N = x.shape[0]
+        q = self.q_proj(x).view(N, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(N, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(N, self.n_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def project_out(self, attn: torch.Tensor) -> torch.Tensor:
+        """o_proj of the per-head attention output of N tokens ([N, heads, hd] or [N, heads, 1, hd])."""
+        return self.o_proj(attn.reshape(attn.shape[0], self.n_heads * self.head_dim))
 
 
 class DecoderLayer(nn.Module):
@@ -67,11 +106,35 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, h, cos, sin, plan, past_k, past_v, merge_index):
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        plan: VarlenPlan,
+        past_k: torch.Tensor | None,
+        past_v: torch.Tensor | None,
+        merge_index: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         attn, k, v = self.self_attn(self.input_layernorm(h), cos, sin, plan, past_k, past_v, merge_index)
-        h = h + attn
-        h = h + self.mlp(self.post_attention_layernorm(h))
-        return h, k, v
+        return self.mlp_residual(h + attn), k, v
+
+    def decode(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: StaticKVCache,
+        layer: int,
+        step: DecodeStep,
+    ) -> torch.Tensor:
+        """The layer for one token per cache row (see Attention.decode)."""
+        attn = self.self_attn.decode(self.input_layernorm(h), cos, sin, cache, layer, step)
+        return self.mlp_residual(h + attn)
+
+    def mlp_residual(self, h: torch.Tensor) -> torch.Tensor:
+        """The second half of the layer, shared by both paths: h + MLP(norm(h))."""
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class DecoderStack(nn.Module):
@@ -155,6 +218,36 @@ class Decoder(nn.Module):
             return h, PackedKV(keys, values, cu_seqlens)
         return h
 
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        capacity: int,
+        rows: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, StaticKVCache]:
+        """The packed forward of prompts that will be decoded: hidden states [T, d] and a StaticKVCache with
+        room for `capacity` tokens per row, row r holding sequence rows[r] (default: one row per sequence;
+        repeats let identical prompts be run once and decoded many times)."""
+        hidden, kv = self(input_ids, cu_seqlens, return_kv=True)
+        if rows is not None:
+            kv = kv.select(rows)
+        return hidden, StaticKVCache.from_packed(kv, capacity)
+
+    def decode(self, input_ids: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        """One token per cache row at position cache.lengths: final hidden states [B, d] (after the final norm,
+        like forward). Writes the tokens' keys/values into `cache` and advances its lengths.
+
+        Inference only (in-place cache writes): call under torch.inference_mode() or no_grad().
+        """
+        self._check_decode(input_ids, cache)
+        step = cache.begin_step()
+        h = self.model.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(self.inv_freq, cache.lengths, h.dtype)
+        for i, layer in enumerate(self.model.layers):
+            h = layer.decode(h, cos, sin, cache, i, step)
+        cache.advance()
+        return self.model.norm(h)
+
     def init_weights(self, seed: int = 0) -> Decoder:
         """From-scratch init (HF convention): normal(0, initializer_range) weights, zero biases, unit norms."""
         std = self.config.initializer_range
@@ -179,6 +272,16 @@ class Decoder(nn.Module):
             bad = ids[(ids < 0) | (ids >= vocab)][:5].tolist()
             raise ValueError(f"input_ids must lie in [0, vocab_size={vocab}), got e.g. {bad}")
         return ids
+
+    def _check_decode(self, input_ids: torch.Tensor, cache: StaticKVCache) -> None:
+        """Shapes only: no host sync here (the step's one sync is the capacity check in cache.begin_step)."""
+        if not isinstance(cache, StaticKVCache):
+            raise TypeError(f"cache must be a StaticKVCache, got {type(cache).__name__}")
+        if cache.num_layers != self.config.num_hidden_layers:
+            raise ValueError(f"cache has {cache.num_layers} layers, the model has {self.config.num_hidden_layers}")
+        if not isinstance(input_ids, torch.Tensor) or input_ids.shape != (cache.num_rows,):
+            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be [{cache.num_rows}] (one per cache row), got {shape}")
 
     def _check_past(self, past: PackedKV, batch: int, embed: torch.Tensor) -> list[int]:
         if not isinstance(past, PackedKV):

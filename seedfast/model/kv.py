@@ -1,15 +1,27 @@
-"""PackedKV: per-layer keys/values of B packed sequences, and the sequence-level operations callers need.
+"""The decoder's two KV caches.
+
+PackedKV: per-layer keys/values of B packed sequences, and the sequence-level operations callers need.
 
     kv = model(prefix_ids, cu_prefix, return_kv=True)[1]       # keys are post-RoPE
     both = kv.repeat_interleave(2)                              # student and teacher branch on one prefix
     hidden = model(suffix_ids, cu_suffix, past=both)            # suffix b attends to both[b] then itself
     hidden, new = model(next_ids, cu_next, past=kv, return_kv=True)
     kv = kv.concat(new)                                         # generation: grow every sequence's cache
+
+StaticKVCache: preallocated per-layer buffers for token-by-token decoding (Decoder.prefill / Decoder.decode).
+Growing a PackedKV by one token per sequence copies the whole cache every step, and the packed attention
+re-packs it in every layer; here each layer's cache is one [B, n_kv_heads, capacity, head_dim] buffer, a step
+writes one key/value per row in place and attends to a view of it, so a step reads O(cached tokens) and copies
+nothing.
+
+    hidden, cache = model.prefill(prompt_ids, cu_prompts, capacity)    # cache row b = prompt b
+    hidden = model.decode(next_ids, cache)                            # [B, d]; cache.lengths += 1
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -103,6 +115,86 @@ class PackedKV:
 
     def _gathered(self, gather: torch.Tensor, cu: torch.Tensor) -> PackedKV:
         return PackedKV([k[gather] for k in self.keys], [v[gather] for v in self.values], cu)
+
+
+class DecodeStep(NamedTuple):
+    """One decode step over a StaticKVCache: attend to columns [0, span); mask [B, 1, 1, span] marks the
+    columns each row may see (its cached tokens and the one being written); rows = arange(B)."""
+
+    span: int
+    mask: torch.Tensor
+    rows: torch.Tensor
+
+
+@dataclass
+class StaticKVCache:
+    """Per-layer [B, n_kv_heads, capacity, head_dim] key/value buffers; row b holds lengths[b] tokens.
+
+    Keys are post-RoPE like PackedKV's. The decoder writes the keys/values of a decode step at position
+    lengths[b] of row b (`write`) and advances `lengths` once all layers are done (`advance`).
+    """
+
+    keys: list[torch.Tensor]  # per layer [B, n_kv_heads, capacity, head_dim]
+    values: list[torch.Tensor]
+    lengths: torch.Tensor  # [B] int64: cached tokens per row
+
+    @classmethod
+    def from_packed(cls, kv: PackedKV, capacity: int) -> StaticKVCache:
+        """Copy a prefill's PackedKV into buffers with room for `capacity` tokens per sequence."""
+        lengths = kv.lengths.to(kv.keys[0].device)
+        if kv.num_sequences and int(lengths.max()) > capacity:
+            raise ValueError(f"capacity={capacity} is below the longest cached sequence ({int(lengths.max())})")
+        rows = torch.repeat_interleave(torch.arange(kv.num_sequences, device=lengths.device), lengths)
+        cols = torch.arange(kv.num_tokens, device=lengths.device) - kv.cu_seqlens[:-1].long().to(lengths.device)[rows]
+        keys, values = [], []
+        for k, v in zip(kv.keys, kv.values):
+            n_kv, hd = k.shape[1:]
+            buf_k = k.new_zeros(kv.num_sequences, n_kv, capacity, hd)
+            buf_v = v.new_zeros(kv.num_sequences, n_kv, capacity, hd)
+            buf_k.transpose(1, 2)[rows, cols] = k
+            buf_v.transpose(1, 2)[rows, cols] = v
+            keys.append(buf_k)
+            values.append(buf_v)
+        return cls(keys, values, lengths.clone())
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.keys)
+
+    @property
+    def num_rows(self) -> int:
+        return self.lengths.numel()
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def select(self, rows: torch.Tensor) -> StaticKVCache:
+        """Keep only `rows` (a copy: done when finished sequences are dropped, not every step)."""
+        return StaticKVCache([k[rows] for k in self.keys], [v[rows] for v in self.values], self.lengths[rows])
+
+    def begin_step(self) -> DecodeStep:
+        """What every layer of the next step needs, computed once; raises when a row is full."""
+        longest = int(self.lengths.max())  # the step's one host sync
+        if longest >= self.capacity:
+            raise ValueError(f"the KV cache is full (capacity {self.capacity} tokens per sequence)")
+        span = longest + 1
+        columns = torch.arange(span, device=self.lengths.device)
+        mask = (columns[None, :] <= self.lengths[:, None])[:, None, None, :]
+        return DecodeStep(span, mask, torch.arange(self.num_rows, device=self.lengths.device))
+
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, step: DecodeStep
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store one step's k, v [B, n_kv_heads, head_dim] at each row's next position; returns the layer's keys
+        and values over the step's span of columns, the new ones included."""
+        self.keys[layer][step.rows, :, self.lengths] = k
+        self.values[layer][step.rows, :, self.lengths] = v
+        return self.keys[layer][:, :, : step.span], self.values[layer][:, :, : step.span]
+
+    def advance(self) -> None:
+        """Count the step's token in every row (after all layers wrote it)."""
+        self.lengths = self.lengths + 1
 
 
 def select_gather_index(cu: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,9 +5,10 @@
     gens = sampler.generate_full(...)            # + sampling log-probs and finish reasons
 
 All prompts are prefilled in one packed forward (identical prompts once); then every unfinished sequence
-advances by one token per forward, attending to its preallocated KV cache (kv_cache.py). Logits exist only
-for the last position of each sequence ([B, V] per step: sampling, not training). A sequence finishes when
-it emits a stop id (kept in its output) or reaches max_new_tokens.
+advances by one token per step. Both are the decoder's own (`Decoder.prefill` / `Decoder.decode` over a
+preallocated StaticKVCache from seedfast/model/kv.py), so the layer math exists once. Logits exist only for
+the last position of each sequence ([B, V] per step: sampling, not training). A sequence finishes when it
+emits a stop id (kept in its output) or reaches max_new_tokens.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from collections.abc import Sequence
 
 import torch
 
+from seedfast.model.kv import StaticKVCache
 from seedfast.model.packing import make_cu_seqlens
 from seedfast.rollout.engine import Generation
-from seedfast.rollout.kv_cache import StaticKVCache, decode_step
 from seedfast.rollout.sampling import check_sampling_args, sample_next
 
 
 class Sampler:
-    """Generation engine over a seedfast `Decoder` (anything with its forward and `lm_head_weight`).
+    """Generation engine over a seedfast `Decoder` (its forward, prefill, decode and `lm_head_weight`).
 
     `use_cache=False` re-runs the whole sequence every step (the no-cache baseline of tests and benchmarks).
     `max_batch_sequences` splits very large requests into chunks generated one after the other.
@@ -128,7 +129,7 @@ class Sampler:
             if 4 * int((~alive).sum()) >= alive.numel():
                 keep = alive.nonzero().squeeze(1)
                 cache, seq_of_row, alive, feed = cache.select(keep), seq_of_row[keep], alive[keep], feed[keep]
-            hidden = decode_step(self.model, cache, feed)
+            hidden = self.model.decode(feed, cache)
 
         lengths_list, stopped_list = lengths.tolist(), stopped.tolist()
         tokens_list, logprobs_list = tokens.tolist(), logprobs.tolist()
@@ -152,10 +153,10 @@ class Sampler:
         last = cu[1:].long() - 1
         if not self.use_cache:
             return self.model(ids, cu)[last][inverse], None
-        hidden, kv = self.model(ids, cu, return_kv=True)
-        if len(unique) < len(prompts):
-            kv = kv.select(inverse)
-        return hidden[last][inverse], StaticKVCache.from_packed(kv, max(len(p) for p in prompts) + max_new)
+        capacity = max(len(p) for p in prompts) + max_new
+        rows = inverse if len(unique) < len(prompts) else None
+        hidden, cache = self.model.prefill(ids, cu, capacity, rows=rows)
+        return hidden[last][inverse], cache
 
     def _forward_whole(self, prompts: list[list[int]], seqs: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
         """No cache: last hidden state of each sequence in `seqs`, re-running prompt + generated tokens."""

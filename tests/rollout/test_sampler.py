@@ -4,15 +4,17 @@ import pytest
 import torch
 
 from seedfast.model import DecoderConfig, build_decoder, make_cu_seqlens
-from seedfast.rollout.kv_cache import StaticKVCache, decode_step
+from seedfast.model.kv import StaticKVCache
+from seedfast.rollout.kv_cache import decode_step
 from seedfast.rollout.sampler import Sampler
 
 VOCAB = 300
 
 
-def tiny(model_type="qwen3", tie=True, seed=0):
+def tiny(model_type="qwen3", tie=True, seed=0, kv_heads=2):
     cfg = DecoderConfig(model_type=model_type, vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tie)
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads,
+                        tie_word_embeddings=tie)
     model = build_decoder(cfg, dtype=torch.float32, attn_backend="sdpa", seed=seed)
     with torch.no_grad():  # a peaked next-token distribution, so greedy choices are not near-ties
         model.lm_head_weight.mul_(8.0)
@@ -52,24 +54,42 @@ def reference_greedy(model, prompts, max_new, stop_ids):
     return outs
 
 
-@pytest.mark.parametrize("model_type, tie", [("llama", False), ("qwen2", True), ("qwen3", False)])
-def test_decode_step_matches_full_forward(model_type, tie):
-    model = tiny(model_type, tie, seed=1)
-    prompts = random_prompts(5, seed=1) + [[7]]
-    extra = [torch.randint(0, VOCAB, (3,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(6)]
+def test_decode_step_is_the_decoders_decode(model):
+    """seedfast.rollout.decode_step stays importable and is Decoder.decode (tests/model/test_static_decode.py
+    holds that against the full forward)."""
+    ids, cu = torch.tensor([1, 2, 3, 4, 5]), make_cu_seqlens([3, 2])
     with torch.no_grad():
-        ids = torch.tensor([t for p in prompts for t in p])
-        cu = make_cu_seqlens([len(p) for p in prompts])
-        _, kv = model(ids, cu, return_kv=True)
-        cache = StaticKVCache.from_packed(kv, capacity=max(map(len, prompts)) + 3)
-        for step in range(3):
-            hidden = decode_step(model, cache, torch.tensor([e[step] for e in extra]))
-            seqs = [p + e[: step + 1] for p, e in zip(prompts, extra)]
-            full_ids = torch.tensor([t for s in seqs for t in s])
-            full_cu = make_cu_seqlens([len(s) for s in seqs])
-            expected = model(full_ids, full_cu)[full_cu[1:].long() - 1]
-            torch.testing.assert_close(hidden, expected, atol=1e-5, rtol=1e-5)
-    assert cache.lengths.tolist() == [len(p) + 3 for p in prompts]
+        _, a = model.prefill(ids, cu, capacity=5)
+        _, b = model.prefill(ids, cu, capacity=5)
+        torch.testing.assert_close(decode_step(model, a, torch.tensor([7, 8])), model.decode(torch.tensor([7, 8]), b),
+                                   rtol=0, atol=0)
+    assert a.lengths.tolist() == b.lengths.tolist() == [4, 3]
+
+
+@pytest.mark.parametrize("model_type, tie, kv_heads", [("qwen3", False, 2), ("llama", True, 1), ("qwen2", True, 4)])
+def test_sampled_logprobs_equal_the_full_forward_at_every_position(model_type, tie, kv_heads):
+    """The cache changes nothing: at each generated position the sampler's log-prob equals the full no-cache
+    forward's, and the ids equal the no-cache sampler's (ragged prompts, a repeated prompt, early stops)."""
+    model = tiny(model_type, tie, seed=2, kv_heads=kv_heads)
+    prompts = random_prompts(5, seed=12) + [[4]]
+    prompts += prompts[:2]
+    temperature = 1.3
+    gens = Sampler(model, seed=13).generate_full(prompts, 8, temperature=temperature, stop_ids=[5, 17, 60])
+    uncached = Sampler(model, seed=13, use_cache=False).generate_full(prompts, 8, temperature=temperature,
+                                                                     stop_ids=[5, 17, 60])
+    assert [g.token_ids for g in gens] == [g.token_ids for g in uncached]
+    for prompt, gen in zip(prompts, gens):
+        logits = full_logits(model, prompt + gen.token_ids)[len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(gen.token_ids)[:, None])
+        torch.testing.assert_close(torch.tensor(gen.logprobs, dtype=torch.float64), expected[:, 0],
+                                   rtol=0, atol=1e-5)
+
+
+def full_logits(model, seq):
+    """Logits [len(seq), V] in fp64 at every position of one sequence, from the forward without a cache."""
+    with torch.no_grad():
+        hidden = model(torch.tensor(seq), make_cu_seqlens([len(seq)]))
+    return hidden.double() @ model.lm_head_weight.double().T
 
 
 def test_kv_cache_select_keeps_rows_and_rejects_overflow(model):
@@ -80,10 +100,10 @@ def test_kv_cache_select_keeps_rows_and_rejects_overflow(model):
         one = cache.select(torch.tensor([1]))
         assert one.lengths.tolist() == [2]
         torch.testing.assert_close(one.keys[0][0, :, :2], kv.keys[0][3:5].transpose(0, 1))
-        decode_step(model, cache, torch.tensor([9, 9]))  # row 0 is now full
+        model.decode(torch.tensor([9, 9]), cache)  # row 0 is now full
         assert cache.lengths.tolist() == [4, 3]
         with pytest.raises(ValueError, match="KV cache is full"):
-            decode_step(model, cache, torch.tensor([9, 9]))
+            model.decode(torch.tensor([9, 9]), cache)
         with pytest.raises(ValueError, match="capacity"):
             StaticKVCache.from_packed(kv, capacity=len(prompts[0]) - 1)
 
