@@ -1,6 +1,6 @@
 """`seedfast <command> [CONFIG] [key=value ...] [flags]`: load the config, hand it to the command.
 
-Each command's implementation lives in its own module and is imported only when the command runs,
+Each command's implementation lives in its own module of seedfast/app/ and is imported only when the command runs,
 so `--help` and config errors are instant and need neither torch nor a GPU. An implementation is
 `main(cfg: Config, **flags) -> int | None`, where `flags` are the command's own options that are not
 config keys (e.g. `split` for eval).
@@ -29,13 +29,13 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "envs": Command("seedfast.envs.make", "make_from_config", "generate (TextWorld) or check (ALFWorld) the games"),
-    "collect": Command("seedfast.rollout.collect", "main",
+    "envs": Command("seedfast.app.envs", "main", "generate (TextWorld) or check (ALFWorld) the games"),
+    "collect": Command("seedfast.app.collect", "main",
                        "stage 1: roll out the base policy, label trajectories with the analyzer (JSONL)"),
-    "sft": Command("seedfast.train.sft", "main", "supervised fine-tuning: skill writing (+ behaviour cloning)"),
-    "train": Command("seedfast.train.rl", "main", "RL: grpo | sdar | seed | grsd (one process, one device)"),
-    "eval": Command("seedfast.train.evaluate", "main", "evaluate a run's policy on the train or eval games"),
-    "demo": Command("seedfast.train.demo", "main",
+    "sft": Command("seedfast.app.sft", "main", "supervised fine-tuning: skill writing (+ behaviour cloning)"),
+    "train": Command("seedfast.app.train", "main", "RL: grpo | sdar | seed | grsd (one process, one device)"),
+    "eval": Command("seedfast.app.evaluate", "main", "evaluate a run's policy on the train or eval games"),
+    "demo": Command("seedfast.app.demo", "main",
                     "CPU demo: games, tokenizer, tiny model SFT, SEED and GRPO, eval, report"),
 }
 SHOW_CONFIG = "config"

@@ -1,21 +1,19 @@
 """Evaluation on held-out games: success rate, reward, episode length, invalid-action rate.
 
-`seedfast eval runs/<name> --split eval` evaluates the run's exported policy (or its SFT output).
+The `seedfast eval` command (seedfast/app/evaluate.py) runs `evaluate` on a run's exported policy.
 """
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from seedfast.config import Config, ConfigError
+from seedfast.config import Config
 from seedfast.rollout.agent_loop import Task, run_agent_loop
 from seedfast.rollout.sampler import Sampler
-from seedfast.train.setup import agent_config, device_of, load_policy, load_run_tokenizer, load_tasks, make_env_slots
+from seedfast.train.setup import agent_config, make_env_slots
 
 
 def evaluate(cfg: Config, model: torch.nn.Module, tokenizer: Any, tasks: list[Task], *, seed: int,
@@ -64,18 +62,3 @@ def random_policy_success(cfg: Config, tasks: list[Task], seed: int) -> float:
     finally:
         envs.close()
     return wins / max(len(tasks), 1)
-
-
-def main(cfg: Config, split: str = "eval", **_: Any) -> int:
-    run_dir = Path(cfg.run_dir)
-    path = next((p for p in (run_dir / "hf", run_dir / "sft") if (p / "config.json").is_file()), None)
-    if path is None:
-        raise ConfigError(f"run.name: {run_dir} has no exported policy (hf/ or sft/) to evaluate")
-    device = device_of(cfg)
-    model = load_policy(cfg, path, device, trainable=False)
-    tokenizer = load_run_tokenizer(cfg, path)
-    tasks = load_tasks(cfg, "train" if split == "train" else "eval")
-    metrics = evaluate(cfg, model, tokenizer, tasks, seed=cfg.run.seed)
-    print(json.dumps(metrics, indent=1))
-    (run_dir / f"eval_{split}.json").write_text(json.dumps(metrics, indent=1))
-    return 0

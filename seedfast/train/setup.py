@@ -1,8 +1,13 @@
-"""Building what a run needs from its config: device, policy, reference, tokenizer, optimizer, games, envs."""
+"""The builders of a run, one of each, read from its config: device, dtype, policy folder, policy, tokenizer,
+generation engine, tasks, environment slots, optimizer and learning-rate schedule, agent-loop settings.
+
+Every command (seedfast/app/) and the trainer (train/rl.py) build their pieces here, so `collect`, `sft`,
+`train`, `eval` and `demo` agree on each rule. The libraries below (rollout/, envs/, skills/) take what is
+built here as explicit arguments and never read the config. See docs/architecture.md.
+"""
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -15,7 +20,9 @@ from seedfast.model.tokenizer import load_tokenizer
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task
 from seedfast.rollout.env_slots import LocalEnvSlots, PoolEnvSlots
 from seedfast.rollout.prompts import PromptStyle
+from seedfast.train.sft_loop import lr_at
 
+# model.dtype -> torch dtype: the one map (weights loaded for rollout and RL, SFT's autocast and export)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -35,19 +42,42 @@ def device_of(cfg: Config) -> torch.device:
     return torch.device(cfg.trainer.device)
 
 
+def _is_hf_folder(path: str | Path) -> bool:
+    return (Path(path) / "config.json").is_file()
+
+
 def policy_path(cfg: Config) -> Path:
-    """The policy the RL run starts from: trainer.init_from, else this run's SFT output, else model.path."""
-    for candidate in (cfg.trainer.init_from, str(Path(cfg.run_dir) / "sft"), cfg.model.path):
-        if candidate and (Path(candidate) / "config.json").is_file():
-            return Path(candidate)
+    """The policy a command starts from (collect rolls it out, train trains it), in one order:
+
+    1. trainer.init_from: an explicit choice; it must be an HF model folder (an error names it otherwise,
+       rather than silently falling through to another policy);
+    2. <run_dir>/sft: this run's own SFT output, when it exists (the SEED pipeline: collect -> sft -> train);
+    3. model.path: the base model; it must be an HF model folder when set.
+
+    This is the order trainer.init_from's documentation states. A fresh run has no sft/ yet, so `collect`
+    (the first stage) rolls out model.path; `train` after `sft` starts from the SFT output.
+    """
+    init_from = cfg.trainer.init_from
+    if init_from:
+        if not _is_hf_folder(init_from):
+            raise ConfigError(f"trainer.init_from={init_from!r} is not an HF model folder (no config.json)")
+        return Path(init_from)
+    sft = Path(cfg.run_dir) / "sft"
+    if _is_hf_folder(sft):
+        return sft
+    if cfg.model.path:
+        if not _is_hf_folder(cfg.model.path):
+            raise ConfigError(f"model.path={cfg.model.path!r} is not an HF model folder (no config.json)")
+        return Path(cfg.model.path)
     raise ConfigError(
-        f"no policy to start from: trainer.init_from={cfg.trainer.init_from!r}, "
-        f"{Path(cfg.run_dir) / 'sft'} and model.path={cfg.model.path!r} hold no config.json "
-        "(run `seedfast sft` first, or set model.path)"
+        f"no policy to start from: trainer.init_from and model.path are unset and {sft} holds no config.json "
+        "(set model.path to an HF model folder, or run `seedfast sft` first)"
     )
 
 
 def load_policy(cfg: Config, path: Path, device: torch.device, trainable: bool = True) -> torch.nn.Module:
+    """The HF model at `path` in model.dtype on `device`, with model.attn_backend (the one place that sets it
+    on a loaded policy); frozen and in eval mode unless `trainable`."""
     model = load_hf(path, dtype=DTYPES[cfg.model.dtype], device=device)
     model.attn_backend = cfg.model.attn_backend
     model.train(trainable)
@@ -57,36 +87,76 @@ def load_policy(cfg: Config, path: Path, device: torch.device, trainable: bool =
 
 
 def load_run_tokenizer(cfg: Config, path: Path) -> Any:
-    for candidate in (cfg.model.tokenizer, path):
-        if candidate and Path(candidate).is_dir():
+    """model.tokenizer when set, else the policy folder `path` when it holds a tokenizer, else <run_dir>/tokenizer
+    (where `seedfast sft` keeps a tiny model's tokenizer)."""
+    if cfg.model.tokenizer:
+        return load_tokenizer(cfg.model.tokenizer)
+    for candidate in (Path(path), Path(cfg.run_dir) / "tokenizer"):
+        if (candidate / "tokenizer_config.json").is_file():
             return load_tokenizer(candidate)
-    raise ConfigError(f"model.tokenizer: no tokenizer folder found (tried {cfg.model.tokenizer!r} and {path})")
+    raise ConfigError(f"model.tokenizer: no tokenizer folder found (tried {path} and "
+                      f"{Path(cfg.run_dir) / 'tokenizer'}); set model.tokenizer")
+
+
+def build_engine(cfg: Config, path: Path, device: torch.device) -> Any:
+    """The generation engine over the policy at `path`: the own KV-cache Sampler, or vLLM
+    (rollout.engine=vllm, which config validation allows for `seedfast collect` only)."""
+    if cfg.rollout.engine == "vllm":
+        from seedfast.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(str(path), dtype=cfg.model.dtype, seed=cfg.run.seed,
+                          gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                          tensor_parallel_size=cfg.rollout.tensor_parallel)
+    from seedfast.rollout.sampler import Sampler
+
+    return Sampler(load_policy(cfg, path, device, trainable=False), seed=cfg.run.seed)
 
 
 def make_optimizer(cfg: Config, model: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:
+    """The RL optimizer (AdamW over optim.*) and its schedule: optim.warmup_steps, then optim.schedule over
+    trainer.steps, as the factor train/sft_loop.lr_at gives for lr = 1 (the one schedule, SFT's too)."""
     o = cfg.optim
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr,
                                   weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps)
     total = max(cfg.trainer.steps, 1)
 
     def factor(step: int) -> float:
-        if step < o.warmup_steps:
-            return (step + 1) / o.warmup_steps
-        if o.schedule == "cosine":
-            progress = (step - o.warmup_steps) / max(total - o.warmup_steps, 1)
-            return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-        return 1.0
+        return lr_at(step, total, 1.0, o.warmup_steps, o.schedule, o.min_lr_ratio)
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def load_tasks(cfg: Config, split: str) -> list[Task]:
+def alfworld_game_id(game_file: str | os.PathLike) -> str:
+    """'<task folder>/<trial folder>' of an ALFWorld `game.tw-pddl`: unique per game, the id
+    envs/alfworld.py's AlfWorldEnv gives the same game, and its part before '-' is the task type."""
+    path = Path(game_file)
+    return f"{path.parent.parent.name}/{path.parent.name}"
+
+
+def load_tasks(cfg: Config, split: str, *, generate: bool = False) -> list[Task]:
+    """The games of `split` ('train' or 'eval'): env.n_train / env.n_eval of them (per level for TextWorld).
+
+    TextWorld games are read from the manifest of env.games_dir; with `generate`, the missing ones of this split
+    are made first (make_games, cached). ALFWorld games come from its data (eval = out of distribution).
+    """
+    limit = cfg.env.n_train if split == "train" else cfg.env.n_eval
     if cfg.env.kind == "alfworld":
         from seedfast.envs.alfworld import list_alfworld_games  # a clear error without alfworld and its data
 
-        files = list_alfworld_games("train" if split == "train" else "eval_out_of_distribution", cfg.env.games_dir)
-        limit = cfg.env.n_train if split == "train" else cfg.env.n_eval
-        return [Task(game_id=str(Path(f).parent.parent.name), spec=f) for f in files[:limit]]
+        try:
+            files = list_alfworld_games("train" if split == "train" else "eval_out_of_distribution",
+                                        cfg.env.games_dir)
+        except FileNotFoundError as err:
+            raise ConfigError(f"env.games_dir: {err}") from err
+        return [Task(game_id=alfworld_game_id(f), spec=f) for f in files[:limit]]
+    if generate:
+        from seedfast.envs.textworld_games import make_games
+
+        e = cfg.env
+        n_train, n_eval = (limit, 0) if split == "train" else (0, limit)
+        records = make_games(e.games_dir, e.game_type, e.levels, n_train, n_eval, seed=e.games_seed,
+                             workers=e.workers or os.cpu_count() or 1)
+        return [Task.from_record(r) for r in records if r.split == split]
     from seedfast.envs.textworld_games import load_manifest
 
     try:
@@ -97,7 +167,6 @@ def load_tasks(cfg: Config, split: str) -> list[Task]:
     if not records:
         raise ConfigError(f"env.games_dir={cfg.env.games_dir!r} has no {split} games of type "
                           f"{cfg.env.game_type} at levels {cfg.env.levels}")
-    limit = cfg.env.n_train if split == "train" else cfg.env.n_eval
     if limit is not None:  # n_train / n_eval count games per level
         per_level: dict[int, int] = {}
         kept = []
@@ -110,6 +179,7 @@ def load_tasks(cfg: Config, split: str) -> list[Task]:
 
 
 def make_env_slots(cfg: Config, n_slots: int) -> Any:
+    """`n_slots` environments of env.kind: in this process (env.isolation=inline) or one worker process each."""
     if cfg.env.kind == "alfworld":
         from seedfast.envs.alfworld import AlfWorldEnv as factory
     else:

@@ -40,7 +40,6 @@ from seedfast.train.skill_text import oracle_plan, render_skill
 __all__ = ["build_tiny", "evaluate_loss", "load_policy", "main", "pairs_path", "save_policy", "sft_examples",
            "tokenizer_corpus", "train_sft"]
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SFT_DIR, METRICS_NAME, TOKENIZER_DIR = "sft", "sft_metrics.jsonl", "tokenizer"
 NO_DATA = ("no SFT data: set sft.data to a JSONL of (messages -> answer) pairs, run `seedfast collect` "
            "first, or set sft.behaviour_cloning=true")
@@ -239,7 +238,7 @@ class JsonlLog:
 
 def main(cfg: Config, **_flags: Any) -> int:
     """Entry point of `seedfast sft CONFIG`."""
-    from seedfast.train.setup import device_of, require_one_process
+    from seedfast.train.setup import DTYPES, device_of, require_one_process
 
     require_one_process("sft")
     torch.manual_seed(cfg.run.seed)

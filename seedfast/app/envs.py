@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from seedfast.config import Config, ConfigError
 
-def make_from_config(cfg: Any, **_flags: Any) -> int:
+
+def main(cfg: Config, **_flags: Any) -> int:
     e = cfg.env
     if e.kind == "alfworld":
-        from seedfast.config import ConfigError
         from seedfast.envs.alfworld import list_alfworld_games
 
         try:

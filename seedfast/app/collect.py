@@ -1,0 +1,70 @@
+"""`seedfast collect CONFIG`: SEED stage 1. The config wired to rollout/collect.py's collect_skill_data: the
+policy (train/setup.py policy_path) on collect.tasks training games x collect.rollouts_per_task trajectories,
+labelled by skill.collect_analyzer, written to collect.out (default <run_dir>/collect)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from seedfast.config import Config, ConfigError
+from seedfast.rollout.agent_loop import Task
+from seedfast.rollout.collect import collect_skill_data
+from seedfast.train.setup import (
+    agent_config,
+    build_engine,
+    device_of,
+    load_run_tokenizer,
+    load_tasks,
+    make_env_slots,
+    policy_path,
+)
+
+
+def main(cfg: Config, **_flags: Any) -> int:
+    """Entry point of `seedfast collect`."""
+    path = policy_path(cfg)  # first: a missing policy fails before any game is made
+    tokenizer = load_run_tokenizer(cfg, path)
+    engine = build_engine(cfg, path, device_of(cfg))
+    tasks = collect_tasks(cfg)
+    out_dir = Path(cfg.collect.out) if cfg.collect.out else cfg.run_dir / "collect"
+    summary = collect_skill_data(
+        engine, tokenizer, tasks, lambda n_slots: make_env_slots(cfg, n_slots), make_analyzer(cfg, engine, tokenizer),
+        out_dir, agent_config(cfg, n=cfg.collect.rollouts_per_task, temperature=cfg.rollout.temperature),
+        tasks_per_batch=cfg.rollout.tasks_per_batch, skill_mode=cfg.skill.skill_mode,
+    )
+    rollout = summary.rollout
+    print(f"collected {summary.trajectories} trajectories on {len(tasks)} tasks "
+          f"(success {rollout['success_rate']:.1%}, invalid actions {rollout['invalid_rate']:.1%}); "
+          f"{summary.kept_pairs} skill pairs kept; reasons {summary.reasons}; -> {summary.out_dir}")
+    return 0
+
+
+def collect_tasks(cfg: Config) -> list[Task]:
+    """The first collect.tasks training games of load_tasks (TextWorld games made when missing)."""
+    tasks = load_tasks(cfg, "train", generate=True)
+    if len(tasks) < cfg.collect.tasks:
+        print(f"collect.tasks={cfg.collect.tasks} but only {len(tasks)} training games exist "
+              f"(env.n_train{' x levels' if cfg.env.kind == 'textworld' else ''}); using all of them",
+              file=sys.stderr)
+    return tasks[: cfg.collect.tasks]
+
+
+def make_analyzer(cfg: Config, engine: Any, tokenizer: Any) -> Any:
+    """The analyzer of skill.collect_analyzer: oracle, self (the policy through `engine`), or external."""
+    from seedfast.skills.analyzers import make_analyzer as make
+
+    kind, skill = cfg.skill.collect_analyzer, cfg.skill
+    if kind == "oracle":
+        return make("oracle", skill_mode=skill.skill_mode)
+    if kind == "self":
+        return make("self", engine=engine, tokenizer=tokenizer, skill_mode=skill.skill_mode,
+                    max_new_tokens=skill.max_analysis_tokens, max_prompt_tokens=cfg.rollout.max_prompt_length,
+                    temperature=skill.analysis_temperature)
+    ext = skill.external
+    if not ext.endpoint or not ext.model:
+        raise ConfigError("skill.collect_analyzer=external needs skill.external.endpoint and skill.external.model")
+    return make("external", base_url=ext.endpoint, model=ext.model, api_key_env=ext.api_key_env,
+                timeout_s=ext.timeout_s, max_retries=ext.retries, max_concurrency=ext.concurrency,
+                temperature=ext.temperature, max_tokens=skill.max_analysis_tokens, skill_mode=skill.skill_mode)

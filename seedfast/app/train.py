@@ -1,0 +1,23 @@
+"""`seedfast train CONFIG [--resume auto|PATH] [--profile-steps A:B]`: the RL loop of train/rl.py (Trainer),
+one process on one device, from the policy train/setup.py's policy_path chooses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from seedfast.config import Config, ConfigError
+from seedfast.train.rl import Trainer
+from seedfast.train.setup import require_one_process
+
+
+def main(cfg: Config, resume: str | None = None, profile_steps: str | None = None, **_: Any) -> int:
+    if cfg.trainer.steps < 1:
+        raise ConfigError("trainer.steps must be >= 1")
+    require_one_process("train")
+    cfg.save()
+    trainer = Trainer(cfg)
+    try:
+        trainer.run(resume=resume, profile_steps=profile_steps)
+    finally:
+        trainer.close()
+    return 0
