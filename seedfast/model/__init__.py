@@ -4,7 +4,7 @@ from .attention import BACKENDS, VarlenPlan, resolve_backend, varlen_attention
 from .config import SUPPORTED_MODEL_TYPES, DecoderConfig
 from .decoder import Decoder, build_decoder
 from .hf_io import load_hf, save_hf
-from .kv import PackedKV
+from .kv import PackedKV, StaticKVCache
 from .packing import make_cu_seqlens
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "Decoder",
     "DecoderConfig",
     "PackedKV",
+    "StaticKVCache",
     "VarlenPlan",
     "build_decoder",
     "load_hf",

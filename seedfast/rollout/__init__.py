@@ -5,7 +5,6 @@ from seedfast.rollout.actions import parse_action
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task, run_agent_loop, stop_token_ids
 from seedfast.rollout.engine import Generation, GenerationEngine, generate_full
 from seedfast.rollout.env_slots import EnvSlots, LocalEnvSlots, PoolEnvSlots
-from seedfast.rollout.kv_cache import StaticKVCache, decode_step
 from seedfast.rollout.prompts import Prompt, PromptStyle, Turn, build_prompt
 from seedfast.rollout.records import RolloutResult, RolloutStats, StepRecord
 from seedfast.rollout.sampler import Sampler
@@ -13,7 +12,7 @@ from seedfast.rollout.sampling import sample_next, top_p_keep_mask
 
 __all__ = [
     "AgentLoopConfig", "EnvSlots", "Generation", "GenerationEngine", "LocalEnvSlots", "PoolEnvSlots", "Prompt",
-    "PromptStyle", "RolloutResult", "RolloutStats", "Sampler", "StaticKVCache", "StepRecord", "Task", "Turn",
-    "build_prompt", "decode_step", "generate_full", "parse_action", "run_agent_loop", "sample_next",
+    "PromptStyle", "RolloutResult", "RolloutStats", "Sampler", "StepRecord", "Task", "Turn",
+    "build_prompt", "generate_full", "parse_action", "run_agent_loop", "sample_next",
     "stop_token_ids", "top_p_keep_mask",
 ]

@@ -5,7 +5,6 @@ import torch
 
 from seedfast.model import DecoderConfig, build_decoder, make_cu_seqlens
 from seedfast.model.kv import StaticKVCache
-from seedfast.rollout.kv_cache import decode_step
 from seedfast.rollout.sampler import Sampler
 
 VOCAB = 300
@@ -52,18 +51,6 @@ def reference_greedy(model, prompts, max_new, stop_ids):
             outs[b].append(token)
         live = [b for b in live if outs[b][-1] not in stop_ids]
     return outs
-
-
-def test_decode_step_is_the_decoders_decode(model):
-    """seedfast.rollout.decode_step stays importable and is Decoder.decode (tests/model/test_static_decode.py
-    holds that against the full forward)."""
-    ids, cu = torch.tensor([1, 2, 3, 4, 5]), make_cu_seqlens([3, 2])
-    with torch.no_grad():
-        _, a = model.prefill(ids, cu, capacity=5)
-        _, b = model.prefill(ids, cu, capacity=5)
-        torch.testing.assert_close(decode_step(model, a, torch.tensor([7, 8])), model.decode(torch.tensor([7, 8]), b),
-                                   rtol=0, atol=0)
-    assert a.lengths.tolist() == b.lengths.tolist() == [4, 3]
 
 
 @pytest.mark.parametrize("model_type, tie, kv_heads", [("qwen3", False, 2), ("llama", True, 1), ("qwen2", True, 4)])
