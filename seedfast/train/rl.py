@@ -20,7 +20,7 @@ import torch
 
 from seedfast.algo import advantage as adv_math
 from seedfast.algo import grsd as grsd_math
-from seedfast.config import Config, ConfigError
+from seedfast.config import Config
 from seedfast.model import save_hf
 from seedfast.rollout.agent_loop import Task, run_agent_loop
 from seedfast.rollout.sampler import Sampler
@@ -41,7 +41,6 @@ from seedfast.train.setup import (
     make_env_slots,
     make_optimizer,
     policy_path,
-    require_one_process,
 )
 from seedfast.train.step_plan import plan_step
 from seedfast.train.update import (
@@ -355,16 +354,3 @@ def _grsd_modulate(cfg: Config, samples: list[StepSample], scores: Any, advantag
     changed = (out != advantages).float().mean()
     return out, {"grsd/modulated_frac": float(changed), "grsd/delta_mean": float(delta[contrast].mean())
                  if bool(contrast.any()) else 0.0}
-
-
-def main(cfg: Config, resume: str | None = None, profile_steps: str | None = None, **_: Any) -> int:
-    if cfg.trainer.steps < 1:
-        raise ConfigError("trainer.steps must be >= 1")
-    require_one_process("train")
-    cfg.save()
-    trainer = Trainer(cfg)
-    try:
-        trainer.run(resume=resume, profile_steps=profile_steps)
-    finally:
-        trainer.close()
-    return 0
