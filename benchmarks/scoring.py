@@ -29,9 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, median, print_table, write_results  # noqa: E402
 
+from seedfast.context import Segment, StepSample, build_step_sample  # noqa: E402
 from seedfast.model.config import DecoderConfig  # noqa: E402
 from seedfast.model.decoder import build_decoder  # noqa: E402
-from seedfast.scoring import Segment, StepSample, build_step_sample, score, teacher_logprob_with_prefix  # noqa: E402
+from seedfast.scoring import score, teacher_logprob_with_prefix  # noqa: E402
 from seedfast.scoring.packing import pack, pack_prefixes, shared_prefix_length  # noqa: E402
 
 MODES = ("prepend", "after_task", "before_response")

@@ -24,12 +24,13 @@ ALLOWED: dict[str, set[str]] = {
     "kernels": set(),   # Triton kernels only
     "model": set(),     # returns hidden states; never forms logits, so it needs no ops
     "envs": set(),
+    "context": set(),   # the teacher context (segments, skills, truncation, StepSample): config-free, a leaf
     "ops": {"algo", "kernels"},  # the torch backend reuses algo's per-token formulas (each written once)
     "skills": {"envs"},
-    "scoring": {"model", "ops"},
-    "rollout": {"envs", "model", "scoring", "skills"},  # builds StepSamples and prompt segments (scoring)
+    "scoring": {"context", "model", "ops"},
+    "rollout": {"context", "envs", "model", "skills"},  # builds StepSamples and prompt segments (context)
     "dist": {"model", "ops"},  # reserved (empty today): wrapping the model, the sharded LM head
-    "train": {"algo", "config", "dist", "envs", "model", "ops", "rollout", "scoring", "skills"},
+    "train": {"algo", "config", "context", "dist", "envs", "model", "ops", "rollout", "scoring", "skills"},
     "app": set(),  # the commands: every package below them (set just after this table)
     "cli": {"config", "app"},  # command modules are imported by name when they run
     "__main__": {"cli"},
@@ -141,6 +142,7 @@ def test_the_parser_sees_known_edges():
     # guards the checker itself: a parser that found nothing would pass every other test
     pairs = {(src, dst) for _, _, _, src, dst in _edges()}
     for edge in [("ops", "algo"), ("ops", "kernels"), ("scoring", "ops"), ("train", "rollout"),
+                 ("rollout", "context"), ("scoring", "context"),
                  ("app", "train"), ("cli", "app"), ("__main__", "cli")]:
         assert edge in pairs, f"expected the import {edge[0]} -> {edge[1]} to be found"
 

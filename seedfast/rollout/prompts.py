@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from seedfast.scoring.segments import INSERTION_MODES, Segment, insertion_index
+from seedfast.context.segments import Segment, insert_points
 
 DEFAULT_SYSTEM = "You are an agent playing a text adventure game. Reach the goal with as few actions as possible."
 DEFAULT_INSTRUCTIONS = (
@@ -47,7 +47,7 @@ class PromptStyle:
 
 @dataclass(frozen=True)
 class Prompt:
-    """A tokenized prompt: `segments` ((kind, ids) pieces, kinds of seedfast.scoring.segments)."""
+    """A tokenized prompt: `segments` ((kind, ids) pieces, kinds of seedfast.context.segments)."""
 
     segments: tuple[Segment, ...]
     text: str
@@ -57,8 +57,8 @@ class Prompt:
         return [t for _, ids in self.segments for t in ids.tolist()]
 
     def insert_points(self) -> dict[str, int]:
-        """Token index of every insertion mode (after_task, before_response, prepend)."""
-        return {mode: insertion_index(self.segments, mode) for mode in INSERTION_MODES}
+        """Token index of every insertion mode (after_task, before_response, prepend) in `ids`."""
+        return insert_points(self.segments)
 
 
 def _line_block(text: str) -> str:

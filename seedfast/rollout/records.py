@@ -7,9 +7,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from seedfast.context.sample import StepSample, TokenIds
+from seedfast.context.segments import Segment, insert_points
+from seedfast.context.teacher import build_step_sample
 from seedfast.envs.trajectory import Trajectory
-from seedfast.scoring.sample import StepSample, TokenIds
-from seedfast.scoring.segments import INSERTION_MODES, Segment, build_step_sample, insertion_index
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,7 +47,7 @@ class StepRecord:
     def insert_points(self) -> dict[str, int]:
         """Token index of each insertion mode in `prompt_ids` (docs/algorithms.md, 'Teacher context and
         insertion points')."""
-        return {mode: insertion_index(self.segments, mode, self.sample_id) for mode in INSERTION_MODES}
+        return insert_points(self.segments, self.sample_id)
 
     def to_sample(
         self,

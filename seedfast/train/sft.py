@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from seedfast.config import Config, ConfigError
+from seedfast.context.skill import oracle_plan, render_skill
 from seedfast.model import DecoderConfig, build_decoder, load_hf, save_hf
 from seedfast.model.tokenizer import load_tokenizer, render_chat, save_tokenizer, train_tokenizer
 from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, PromptStyle, Turn, user_parts
@@ -35,7 +36,6 @@ from seedfast.train.copy_warmup import copy_warmup
 from seedfast.train.sft_loop import SFTStats, evaluate_loss, train_sft  # noqa: F401 (re-exported)
 from seedfast.train.sft_rename import renamed_copies
 from seedfast.train.sft_replay import GameReplays, replay_games
-from seedfast.train.skill_text import oracle_plan, render_skill
 
 __all__ = ["build_tiny", "evaluate_loss", "load_policy", "main", "pairs_path", "save_policy", "sft_examples",
            "tokenizer_corpus", "train_sft"]

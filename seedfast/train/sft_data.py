@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from seedfast.context.segments import INSERTION_MODES, insertion_index
+from seedfast.context.skill import oracle_plan, skill_segment
 from seedfast.envs.trajectory import Trajectory
 from seedfast.rollout.prompts import Prompt, PromptStyle, Turn, build_prompt
-from seedfast.scoring.segments import INSERTION_MODES, insertion_index
 from seedfast.skills.analyzers import _PROMPT_SHAPES, OracleAnalyzer
 from seedfast.skills.policy_text import chat_prompt_ids
 from seedfast.skills.prompts import build_analyzer_messages, canonical_answer
-from seedfast.train.skill_text import oracle_plan, skill_segment
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 EXAMPLE_KINDS = ("bc", "bc_skill", "skill", "jsonl", "copy")

@@ -16,8 +16,8 @@ from seedfast.algo import losses
 from seedfast.config import LossConfig
 from seedfast.ops import fused_loss
 from seedfast.scoring.packing import pack_single, split_by_budget
+from seedfast.scoring.prefix_kv_teacher import teacher_logprob_with_prefix
 from seedfast.scoring.sample import StepSample
-from seedfast.scoring.teacher_current import teacher_logprob_with_prefix
 
 
 @dataclass

@@ -6,6 +6,8 @@ import re
 import pytest
 import torch
 
+from seedfast.context.segments import INSERTION_MODES
+from seedfast.context.skill import oracle_plan, render_skill, skill_segment
 from seedfast.envs.textworld_env import TextWorldEnv
 from seedfast.envs.textworld_games import load_manifest
 from seedfast.model import DecoderConfig, build_decoder
@@ -15,7 +17,6 @@ from seedfast.rollout.collect import write_jsonl_atomic
 from seedfast.rollout.env_slots import LocalEnvSlots
 from seedfast.rollout.prompts import PromptStyle, Turn, build_prompt
 from seedfast.rollout.sampler import Sampler
-from seedfast.scoring.segments import INSERTION_MODES
 from seedfast.skills.analyzers import OracleAnalyzer, SelfAnalyzer
 from seedfast.skills.parse import parse_skill_response
 from seedfast.skills.policy_text import chat_prompt_ids
@@ -31,7 +32,6 @@ from seedfast.train.sft_data import (
     skill_writing_examples,
 )
 from seedfast.train.sft_replay import replay_games
-from seedfast.train.skill_text import oracle_plan, render_skill, skill_segment
 
 STYLE = PromptStyle(history_k=1)
 

@@ -1,4 +1,4 @@
-"""teacher_params: current — the teacher branch re-scored with θ from the update forward's own prefix KV."""
+"""The prefix-KV teacher: the teacher branch scored with θ from the update forward's own prefix KV."""
 
 import pytest
 import torch

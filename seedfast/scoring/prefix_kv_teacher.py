@@ -1,6 +1,7 @@
-"""`teacher_params: current` (docs/algorithms.md, 'Token log-probabilities'): ℓskill re-scored with the current θ,
-reusing the prefix KV that the update step's own forward already computed, so only the teacher branches run (under
-no_grad)."""
+"""The prefix-KV teacher (docs/algorithms.md, 'Token log-probabilities'): ℓskill scored from a prefix KV the caller
+already has, so only the teacher branches run (under no_grad). The update uses it with the KV of its own forward:
+for `teacher_params: current` (ℓskill under the current θ), and for `teacher_params: old` when the update is
+on-policy (θ equals θold there, so the same forward serves)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from collections.abc import Sequence
 
 import torch
 
+from seedfast.context.sample import StepSample, check_samples
 from seedfast.model.decoder import Decoder
 from seedfast.model.kv import PackedKV
 from seedfast.model.packing import make_cu_seqlens
 from seedfast.ops import linear_logprob
 from seedfast.scoring.packing import pack, shared_prefix_length, teacher_branch
-from seedfast.scoring.sample import StepSample, check_samples
 
 
 def _leading_tokens(kv: PackedKV, index: list[int], lengths: list[int]) -> PackedKV:

@@ -3,7 +3,7 @@
     S = skill_segment(tokenizer, "Plan: take key > open chest")   # ids of "Skill: Plan: ...\n"
     teacher prompt = P[:k] + S + P[k:]                              # k = insertion_index(segments, mode)
 
-Every insertion point of seedfast.scoring.segments sits right after a newline or before a special token
+Every insertion point of seedfast.context.segments sits right after a newline or before a special token
 (prompt segments end with one newline). The rendered skill starts with a letter and ends with one newline,
 so inserting its ids at such a point gives the ids of the text with the skill inserted: no BPE merge crosses
 either boundary (tests hold the two equal).
@@ -51,3 +51,17 @@ def oracle_plan(walkthrough: Sequence[str], step_index: int) -> str:
     if not remaining:
         raise ValueError(f"step_index={step_index} is past the end of a {len(walkthrough)}-action plan")
     return "Plan: " + " > ".join(remaining)
+
+
+class SkillIds:
+    """Each skill text rendered and tokenized once: `ids(text)` = skill_segment(tokenizer, text, kind, max_tokens),
+    cached by text (a step's episode skill is shared by every step of its trajectory)."""
+
+    def __init__(self, tokenizer, max_tokens: int | None = None, kind: SkillKind = "episode") -> None:
+        self.tokenizer, self.max_tokens, self.kind = tokenizer, max_tokens, kind
+        self.cache: dict[str, list[int]] = {}
+
+    def __call__(self, text: str) -> list[int]:
+        if text not in self.cache:
+            self.cache[text] = skill_segment(self.tokenizer, text, self.kind, self.max_tokens)
+        return self.cache[text]

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seedfast.scoring.segments import (
+from seedfast.context import (
     Segment,
     build_step_sample,
     fit_teacher_context,
