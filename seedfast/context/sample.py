@@ -2,7 +2,6 @@
 'Samples and rewards').
 
 Dependency-free on purpose (torch and dataclasses only): rollout builds these, scoring and train read them.
-seedfast.scoring.sample re-exports this module under its older name.
 
 The student context is `prompt ⊕ response`. The teacher context is the prompt with *splices* applied,
 then the response: each insertion `(at, ids)` puts privileged tokens before `prompt[at]`

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from seedfast.scoring.sample import StepSample, spliced_suffix
+from seedfast.context.sample import StepSample, spliced_suffix
 
 
 def shared_prefix_length(sample: StepSample) -> int:

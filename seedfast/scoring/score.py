@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from seedfast.context.sample import StepSample, check_samples
 from seedfast.model.decoder import Decoder
 from seedfast.ops import linear_logprob
 from seedfast.scoring.packing import (
@@ -28,7 +29,6 @@ from seedfast.scoring.packing import (
     teacher_branch,
 )
 from seedfast.scoring.results import Scores
-from seedfast.scoring.sample import StepSample, check_samples
 
 DEFAULT_TOKEN_BUDGET = 16384
 

@@ -21,11 +21,11 @@ import torch
 from seedfast.algo import advantage as adv_math
 from seedfast.algo import grsd as grsd_math
 from seedfast.config import Config
+from seedfast.context.sample import StepSample
 from seedfast.model import save_hf
 from seedfast.rollout.agent_loop import Task, run_agent_loop
 from seedfast.rollout.sampler import Sampler
 from seedfast.scoring import score, score_reference
-from seedfast.scoring.sample import StepSample
 from seedfast.train.batch import build_samples
 from seedfast.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from seedfast.train.evaluate import evaluate

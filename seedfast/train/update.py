@@ -14,10 +14,10 @@ import torch
 
 from seedfast.algo import losses
 from seedfast.config import LossConfig
+from seedfast.context.sample import StepSample
 from seedfast.ops import fused_loss
 from seedfast.scoring.packing import pack_single, split_by_budget
 from seedfast.scoring.prefix_kv_teacher import teacher_logprob_with_prefix
-from seedfast.scoring.sample import StepSample
 
 
 @dataclass

@@ -8,7 +8,7 @@ from seedfast.scoring.packing import (
     shared_prefix_length,
     split_by_budget,
 )
-from seedfast.scoring.sample import StepSample
+from seedfast.context.sample import StepSample
 
 
 def make(prompt, response, k=None, skill=None, **kw):

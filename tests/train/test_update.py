@@ -107,7 +107,7 @@ def test_the_opd_term_raises_the_likelihood_of_what_the_skill_supports_and_nothi
 
 
 def test_teacher_gap_splits_winners_and_losers_over_teacher_valid_tokens():
-    from seedfast.scoring.sample import StepSample
+    from seedfast.context.sample import StepSample
     from seedfast.train.update import accumulate_teacher_gap, teacher_gap_metrics
 
     won = StepSample(prompt_ids=[1, 2], response_ids=[3, 4], reward=0.9, penalty=0.1)  # outcome 1

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from seedfast.scoring.sample import StepSample
+from seedfast.context.sample import StepSample
 
 
 def ids(*values):
