@@ -238,14 +238,21 @@ def load_models(leg: str, ckpt: Path, device: str, dtype: str):
     return policy, ref
 
 
-def make_optimizer(model, hp: dict):
+def make_optimizer(model, hp: dict, leg: str):
     """AdamW with the trainer's hyper-parameters, its moments created up front (zeros, step 0: what AdamW
-    creates lazily in its first step), so that every update's peak is measured in the same steady state."""
+    creates lazily in its first step), so that every update's peak is measured in the same steady state.
+    seedfast's leg uses the trainer's own optimizer (torch's fused AdamW where available, train/sft_loop.py
+    `adamw`); the reference and Liger recipes torch's default AdamW, as verl-based code does."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=hp["lr"], weight_decay=hp["weight_decay"], betas=hp["betas"],
-                                  eps=hp["eps"])
+    options = dict(lr=hp["lr"], weight_decay=hp["weight_decay"], betas=hp["betas"], eps=hp["eps"])
+    if leg == "seedfast":
+        from seedfast.train.sft_loop import adamw
+
+        optimizer = adamw(params, **options)
+    else:
+        optimizer = torch.optim.AdamW(params, **options)
     for p in params:
         optimizer.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
                                   exp_avg_sq=torch.zeros_like(p))
@@ -321,7 +328,7 @@ def worker(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     hp = hyper_params()
     policy, ref = load_models(args.leg, Path(args.ckpt), args.device, args.dtype)
-    optimizer = make_optimizer(policy, hp)
+    optimizer = make_optimizer(policy, hp, args.leg)
     cfg = model_config(args.shape, args.layers)
     samples = make_samples(SHAPES[args.shape]["batch"], cfg["vocab_size"], args.insertion)
     update = make_update(args.leg, args.algo, policy, ref, optimizer, samples, hp, args.device)

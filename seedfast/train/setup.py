@@ -20,7 +20,7 @@ from seedfast.model.tokenizer import load_tokenizer
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task
 from seedfast.rollout.env_slots import LocalEnvSlots, PoolEnvSlots
 from seedfast.rollout.prompts import PromptStyle
-from seedfast.train.sft_loop import lr_at
+from seedfast.train.sft_loop import adamw, lr_at
 
 # model.dtype -> torch dtype: the one map (weights loaded for rollout and RL, SFT's autocast and export)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -116,8 +116,8 @@ def make_optimizer(cfg: Config, model: torch.nn.Module) -> tuple[torch.optim.Opt
     """The RL optimizer (AdamW over optim.*) and its schedule: optim.warmup_steps, then optim.schedule over
     trainer.steps, as the factor train/sft_loop.lr_at gives for lr = 1 (the one schedule, SFT's too)."""
     o = cfg.optim
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr,
-                                  weight_decay=o.weight_decay, betas=tuple(o.betas), eps=o.eps)
+    optimizer = adamw([p for p in model.parameters() if p.requires_grad], lr=o.lr, weight_decay=o.weight_decay,
+                      betas=tuple(o.betas), eps=o.eps)
     total = max(cfg.trainer.steps, 1)
 
     def factor(step: int) -> float:

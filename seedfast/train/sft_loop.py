@@ -165,13 +165,26 @@ def evaluate_loss(model: torch.nn.Module, examples: Sequence[SFTExample],
     return {"loss": float(-logprob.double().mean()), **_loss_by_kind(logprob, kind)}
 
 
+def adamw(params: Any, **options: Any) -> torch.optim.AdamW:
+    """torch's fused AdamW where this torch and device support it, else its default implementation.
+
+    The fused step updates every parameter in one pass with no full-size temporaries: measured on the 2-core CPU
+    box for 166M fp32 parameters, the default step allocated 1,042 MiB above its moments and took 0.98 s, the
+    fused one 2 MiB and 0.11 s (docs/performance.md, 'The optimizer step'). Both follow the same AdamW update;
+    they round differently (about 1e-7 relative)."""
+    try:
+        return torch.optim.AdamW(params, fused=True, **options)
+    except (RuntimeError, TypeError, ValueError):  # a device or dtype the fused kernel does not cover
+        return torch.optim.AdamW(params, **options)
+
+
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices only (not on norms and biases)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     rest = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr)
+    return adamw([g for g in groups if g["params"]], lr=lr)
 
 
 def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, *, seed: int = 0,

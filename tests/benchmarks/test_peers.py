@@ -26,7 +26,7 @@ def one_update(leg: str, algo: str, ckpt: Path, insertion: str) -> tuple[float, 
     torch.manual_seed(0)
     hp = peers.hyper_params()
     policy, ref = peers.load_models(leg, ckpt, "cpu", "fp32")
-    optimizer = peers.make_optimizer(policy, hp)
+    optimizer = peers.make_optimizer(policy, hp, leg)
     samples = peers.make_samples(BATCH, peers.SHAPES["tiny"]["model"]["vocab_size"], insertion)
     loss = peers.make_update(leg, algo, policy, ref, optimizer, samples, hp, "cpu")(peers.Phases())
     grads = {n: p.grad.detach().clone() for n, p in policy.named_parameters()}

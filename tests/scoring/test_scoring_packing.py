@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from seedfast.context.sample import StepSample
 from seedfast.scoring.packing import (
     pack_branches,
     pack_prefixes,
@@ -8,7 +9,6 @@ from seedfast.scoring.packing import (
     shared_prefix_length,
     split_by_budget,
 )
-from seedfast.context.sample import StepSample
 
 
 def make(prompt, response, k=None, skill=None, **kw):
