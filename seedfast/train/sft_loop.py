@@ -169,8 +169,8 @@ def adamw(params: Any, **options: Any) -> torch.optim.AdamW:
     """torch's fused AdamW where this torch and device support it, else its default implementation.
 
     The fused step updates every parameter in one pass with no full-size temporaries: measured on the 2-core CPU
-    box for 166M fp32 parameters, the default step allocated 1,042 MiB above its moments and took 0.98 s, the
-    fused one 2 MiB and 0.11 s (docs/performance.md, 'The optimizer step'). Both follow the same AdamW update;
+    box for 166M fp32 parameters, the default step allocated 1,043 MiB above its moments and took 2.4 s, the
+    fused one 2 MiB and 0.13 s (docs/performance.md, 'The optimizer step'). Both follow the same AdamW update;
     they round differently (about 1e-7 relative)."""
     try:
         return torch.optim.AdamW(params, fused=True, **options)
