@@ -267,6 +267,9 @@ class SFTConfig:
     renamed_copies: int = opt(0, "behaviour cloning: copies of each walkthrough with the taken object renamed to a "
                                  "made-up word, so a model trained from scratch learns to copy names from the "
                                  "task instead of memorizing them", ge=0)
+    rename_names: Literal["made_up", "textworld"] = opt(
+        "made_up", "renamed copies: new names are made-up words, or the names of portable things in TextWorld's "
+                   "own grammar (the engine's vocabulary; then the tokenizer is trained on the copies too)")
 
 
 @dataclass

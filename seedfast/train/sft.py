@@ -34,7 +34,7 @@ from seedfast.skills.prompts import build_analyzer_messages
 from seedfast.train import sft_data
 from seedfast.train.copy_warmup import copy_warmup
 from seedfast.train.sft_loop import SFTStats, evaluate_loss, train_sft  # noqa: F401 (re-exported)
-from seedfast.train.sft_rename import renamed_copies
+from seedfast.train.sft_rename import renamed_copies, textworld_object_names
 from seedfast.train.sft_replay import GameReplays, replay_games
 
 __all__ = ["build_tiny", "evaluate_loss", "load_policy", "main", "pairs_path", "save_policy", "sft_examples",
@@ -69,7 +69,9 @@ def walkthrough_replays(cfg: Config) -> list[GameReplays]:
                           "has none")
     replays = replay_games(load_tasks(cfg, "train"), seed=cfg.run.seed)
     if cfg.sft.renamed_copies:
-        renamed = renamed_copies([g.success for g in replays], cfg.sft.renamed_copies, seed=cfg.run.seed)
+        pool = textworld_object_names() if cfg.sft.rename_names == "textworld" else None
+        renamed = renamed_copies([g.success for g in replays], cfg.sft.renamed_copies, seed=cfg.run.seed,
+                                 pool=pool)
         replays += [GameReplays(t.game_id, t) for t in renamed]
     return replays
 
@@ -252,10 +254,12 @@ def main(cfg: Config, **_flags: Any) -> int:
     corpus: list[str] = []
     if not cfg.model.path:
         pairs = sft_data.read_pairs(pairs_file) if pairs_file is not None else []
-        # the tokenizer never sees the made-up names: they must split into word pieces, as an unseen
-        # object's name does, or each becomes a token of its own that nothing else trains
-        originals = [g for g in replays if "renamed" not in g.success.meta]
-        corpus = tokenizer_corpus(originals, pairs, prompt_style(cfg), cfg.skill.skill_mode)
+        # made-up names stay out of the tokenizer: they must split into word pieces, as an unseen object's
+        # name does, or each becomes a token of its own that nothing else trains; TextWorld's own names are
+        # words of the game's language, learned like the rest of it
+        shown = replays if cfg.sft.rename_names == "textworld" else [
+            g for g in replays if "renamed" not in g.success.meta]
+        corpus = tokenizer_corpus(shown, pairs, prompt_style(cfg), cfg.skill.skill_mode)
     model, tokenizer = load_policy(cfg, corpus)
     examples, counts = sft_examples(cfg, tokenizer, replays, pairs_file)
     model.to(device)

@@ -9,6 +9,11 @@ copying it (docs/demo.md, "Renamed copies"). The same holds for directions: a mo
 memorize that the cellar's game goes south; in a copy the compass is turned (a rotation or reflection, so
 opposite directions stay opposite, in the task, the observations and the actions alike) and only the task
 says which way to go. Nothing here knows the held-out games' names.
+
+The new names are either made-up words or, with `textworld_object_names()`, the names of portable things in
+TextWorld's own house grammar (the engine's vocabulary, the words a pretrained model would already know): a
+made-up name splits into word pieces no real name uses, so copying them did not carry over to held-out
+objects (docs/demo.md, "Renamed copies").
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Sequence
+from functools import cache
+from importlib import resources
 
 from seedfast.envs.trajectory import Trajectory, TrajectoryStep
 
@@ -39,6 +46,20 @@ def made_up_word(rng: random.Random, syllables: tuple[int, int] = (2, 3)) -> str
     """A pronounceable lowercase word of 2-3 syllables, e.g. 'glomaris'."""
     count = rng.randint(*syllables)
     return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(count))
+
+
+@cache
+def textworld_object_names() -> tuple[str, ...]:
+    """The plain names of the portable things (objects, food, keys) in TextWorld's house grammar, sorted."""
+    grammar = resources.files("textworld.generator.data").joinpath("text_grammars/house_obj.twg").read_text()
+    names = set()
+    for line in grammar.splitlines():
+        key, sep, values = line.partition(":")
+        if sep and not key.startswith("#") and re.search(r"\((o|f|k)\)_noun", key):
+            names.update(v.strip() for v in values.split(";") if v.strip() and "#" not in v)
+    if not names:
+        raise RuntimeError("TextWorld's house grammar lists no object names: its format changed")
+    return tuple(sorted(names))
 
 
 def taken_objects(actions: Sequence[str]) -> list[str]:
@@ -70,10 +91,10 @@ def rename(trajectory: Trajectory, names: dict[str, str]) -> Trajectory:
 
 
 def renamed_copies(trajectories: Sequence[Trajectory], copies: int, seed: int,
-                   turn_compass: bool = True) -> list[Trajectory]:
-    """`copies` renamed copies of each trajectory that takes an object (others are skipped), made-up names
-    drawn with `seed` (a name is never one of the words already in that trajectory) and, with
-    `turn_compass`, a random non-identity symmetry of the compass."""
+                   turn_compass: bool = True, pool: Sequence[str] | None = None) -> list[Trajectory]:
+    """`copies` renamed copies of each trajectory that takes an object (others are skipped), new names
+    drawn with `seed` from `pool` (None: made-up words) so that none shares a word with that trajectory's
+    text, and, with `turn_compass`, a random non-identity symmetry of the compass."""
     rng = random.Random(seed)
     turns = compass_turns()[1:]
     out = []
@@ -81,12 +102,19 @@ def renamed_copies(trajectories: Sequence[Trajectory], copies: int, seed: int,
         objects = taken_objects(trajectory.actions)
         if not objects:
             continue
-        words = set(re.findall(r"[a-z]+", trajectory.task.lower()))
+        text = " ".join([trajectory.task, *(s.observation for s in trajectory.steps),
+                         *(a for s in trajectory.steps for a in s.admissible_actions)])
+        words = set(re.findall(r"[a-z]+", text.lower()))
+        free = [n for n in pool or () if not words & set(re.findall(r"[a-z]+", n.lower()))]
+        if pool is not None and len(free) < len(objects):
+            raise ValueError(f"renamed_copies: {trajectory.game_id!r} leaves {len(free)} unused names in the "
+                             f"pool for {len(objects)} objects")
         for _ in range(copies):
             names = {}
-            for name in objects:
-                new = made_up_word(rng)
-                while new in words:
+            drawn = rng.sample(free, len(objects)) if pool is not None else []
+            for name, fresh in zip(objects, drawn or [None] * len(objects)):
+                new = fresh or made_up_word(rng)
+                while fresh is None and new in words:
                     new = made_up_word(rng)
                 names[name] = new
             if turn_compass:

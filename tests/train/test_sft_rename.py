@@ -75,3 +75,23 @@ def test_renamed_copies_turn_the_compass_in_the_task_and_the_actions_alike():
         assert c.actions[0] in c.steps[0].admissible_actions
     plain = renamed_copies([_trajectory()], copies=1, seed=3, turn_compass=False)[0]
     assert plain.actions[0] == "go south"
+
+
+def test_textworld_object_names_are_the_portable_things_of_its_house_grammar():
+    from seedfast.train.sft_rename import textworld_object_names
+
+    names = textworld_object_names()
+    assert {"passkey", "telephone", "stick of butter", "iron", "mop"} <= set(names)
+    assert not {"kitchen", "chest", "table", "door"} & set(names)  # rooms, containers, supporters, doors
+    assert list(names) == sorted(set(names)) and all("#" not in n for n in names)
+
+
+def test_renamed_copies_from_a_pool_use_its_names_and_never_a_word_of_the_trajectory():
+    pool = ["pear", "loaf of jam", "bread knife", "mop", "iron"]
+    copies = renamed_copies([_trajectory()] * 30, copies=1, seed=1, turn_compass=False, pool=pool)
+    names = {c.actions[1][len("take "):] for c in copies}
+    assert names == {"pear", "mop", "iron"}  # "loaf of jam" and "bread knife" share a word with the game
+    for c in copies:
+        assert f"pick-up the {c.actions[1][5:]} from" in c.task and c.actions[1] in c.steps[1].admissible_actions
+    with pytest.raises(ValueError, match="g-1"):
+        renamed_copies([_trajectory()], copies=1, seed=0, pool=["bread roll"])
