@@ -16,16 +16,8 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$REPO"
 
-# seedfast.kernels is the kernels/ folder only through the package-dir mapping of an install. Without
-# installing anything, every Python step starts with a finder that maps it (and puts the repo first on sys.path).
-BOOT="import importlib.abc, importlib.util, sys
-class _KernelsFinder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name != 'seedfast.kernels':
-            return None
-        return importlib.util.spec_from_file_location(
-            name, '$REPO/kernels/__init__.py', submodule_search_locations=['$REPO/kernels'])
-sys.meta_path.insert(0, _KernelsFinder())
+# Nothing is installed: every Python step puts the repository first on sys.path.
+BOOT="import sys
 sys.path.insert(0, '$REPO')"
 py() { local code=$1; shift; "$PY" -c "$BOOT
 $code" "$@"; }

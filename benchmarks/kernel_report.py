@@ -51,7 +51,7 @@ class Variant:
 
 
 def _candidates(tuned_name: str, dtype: str) -> dict:
-    """What the dispatch can pick: the autotune candidates of kernels/autotuned.py, per architecture."""
+    """What the dispatch can pick: the autotune candidates of seedfast/kernels/autotuned.py, per architecture."""
     return {arch: autotuned.candidates(tuned_name, arch, fp32=dtype == "fp32") for arch in ARCHS}
 
 

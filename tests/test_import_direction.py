@@ -1,6 +1,6 @@
 """Imports between seedfast's packages go one way (docs/architecture.md, 'Import direction').
 
-Every module under seedfast/ and kernels/ (installed as seedfast.kernels) is parsed with `ast`; imports at any
+Every module under seedfast/ is parsed with `ast`; imports at any
 depth count (module level, inside functions, under `if TYPE_CHECKING`), relative imports are resolved, and so are
 modules imported by name at run time (`importlib.import_module("seedfast...")` and the `Command("seedfast...")`
 table of cli.py). An edge outside ALLOWED fails, naming the file, the line and the import.
@@ -45,10 +45,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def _module_name(path: Path) -> str:
-    if path.is_relative_to(ROOT / "kernels"):
-        parts = ["seedfast", "kernels", *path.relative_to(ROOT / "kernels").with_suffix("").parts]
-    else:
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -63,7 +60,7 @@ def _node(module: str) -> str | None:
 
 
 def _source_files() -> list[Path]:
-    files = sorted((ROOT / "seedfast").rglob("*.py")) + sorted((ROOT / "kernels").rglob("*.py"))
+    files = sorted((ROOT / "seedfast").rglob("*.py"))
     return [f for f in files if "__pycache__" not in f.parts]
 
 

@@ -119,7 +119,7 @@ def choose_n_splits(n_tokens: int, vocab: int, device: torch.device) -> tuple[in
     """(vocabulary splits, token blocks per program group) for the forward grid.
 
     At least 8 splits, so that a group of about one wave holds few hidden blocks and few W tiles (both
-    reused from L2, see kernels/linear_logprob_fwd.py); more when N is small, so that token blocks x splits
+    reused from L2, see seedfast/kernels/linear_logprob_fwd.py); more when N is small, so that token blocks x splits
     still fill the GPU about 4 times over."""
     sms = _sm_count(device)
     token_blocks = max(1, math.ceil(n_tokens / (32 if _interpreted() else 128)))

@@ -4,7 +4,7 @@ For the chunk [v_start, v_start + chunk) it recomputes z = h·Wᵀ / T tile by t
     g = (a·(onehot(y) - p) + b·(-p·(log p + H))) / T,   p = exp(z - lse)
 into G [N, chunk] (input dtype). a, b, lse, H are per-token [N] fp32; ignored tokens must come with a = b = 0.
 The launcher then forms dW[chunk] = Gᵀ·H (whole token reduction inside one fp32 GEMM accumulator) and
-dH += G·W[chunk] (fp32 buffer), see kernels/matmul.py. Nothing of size N x V is ever stored.
+dH += G·W[chunk] (fp32 buffer), see seedfast/kernels/matmul.py. Nothing of size N x V is ever stored.
 """
 
 import triton
