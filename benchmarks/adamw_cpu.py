@@ -1,4 +1,4 @@
-"""One AdamW step: torch's default implementation vs its fused one (what seedfast's optimizers use, train/sft_loop.py
+"""One AdamW step: torch's default implementation vs its fused one (what seedfast's optimizers use, sft/loop.py
 `adamw`), time and peak memory above the moments, each in a fresh process.
 
     python benchmarks/adamw_cpu.py            # Qwen2.5-0.5B-sized embedding + six MLP matrices (166M fp32 params)

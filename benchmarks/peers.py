@@ -241,14 +241,14 @@ def load_models(leg: str, ckpt: Path, device: str, dtype: str):
 def make_optimizer(model, hp: dict, leg: str):
     """AdamW with the trainer's hyper-parameters, its moments created up front (zeros, step 0: what AdamW
     creates lazily in its first step), so that every update's peak is measured in the same steady state.
-    seedfast's leg uses the trainer's own optimizer (torch's fused AdamW where available, train/sft_loop.py
+    seedfast's leg uses the trainer's own optimizer (torch's fused AdamW where available, sft/loop.py
     `adamw`); the reference and Liger recipes torch's default AdamW, as verl-based code does."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
     options = dict(lr=hp["lr"], weight_decay=hp["weight_decay"], betas=hp["betas"], eps=hp["eps"])
     if leg == "seedfast":
-        from seedfast.train.sft_loop import adamw
+        from seedfast.runtime.optim import adamw
 
         optimizer = adamw(params, **options)
     else:

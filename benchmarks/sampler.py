@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table, write_results  # noqa: E402
 
 from seedfast.model import DecoderConfig, build_decoder, make_cu_seqlens  # noqa: E402
-from seedfast.rollout.sampler import Sampler  # noqa: E402
+from seedfast.rollout.own_engine import Sampler  # noqa: E402
 
 
 def tiny_decoder(vocab: int) -> torch.nn.Module:

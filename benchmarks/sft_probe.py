@@ -25,16 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, machine_info, versions  # noqa: E402
 
 from seedfast.config import load_config  # noqa: E402
+from seedfast.rollout.own_engine import Sampler  # noqa: E402
 from seedfast.rollout.prompts import Turn  # noqa: E402
-from seedfast.rollout.sampler import Sampler  # noqa: E402
-from seedfast.train import sft  # noqa: E402
-from seedfast.train.copy_warmup import copy_examples  # noqa: E402
+from seedfast.runtime.setup import load_policy, load_run_tokenizer, load_tasks, make_env_slots  # noqa: E402
+from seedfast.sft import run as sft  # noqa: E402
+from seedfast.sft.copy_warmup import copy_examples  # noqa: E402
+from seedfast.sft.examples import end_of_turn_id, fit_prompt  # noqa: E402
+from seedfast.sft.loop import pack, token_logprobs  # noqa: E402
+from seedfast.sft.replay import replay_games  # noqa: E402
+from seedfast.sft.run import ordinary_ids, prompt_style  # noqa: E402
 from seedfast.train.evaluate import evaluate  # noqa: E402
-from seedfast.train.setup import load_policy, load_run_tokenizer, load_tasks, make_env_slots  # noqa: E402
-from seedfast.train.sft import ordinary_ids, prompt_style  # noqa: E402
-from seedfast.train.sft_data import end_of_turn_id, fit_prompt  # noqa: E402
-from seedfast.train.sft_loop import pack, token_logprobs  # noqa: E402
-from seedfast.train.sft_replay import replay_games  # noqa: E402
 
 
 def copy_nll(policy: torch.nn.Module, tokenizer) -> float:

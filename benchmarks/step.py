@@ -22,9 +22,9 @@ from _common import machine_info, median, print_table, write_results  # noqa: E4
 from seedfast.config import load_config  # noqa: E402
 from seedfast.envs.textworld_games import make_games  # noqa: E402
 from seedfast.model import save_hf  # noqa: E402
-from seedfast.train.profiling import PhaseTimer  # noqa: E402
+from seedfast.runtime.profiling import PhaseTimer  # noqa: E402
+from seedfast.sft.run import build_tiny  # noqa: E402
 from seedfast.train.rl import Trainer, seed_everything  # noqa: E402
-from seedfast.train.sft import build_tiny  # noqa: E402
 
 
 def main() -> None:

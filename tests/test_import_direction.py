@@ -30,12 +30,14 @@ ALLOWED: dict[str, set[str]] = {
     "scoring": {"context", "model", "ops"},
     "rollout": {"context", "envs", "model", "skills"},  # builds StepSamples and prompt segments (context)
     "dist": {"model", "ops"},  # reserved (empty today): wrapping the model, the sharded LM head
-    "train": {"algo", "config", "context", "dist", "envs", "model", "ops", "rollout", "scoring", "skills"},
+    "runtime": {"config", "envs", "model", "rollout"},  # what SFT and RL share: builders, optimizer, checkpoints
+    "sft": {"config", "context", "envs", "model", "ops", "rollout", "runtime", "skills"},
+    "train": {"algo", "config", "context", "dist", "envs", "model", "ops", "rollout", "runtime", "scoring", "skills"},
     "app": set(),  # the commands: every package below them (set just after this table)
     "cli": {"config", "app"},  # command modules are imported by name when they run
     "__main__": {"cli"},
 }
-# app builds with train/setup.py and calls the libraries: it may import every package but cli and __main__,
+# app builds with runtime/setup.py and calls the libraries: it may import every package but cli and __main__,
 # and nothing but cli imports it (test_nothing_but_cli_imports_app)
 ALLOWED["app"] = set(ALLOWED) - {"app", "cli", "__main__"}
 

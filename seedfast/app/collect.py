@@ -1,5 +1,5 @@
 """`seedfast collect CONFIG`: SEED stage 1. The config wired to rollout/collect.py's collect_skill_data: the
-policy (train/setup.py policy_path) on collect.tasks training games x collect.rollouts_per_task trajectories,
+policy (runtime/setup.py policy_path) on collect.tasks training games x collect.rollouts_per_task trajectories,
 labelled by skill.collect_analyzer, written to collect.out (default <run_dir>/collect)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 from seedfast.config import Config, ConfigError
 from seedfast.rollout.agent_loop import Task
 from seedfast.rollout.collect import collect_skill_data
-from seedfast.train.setup import (
+from seedfast.runtime.setup import (
     agent_config,
     build_engine,
     device_of,

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from seedfast.config import Config, ConfigError
+from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, load_tasks
 from seedfast.train.evaluate import evaluate
-from seedfast.train.setup import device_of, load_policy, load_run_tokenizer, load_tasks
 
 
 def main(cfg: Config, split: str = "eval", **_: Any) -> int:

@@ -1,6 +1,6 @@
 """`seedfast sft CONFIG`: supervised fine-tuning (skill writing, + behaviour cloning), written in
-train/sft.py (main), whose policy, device and dtype come from train/setup.py."""
+sft/run.py (main), whose policy, device and dtype come from runtime/setup.py."""
 
-from seedfast.train.sft import main
+from seedfast.sft.run import main
 
 __all__ = ["main"]

@@ -1,13 +1,13 @@
 """`seedfast train CONFIG [--resume auto|PATH] [--profile-steps A:B]`: the RL loop of train/rl.py (Trainer),
-one process on one device, from the policy train/setup.py's policy_path chooses."""
+one process on one device, from the policy runtime/setup.py's policy_path chooses."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from seedfast.config import Config, ConfigError
+from seedfast.runtime.setup import require_one_process
 from seedfast.train.rl import Trainer
-from seedfast.train.setup import require_one_process
 
 
 def main(cfg: Config, resume: str | None = None, profile_steps: str | None = None, **_: Any) -> int:

@@ -11,6 +11,9 @@ Backward: each rank's backend backward with the global lse and H gives exactly i
 The backend protocol computes a target term for every row; rows whose target lives on another rank are
 given local column 0 as a stand-in, and that column's contribution is recomputed exactly here
 (O(N·d), no vocabulary-sized work).
+
+No training path imports this module yet: it is tested on its own (gloo, 2 ranks, against the unsharded
+reference) and waits for the tensor-parallel LM head of the scale-out work (docs/architecture.md, `dist/`).
 """
 
 from __future__ import annotations

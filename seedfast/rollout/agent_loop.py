@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from seedfast.envs.base import Observation
+from seedfast.envs.slots import EnvSlots
 from seedfast.envs.trajectory import Trajectory, TrajectoryStep
 from seedfast.rollout.actions import parse_action
 from seedfast.rollout.engine import Generation, generate_full
-from seedfast.rollout.env_slots import EnvSlots
 from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, Prompt, PromptStyle, Turn, build_prompt
 from seedfast.rollout.records import RolloutResult, RolloutStats, StepRecord
 

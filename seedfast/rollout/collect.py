@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from seedfast.envs.slots import EnvSlots
 from seedfast.envs.trajectory import Trajectory
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task, run_agent_loop
-from seedfast.rollout.env_slots import EnvSlots
 from seedfast.rollout.records import RolloutStats
 from seedfast.skills.prompts import analyzer_sft_messages
 from seedfast.skills.result import SkillResult, count_reasons

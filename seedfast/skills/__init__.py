@@ -11,7 +11,11 @@ from seedfast.skills.analyzers import (
     oracle_answer,
 )
 from seedfast.skills.chat_client import ChatClient, ChatError
-from seedfast.skills.grsd import (
+from seedfast.skills.library import DEFAULT_LIBRARY, SkillLibrary, task_type_of
+from seedfast.skills.parse import extract_json_object, parse_skill_response
+from seedfast.skills.policy_text import Completion, GenerationEngine, chat_prompt_ids, generate_completions
+from seedfast.skills.prompts import analyzer_sft_messages, build_analyzer_messages, canonical_answer
+from seedfast.skills.reflection import (
     AVOID_HEADING,
     DO_HEADING,
     ExternalJudge,
@@ -26,10 +30,6 @@ from seedfast.skills.grsd import (
     parse_reflection,
     validate_guidance,
 )
-from seedfast.skills.library import DEFAULT_LIBRARY, SkillLibrary, task_type_of
-from seedfast.skills.parse import extract_json_object, parse_skill_response
-from seedfast.skills.policy_text import Completion, GenerationEngine, chat_prompt_ids, generate_completions
-from seedfast.skills.prompts import analyzer_sft_messages, build_analyzer_messages, canonical_answer
 from seedfast.skills.result import REASONS, SKILL_MODES, SkillResult, count_reasons
 
 __all__ = [

@@ -12,8 +12,8 @@ import torch
 
 from seedfast.config import Config
 from seedfast.rollout.agent_loop import Task, run_agent_loop
-from seedfast.rollout.sampler import Sampler
-from seedfast.train.setup import agent_config, make_env_slots
+from seedfast.rollout.own_engine import Sampler
+from seedfast.runtime.setup import agent_config, make_env_slots
 
 
 def evaluate(cfg: Config, model: torch.nn.Module, tokenizer: Any, tasks: list[Task], *, seed: int,

@@ -20,7 +20,7 @@ from typing import Any
 from seedfast.algo import grsd as grsd_math
 from seedfast.config import Config
 from seedfast.envs.trajectory import Trajectory
-from seedfast.skills import grsd as grsd_text
+from seedfast.skills import reflection as grsd_text
 from seedfast.skills.analyzers import make_analyzer
 from seedfast.skills.chat_client import ChatClient
 from seedfast.skills.library import SkillLibrary

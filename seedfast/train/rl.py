@@ -24,24 +24,24 @@ from seedfast.config import Config
 from seedfast.context.sample import StepSample
 from seedfast.model import save_hf
 from seedfast.rollout.agent_loop import Task, run_agent_loop
-from seedfast.rollout.sampler import Sampler
-from seedfast.scoring import score, score_reference
-from seedfast.train.batch import build_samples
-from seedfast.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from seedfast.train.evaluate import evaluate
-from seedfast.train.metrics import MetricsLogger, truncate_metrics
-from seedfast.train.privileged import Privileged, make_judge, privileged_text
-from seedfast.train.profiling import PhaseTimer, ProfileWindow, mfu, parse_profile_steps
-from seedfast.train.setup import (
+from seedfast.rollout.own_engine import Sampler
+from seedfast.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from seedfast.runtime.metrics import MetricsLogger, truncate_metrics
+from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, mfu, parse_profile_steps
+from seedfast.runtime.setup import (
     agent_config,
     device_of,
     load_policy,
     load_run_tokenizer,
     load_tasks,
     make_env_slots,
-    make_optimizer,
     policy_path,
+    rl_optimizer,
 )
+from seedfast.scoring import score, score_reference
+from seedfast.train.batch import build_samples
+from seedfast.train.evaluate import evaluate
+from seedfast.train.privileged import Privileged, make_judge, privileged_text
 from seedfast.train.step_plan import plan_step
 from seedfast.train.update import (
     UpdateBatch,
@@ -98,7 +98,7 @@ class Trainer:
         if self.plan.kl:
             ref_dir = Path(cfg.model.ref_path) if cfg.model.ref_path else start
             self.ref = load_policy(cfg, ref_dir, self.device, trainable=False).eval()
-        self.optimizer, self.scheduler = make_optimizer(cfg, self.policy)
+        self.optimizer, self.scheduler = rl_optimizer(cfg, self.policy)
         self.train_tasks = task_pool(load_tasks(cfg, "train"), cfg.rollout.task_pool, cfg.run.seed)
         self.eval_tasks = load_tasks(cfg, "eval")
         if cfg.trainer.eval_games:

@@ -1,4 +1,4 @@
-"""The one set of builders (train/setup.py) that every command of seedfast/app/ uses: one ALFWorld game_id rule,
+"""The one set of builders (runtime/setup.py) that every command of seedfast/app/ uses: one ALFWorld game_id rule,
 one policy fallback order, one LR schedule, env.isolation honoured."""
 
 import math
@@ -9,11 +9,11 @@ import torch
 
 from seedfast.app import collect as collect_command
 from seedfast.config import ConfigError, load_config
+from seedfast.envs.slots import LocalEnvSlots
 from seedfast.envs.trajectory import Trajectory
-from seedfast.rollout.env_slots import LocalEnvSlots
+from seedfast.runtime import setup
+from seedfast.runtime.optim import lr_at
 from seedfast.skills.library import task_type_of
-from seedfast.train import setup
-from seedfast.train.sft_loop import lr_at
 
 
 def fake_alfworld(root: Path) -> None:
@@ -90,7 +90,7 @@ def test_rl_schedule_is_sft_loops_lr_at(schedule, warmup, floor):
     cfg = load_config(None, ["optim.lr=0.5", f"optim.schedule={schedule}", f"optim.warmup_steps={warmup}",
                              f"optim.min_lr_ratio={floor}", "trainer.steps=10"])
     model = torch.nn.Linear(2, 2)
-    optimizer, scheduler = setup.make_optimizer(cfg, model)
+    optimizer, scheduler = setup.rl_optimizer(cfg, model)
     seen = []
     for _ in range(12):
         seen.append(optimizer.param_groups[0]["lr"])

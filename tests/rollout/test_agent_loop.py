@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from seedfast.context.segments import INSERTION_MODES
+from seedfast.envs.slots import LocalEnvSlots, PoolEnvSlots
 from seedfast.envs.textworld_env import TextWorldEnv
 from seedfast.envs.workers import EnvPool
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task, run_agent_loop, stop_token_ids
-from seedfast.rollout.env_slots import LocalEnvSlots, PoolEnvSlots
+from seedfast.rollout.own_engine import Sampler
 from seedfast.rollout.prompts import DEFAULT_SYSTEM, UNPARSABLE_FEEDBACK, PromptStyle
-from seedfast.rollout.sampler import Sampler
 
 
 class ScriptedEngine:

@@ -7,14 +7,14 @@ import pytest
 
 from seedfast.app.collect import main
 from seedfast.config import load_config
+from seedfast.envs.slots import LocalEnvSlots
 from seedfast.envs.textworld_env import TextWorldEnv
 from seedfast.envs.trajectory import Trajectory
 from seedfast.model import save_hf
 from seedfast.model.tokenizer import save_tokenizer
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task
 from seedfast.rollout.collect import collect_skill_data
-from seedfast.rollout.env_slots import LocalEnvSlots
-from seedfast.rollout.sampler import Sampler
+from seedfast.rollout.own_engine import Sampler
 from seedfast.skills.analyzers import OracleAnalyzer, SelfAnalyzer
 from seedfast.skills.prompts import analyzer_sft_messages
 from seedfast.skills.result import SkillResult

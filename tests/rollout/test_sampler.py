@@ -5,7 +5,7 @@ import torch
 
 from seedfast.model import DecoderConfig, build_decoder, make_cu_seqlens
 from seedfast.model.kv import StaticKVCache
-from seedfast.rollout.sampler import Sampler
+from seedfast.rollout.own_engine import Sampler
 
 VOCAB = 300
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from seedfast.model import DecoderConfig, build_decoder, save_hf
-from seedfast.rollout.sampler import Sampler
+from seedfast.rollout.own_engine import Sampler
 
 
 @pytest.fixture(scope="module")

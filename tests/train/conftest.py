@@ -39,7 +39,7 @@ def train_games(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_policy(train_games, tmp_path_factory):
     """An SFT'd (one short epoch) tiny policy, saved as an HF folder with its tokenizer."""
-    from seedfast.train import sft
+    from seedfast.sft import run as sft
 
     out = tmp_path_factory.mktemp("policy")
     cfg = load_config(None, tiny_overrides(train_games, out))

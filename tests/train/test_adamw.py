@@ -1,6 +1,6 @@
 import torch
 
-from seedfast.train.sft_loop import adamw
+from seedfast.runtime.optim import adamw
 
 
 def test_the_fused_adamw_takes_the_same_steps_as_the_default_one():

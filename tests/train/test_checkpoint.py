@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from seedfast.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
-from seedfast.train.metrics import MetricsLogger, read_metrics, truncate_metrics
+from seedfast.runtime.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from seedfast.runtime.metrics import MetricsLogger, read_metrics, truncate_metrics
 
 
 def _model_and_opt(seed: int):

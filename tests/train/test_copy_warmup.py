@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from seedfast.model import DecoderConfig, build_decoder
-from seedfast.train.copy_warmup import copy_example, copy_examples, copy_warmup
-from seedfast.train.sft_loop import pack, token_logprobs
+from seedfast.sft.copy_warmup import copy_example, copy_examples, copy_warmup
+from seedfast.sft.loop import pack, token_logprobs
 
 
 def test_a_copy_example_is_string_gap_string_with_the_loss_on_the_repeat():

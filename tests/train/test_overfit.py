@@ -34,10 +34,10 @@ import pytest
 import torch
 
 from seedfast.config import Config, load_config
-from seedfast.train import sft
+from seedfast.runtime.setup import load_policy, load_run_tokenizer, load_tasks
+from seedfast.sft import run as sft
 from seedfast.train.evaluate import evaluate
 from seedfast.train.rl import Trainer
-from seedfast.train.setup import load_policy, load_run_tokenizer, load_tasks
 
 EPISODES_PER_GAME = 64  # evaluation episodes per pool game, for the control and after training
 EVAL_SEED = 4242  # the same sampler seed for control and trained policy

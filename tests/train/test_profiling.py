@@ -1,6 +1,6 @@
 import pytest
 
-from seedfast.train.profiling import PhaseTimer, ProfileWindow, parse_profile_steps
+from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, parse_profile_steps
 
 
 def test_profile_steps_parse_and_errors():

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from seedfast.train.report import curve_means, write_json, write_report
+from seedfast.app.report import curve_means, write_json, write_report
 
 
 def test_curve_means_by_hand():

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from seedfast.train.checkpoint import list_checkpoints
+from seedfast.runtime.checkpoint import list_checkpoints
 
 VOLATILE = ("time/", "throughput/", "memory/")
 

@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 from seedfast.config import load_config
 from seedfast.envs.trajectory import Trajectory
 from seedfast.rollout.agent_loop import Task
-from seedfast.train.profiling import PhaseTimer
+from seedfast.runtime.profiling import PhaseTimer
 from seedfast.train.rl import Trainer, choose_tasks, groups_with_signal, task_pool
 
 

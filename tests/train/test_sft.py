@@ -15,12 +15,13 @@ from seedfast.model import DecoderConfig, build_decoder, load_hf
 from seedfast.model.tokenizer import load_tokenizer, train_tokenizer
 from seedfast.rollout.actions import parse_action
 from seedfast.rollout.agent_loop import Task, stop_token_ids
+from seedfast.rollout.own_engine import Sampler
 from seedfast.rollout.prompts import PromptStyle
-from seedfast.rollout.sampler import Sampler
-from seedfast.train import sft
-from seedfast.train.sft_data import SFTExample, action_response_ids, bc_examples, make_example
-from seedfast.train.sft_loop import evaluate_loss, lr_at, pack, plan_batches, token_logprobs, train_sft
-from seedfast.train.sft_replay import replay_games
+from seedfast.runtime.optim import lr_at
+from seedfast.sft import run as sft
+from seedfast.sft.examples import SFTExample, action_response_ids, bc_examples, make_example
+from seedfast.sft.loop import evaluate_loss, pack, plan_batches, token_logprobs, train_sft
+from seedfast.sft.replay import replay_games
 
 STYLE = PromptStyle(history_k=1)
 

@@ -8,21 +8,16 @@ import torch
 
 from seedfast.context.segments import INSERTION_MODES
 from seedfast.context.skill import oracle_plan, render_skill, skill_segment
+from seedfast.envs.slots import LocalEnvSlots
 from seedfast.envs.textworld_env import TextWorldEnv
 from seedfast.envs.textworld_games import load_manifest
 from seedfast.model import DecoderConfig, build_decoder
 from seedfast.model.tokenizer import train_tokenizer
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task, run_agent_loop, stop_token_ids
 from seedfast.rollout.collect import write_jsonl_atomic
-from seedfast.rollout.env_slots import LocalEnvSlots
+from seedfast.rollout.own_engine import Sampler
 from seedfast.rollout.prompts import PromptStyle, Turn, build_prompt
-from seedfast.rollout.sampler import Sampler
-from seedfast.skills.analyzers import OracleAnalyzer, SelfAnalyzer
-from seedfast.skills.parse import parse_skill_response
-from seedfast.skills.policy_text import chat_prompt_ids
-from seedfast.skills.prompts import analyzer_sft_messages
-from seedfast.train.sft import tokenizer_corpus
-from seedfast.train.sft_data import (
+from seedfast.sft.examples import (
     action_response_ids,
     bc_examples,
     end_of_turn_id,
@@ -31,7 +26,12 @@ from seedfast.train.sft_data import (
     read_pairs,
     skill_writing_examples,
 )
-from seedfast.train.sft_replay import replay_games
+from seedfast.sft.replay import replay_games
+from seedfast.sft.run import tokenizer_corpus
+from seedfast.skills.analyzers import OracleAnalyzer, SelfAnalyzer
+from seedfast.skills.parse import parse_skill_response
+from seedfast.skills.policy_text import chat_prompt_ids
+from seedfast.skills.prompts import analyzer_sft_messages
 
 STYLE = PromptStyle(history_k=1)
 
@@ -292,7 +292,7 @@ def test_make_example_truncates_the_prompt_from_the_left_never_the_answer():
 
 
 def test_prompt_tokens_weigh_prompt_loss_weight_in_the_sft_loss():
-    from seedfast.train.sft_loop import batch_loss, pack
+    from seedfast.sft.loop import batch_loss, pack
 
     ex = make_example([1, 2, 3], [4, 5], kind="bc", source="s", prompt_loss=True)
     assert ex.answer_start == 3 and ex.loss_mask == [False, True, True, True, True]

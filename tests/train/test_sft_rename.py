@@ -3,7 +3,7 @@ import random
 import pytest
 
 from seedfast.envs.trajectory import Trajectory, TrajectoryStep
-from seedfast.train.sft_rename import made_up_word, rename, renamed_copies, taken_objects
+from seedfast.sft.rename import made_up_word, rename, renamed_copies, taken_objects
 
 
 def _trajectory() -> Trajectory:
@@ -55,7 +55,7 @@ def test_renamed_copies_give_every_copy_a_new_name_and_skip_trajectories_without
 
 
 def test_compass_turns_are_the_eight_symmetries_and_keep_opposites_opposite():
-    from seedfast.train.sft_rename import COMPASS, compass_turns
+    from seedfast.sft.rename import COMPASS, compass_turns
 
     turns = compass_turns()
     assert len({tuple(sorted(t.items())) for t in turns}) == 8 and turns[0] == {d: d for d in COMPASS}
@@ -78,7 +78,7 @@ def test_renamed_copies_turn_the_compass_in_the_task_and_the_actions_alike():
 
 
 def test_textworld_object_names_are_the_portable_things_of_its_house_grammar():
-    from seedfast.train.sft_rename import textworld_object_names
+    from seedfast.sft.rename import textworld_object_names
 
     names = textworld_object_names()
     assert {"passkey", "telephone", "stick of butter", "iron", "mop"} <= set(names)

@@ -20,9 +20,8 @@ import torch
 
 from seedfast.model.packing import make_cu_seqlens
 from seedfast.ops import linear_logprob
-from seedfast.train.sft_data import EXAMPLE_KINDS, SFTExample
-
-SCHEDULES = ("constant", "cosine")
+from seedfast.runtime.optim import decoupled_adamw, lr_at
+from seedfast.sft.examples import EXAMPLE_KINDS, SFTExample
 
 
 @dataclass
@@ -72,20 +71,6 @@ def plan_batches(lengths: Sequence[int], batch_tokens: int, epochs: int,
         if batch:
             plan.append((epoch, batch))
     return plan
-
-
-def lr_at(step: int, total: int, lr: float, warmup: int = 0, schedule: str = "cosine",
-          min_ratio: float = 0.0) -> float:
-    """Learning rate of optimizer step `step` (0-based) of `total`: linear warm-up over `warmup` steps,
-    then constant, or cosine from lr towards lr * min_ratio (reached one step after the last)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule {schedule!r} is not one of {SCHEDULES}")
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    if schedule == "constant":
-        return lr
-    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 @dataclass
@@ -165,28 +150,6 @@ def evaluate_loss(model: torch.nn.Module, examples: Sequence[SFTExample],
     return {"loss": float(-logprob.double().mean()), **_loss_by_kind(logprob, kind)}
 
 
-def adamw(params: Any, **options: Any) -> torch.optim.AdamW:
-    """torch's fused AdamW where this torch and device support it, else its default implementation.
-
-    The fused step updates every parameter in one pass with no full-size temporaries: measured on the 2-core CPU
-    box for 166M fp32 parameters, the default step allocated 1,043 MiB above its moments and took 2.4 s, the
-    fused one 2 MiB and 0.13 s (docs/performance.md, 'The optimizer step'). Both follow the same AdamW update;
-    they round differently (about 1e-7 relative)."""
-    try:
-        return torch.optim.AdamW(params, fused=True, **options)
-    except (RuntimeError, TypeError, ValueError):  # a device or dtype the fused kernel does not cover
-        return torch.optim.AdamW(params, **options)
-
-
-def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (not on norms and biases)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    rest = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    return adamw([g for g in groups if g["params"]], lr=lr)
-
-
 def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, *, seed: int = 0,
               max_seconds: float | None = None, log_fn: Callable[[dict[str, Any]], None] | None = None,
               progress: bool = False, schedule: str | None = None, grad_clip: float | None = 1.0,
@@ -205,7 +168,7 @@ def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, 
     plan = plan_batches([len(e.input_ids) for e in examples], cfg.batch_tokens, cfg.epochs, seed)
     per_epoch = [sum(e == epoch for e, _ in plan) for epoch in range(cfg.epochs)]
     place = [i - sum(per_epoch[:e]) + 1 for i, (e, _) in enumerate(plan)]  # steps done in its epoch, incl.
-    optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
+    optimizer = decoupled_adamw(model, cfg.lr, cfg.weight_decay)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     autocast = nullcontext() if autocast_dtype is None else torch.autocast(device.type, dtype=autocast_dtype)
     stats = SFTStats(0, 0.0, 0, 0, None, None, 0.0, False)

@@ -2,7 +2,7 @@
 
     main(cfg)  ->  <run_dir>/sft/ (config.json, safetensors, tokenizer)  +  <run_dir>/sft_metrics.jsonl
 
-Data (sft_data): skill-writing pairs from sft.data (default: this run's collect output, when it exists);
+Data (sft/examples.py): skill-writing pairs from sft.data (default: this run's collect output, when it exists);
 with sft.behaviour_cloning, every walkthrough step of the training games as the agent loop prompts it
 (+ oracle-skill copies with sft.skill_augment) and, when there is no pairs file, oracle skill-writing
 pairs on those walkthroughs and a few failed variants. The policy is model.path, or a from-scratch tiny
@@ -29,15 +29,15 @@ from seedfast.context.skill import oracle_plan, render_skill
 from seedfast.model import DecoderConfig, build_decoder, load_hf, save_hf
 from seedfast.model.tokenizer import load_tokenizer, render_chat, save_tokenizer, train_tokenizer
 from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, PromptStyle, Turn, user_parts
+from seedfast.sft import examples as sft_data
+from seedfast.sft.copy_warmup import copy_warmup
+from seedfast.sft.loop import SFTStats, evaluate_loss, train_sft  # noqa: F401 (re-exported)
+from seedfast.sft.rename import renamed_copies, textworld_object_names
+from seedfast.sft.replay import GameReplays, replay_games
 from seedfast.skills.analyzers import oracle_answer
 from seedfast.skills.prompts import build_analyzer_messages
-from seedfast.train import sft_data
-from seedfast.train.copy_warmup import copy_warmup
-from seedfast.train.sft_loop import SFTStats, evaluate_loss, train_sft  # noqa: F401 (re-exported)
-from seedfast.train.sft_rename import renamed_copies, textworld_object_names
-from seedfast.train.sft_replay import GameReplays, replay_games
 
-__all__ = ["build_tiny", "evaluate_loss", "load_policy", "main", "pairs_path", "save_policy", "sft_examples",
+__all__ = ["build_tiny", "evaluate_loss", "initial_policy", "main", "pairs_path", "save_policy", "sft_examples",
            "tokenizer_corpus", "train_sft"]
 
 SFT_DIR, METRICS_NAME, TOKENIZER_DIR = "sft", "sft_metrics.jsonl", "tokenizer"
@@ -60,9 +60,9 @@ def pairs_path(cfg: Config) -> Path | None:
 
 
 def walkthrough_replays(cfg: Config) -> list[GameReplays]:
-    """The RL run's training games (train/setup.load_tasks), each walkthrough played, with failed variants,
-    plus sft.renamed_copies renamed copies of each walkthrough (train/sft_rename)."""
-    from seedfast.train.setup import load_tasks
+    """The RL run's training games (runtime/setup.load_tasks), each walkthrough played, with failed variants,
+    plus sft.renamed_copies renamed copies of each walkthrough (sft/rename.py)."""
+    from seedfast.runtime.setup import load_tasks
 
     if cfg.env.kind != "textworld":
         raise ConfigError(f"sft.behaviour_cloning needs TextWorld walkthroughs; env.kind={cfg.env.kind!r} "
@@ -165,7 +165,7 @@ def build_tiny(cfg: Config, texts: Sequence[str], tokenizer: Any = None) -> tupl
     return model, tokenizer
 
 
-def load_policy(cfg: Config, corpus: Sequence[str]) -> tuple[torch.nn.Module, Any]:
+def initial_policy(cfg: Config, corpus: Sequence[str]) -> tuple[torch.nn.Module, Any]:
     """(fp32 model, tokenizer): model.path with model.tokenizer (default: the same folder); or a tiny
     decoder whose tokenizer is model.tokenizer or <run_dir>/tokenizer if one is there, else trained on
     `corpus` and saved to <run_dir>/tokenizer."""
@@ -240,7 +240,7 @@ class JsonlLog:
 
 def main(cfg: Config, **_flags: Any) -> int:
     """Entry point of `seedfast sft CONFIG`."""
-    from seedfast.train.setup import DTYPES, device_of, require_one_process
+    from seedfast.runtime.setup import DTYPES, device_of, require_one_process
 
     require_one_process("sft")
     torch.manual_seed(cfg.run.seed)
@@ -260,7 +260,7 @@ def main(cfg: Config, **_flags: Any) -> int:
         shown = replays if cfg.sft.rename_names == "textworld" else [
             g for g in replays if "renamed" not in g.success.meta]
         corpus = tokenizer_corpus(shown, pairs, prompt_style(cfg), cfg.skill.skill_mode)
-    model, tokenizer = load_policy(cfg, corpus)
+    model, tokenizer = initial_policy(cfg, corpus)
     examples, counts = sft_examples(cfg, tokenizer, replays, pairs_file)
     model.to(device)
 

@@ -15,12 +15,12 @@ from typing import Any
 import torch
 
 from seedfast.config import Config, ConfigError
+from seedfast.envs.slots import LocalEnvSlots, PoolEnvSlots
 from seedfast.model import load_hf
 from seedfast.model.tokenizer import load_tokenizer
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task
-from seedfast.rollout.env_slots import LocalEnvSlots, PoolEnvSlots
 from seedfast.rollout.prompts import PromptStyle
-from seedfast.train.sft_loop import adamw, lr_at
+from seedfast.runtime.optim import adamw, lr_at
 
 # model.dtype -> torch dtype: the one map (weights loaded for rollout and RL, SFT's autocast and export)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -107,14 +107,14 @@ def build_engine(cfg: Config, path: Path, device: torch.device) -> Any:
         return VLLMEngine(str(path), dtype=cfg.model.dtype, seed=cfg.run.seed,
                           gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                           tensor_parallel_size=cfg.rollout.tensor_parallel)
-    from seedfast.rollout.sampler import Sampler
+    from seedfast.rollout.own_engine import Sampler
 
     return Sampler(load_policy(cfg, path, device, trainable=False), seed=cfg.run.seed)
 
 
-def make_optimizer(cfg: Config, model: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:
+def rl_optimizer(cfg: Config, model: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:
     """The RL optimizer (AdamW over optim.*) and its schedule: optim.warmup_steps, then optim.schedule over
-    trainer.steps, as the factor train/sft_loop.lr_at gives for lr = 1 (the one schedule, SFT's too)."""
+    trainer.steps, as the factor runtime/optim.lr_at gives for lr = 1 (the one schedule, SFT's too)."""
     o = cfg.optim
     optimizer = adamw([p for p in model.parameters() if p.requires_grad], lr=o.lr, weight_decay=o.weight_decay,
                       betas=tuple(o.betas), eps=o.eps)

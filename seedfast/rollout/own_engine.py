@@ -1,4 +1,5 @@
-"""Own batched generation engine for seedfast decoders (CPU and GPU), with a KV cache.
+"""The own generation engine (rollout.engine=own; vLLM is vllm_engine.py): batched generation for seedfast
+decoders (CPU and GPU), with a KV cache.
 
     sampler = Sampler(model, seed=0)
     ids = sampler.generate(prompts, max_new_tokens=64, temperature=1.0, top_p=1.0, stop_ids=[im_end])

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from seedfast.train.sft_data import SFTExample
-from seedfast.train.sft_loop import pack, token_logprobs
+from seedfast.sft.examples import SFTExample
+from seedfast.sft.loop import pack, token_logprobs
 
 
 def copy_example(rng: random.Random, token_ids: Sequence[int], length: int, gap: int, source: str) -> SFTExample:

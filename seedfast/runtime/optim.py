@@ -1,0 +1,47 @@
+"""The optimizer and the learning-rate schedule SFT and RL share: torch's fused AdamW where it exists, and one
+schedule (linear warm-up, then constant or cosine)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+SCHEDULES = ("constant", "cosine")
+
+
+def lr_at(step: int, total: int, lr: float, warmup: int = 0, schedule: str = "cosine",
+          min_ratio: float = 0.0) -> float:
+    """Learning rate of optimizer step `step` (0-based) of `total`: linear warm-up over `warmup` steps,
+    then constant, or cosine from lr towards lr * min_ratio (reached one step after the last)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule {schedule!r} is not one of {SCHEDULES}")
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if schedule == "constant":
+        return lr
+    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def adamw(params: Any, **options: Any) -> torch.optim.AdamW:
+    """torch's fused AdamW where this torch and device support it, else its default implementation.
+
+    The fused step updates every parameter in one pass with no full-size temporaries: measured on the 2-core CPU
+    box for 166M fp32 parameters, the default step allocated 1,043 MiB above its moments and took 2.4 s, the
+    fused one 2 MiB and 0.13 s (docs/performance.md, 'The optimizer step'). Both follow the same AdamW update;
+    they round differently (about 1e-7 relative)."""
+    try:
+        return torch.optim.AdamW(params, fused=True, **options)
+    except (RuntimeError, TypeError, ValueError):  # a device or dtype the fused kernel does not cover
+        return torch.optim.AdamW(params, **options)
+
+
+def decoupled_adamw(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """`adamw` over the model's trainable parameters, weight decay on matrices only (not on norms and biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return adamw([g for g in groups if g["params"]], lr=lr)
