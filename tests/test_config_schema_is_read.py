@@ -1,7 +1,7 @@
 """Every config option is read by some code path: an option that nothing reads is a promise the code does not keep.
 
-Static, on purpose: a field counts as read when the package (config.py itself excluded: validation is not use)
-accesses it as an attribute. A name that several sections share (`temperature`, `lr`, ...) must be read through
+Static, on purpose: a field counts as read when the package (seedfast/config/ itself excluded: validation is not
+use) accesses it as an attribute. A name that several sections share (`temperature`, `lr`, ...) must be read through
 its own section: `rollout.temperature`, or a local name the code gives that section (ALIASES).
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from seedfast.config import Config
 
 PACKAGE = Path(__file__).resolve().parents[1] / "seedfast"
+CONFIG = PACKAGE / "config"  # the schema and its validation
 # local names the code binds a section to (e.g. `e = cfg.env`, `ext = skill.external`, `train_sft(..., cfg.sft)`)
 ALIASES = {
     "env": ("env", "e"),
@@ -39,7 +40,7 @@ def leaves(cls: type, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def package_source() -> str:
-    return "\n".join(p.read_text() for p in sorted(PACKAGE.rglob("*.py")) if p.name != "config.py")
+    return "\n".join(p.read_text() for p in sorted(PACKAGE.rglob("*.py")) if CONFIG not in p.parents)
 
 
 def unread(fields: list[tuple[str, str]], source: str) -> list[str]:

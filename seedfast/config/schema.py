@@ -1,0 +1,329 @@
+"""The run configuration's schema: one dataclass per section, every field with its default and a one-line doc.
+
+Defaults are the papers' (docs/algorithms.md, 'Defaults'); `opt` also records a field's numeric bounds and an
+optional parser for string shorthands (`env.levels=3-6`), which loading.py checks. Nothing here reads YAML or
+validates: `Config()` is the all-defaults config, `seedfast.config.load_config` the checked one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value or key that a run cannot use; the message names the key."""
+
+
+class ConfigWarning(UserWarning):
+    """A legal but suspicious setting (e.g. groups of one trajectory)."""
+
+
+Algorithm = Literal["grpo", "sdar", "seed", "grsd"]
+TEXTWORLD_GAME_TYPES = ("treasure_hunter", "coin_collector", "cooking")
+ALFWORLD_TASK_TYPES = (
+    "all", "pick_and_place", "pick_clean_then_place", "pick_heat_then_place",
+    "pick_cool_then_place", "look_at_obj", "pick_two_obj",
+)
+
+
+def opt(default: Any, doc: str, *, gt: float | None = None, ge: float | None = None,
+        lt: float | None = None, le: float | None = None, parse: Callable[[Any], Any] | None = None) -> Any:
+    """A schema field: default, one-line doc, optional numeric bounds and a parser for string shorthands."""
+    meta = {"doc": doc, "gt": gt, "ge": ge, "lt": lt, "le": le, "parse": parse}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def section(cls: type, doc: str) -> Any:
+    return field(default_factory=cls, metadata={"doc": doc})
+
+
+def _parse_levels(value: Any) -> Any:
+    """'3-6' -> [3, 4, 5, 6]; '1,3' -> [1, 3]; 4 -> [4]; anything else is left for the type check."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, str):
+        if re.fullmatch(r"\s*\d+\s*-\s*\d+\s*", value):
+            lo, hi = (int(x) for x in value.split("-"))
+            return list(range(lo, hi + 1))
+        if re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", value):
+            return [int(x) for x in value.split(",")]
+    return value
+
+
+def _parse_step_range(key: str, text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    if not m or int(m.group(1)) > int(m.group(2)):
+        raise ConfigError(f"{key}: expected A:B with 0 <= A <= B (steps A through B), got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+# --------------------------------------------------------------------------------------------- schema
+
+
+@dataclass
+class RunConfig:
+    name: str = opt("seedfast", "run name; everything the run writes goes to <out_dir>/<name>/")
+    out_dir: str = opt("runs", "folder that holds the run folders")
+    seed: int = opt(0, "random seed (initialisation, sampling, shuffling)", ge=0)
+
+
+@dataclass
+class TinyModelConfig:
+    hidden: int = opt(128, "hidden size of the from-scratch Qwen3-style decoder", ge=1)
+    layers: int = opt(4, "decoder layers", ge=1)
+    heads: int = opt(4, "attention heads (hidden must be a multiple)", ge=1)
+    kv_heads: int = opt(2, "key/value heads, grouped-query attention (must divide heads)", ge=1)
+    intermediate: int = opt(384, "SwiGLU MLP inner size", ge=1)
+    max_seq_len: int = opt(4096, "longest sequence the rotary tables cover", ge=1)
+    rope_theta: float = opt(10000.0, "rotary embedding base", gt=0)
+    qk_norm: bool = opt(True, "RMSNorm on queries and keys (Qwen3 style)")
+    tie_embeddings: bool = opt(True, "LM head shares the embedding matrix")
+    vocab_size: int | None = opt(None, "null = the tokenizer's vocabulary size", ge=1)
+    bpe_vocab_size: int = opt(2048, "vocabulary asked of the BPE tokenizer trained on game text", ge=260)
+    bpe_min_frequency: int = opt(2, "merges seen fewer times are not learned", ge=1)
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = opt(None, "HF model folder (config.json + safetensors); null = tiny decoder of model.tiny")
+    tokenizer: str | None = opt(None, "tokenizer folder; null = model.path, or <run_dir>/tokenizer for tiny")
+    ref_path: str | None = opt(None, "reference policy for the KL term; null = the policy the RL run starts from")
+    dtype: Literal["bf16", "fp16", "fp32"] = opt("bf16", "parameter and compute dtype")
+    attn_backend: Literal["auto", "flash", "sdpa", "flex"] = opt(
+        "auto", "attention kernel; auto = flash-attn varlen on CUDA when installed, else FlexAttention on CUDA, "
+        "sdpa on CPU (flex has no backward on CPU)")
+    tiny: TinyModelConfig = section(TinyModelConfig, "from-scratch decoder used when model.path is null")
+
+
+@dataclass
+class EnvConfig:
+    kind: Literal["textworld", "alfworld"] = opt("textworld", "environment family")
+    game_type: str = opt("treasure_hunter", "TextWorld challenge, or ALFWorld task type ('all')")
+    levels: list[int] = opt([1, 2, 3, 4, 5], "TextWorld difficulty levels: a list or a range like 3-6",
+                            parse=_parse_levels)
+    n_train: int | None = opt(16, "TextWorld: training games per level; ALFWorld: games, null = all", ge=1)
+    n_eval: int | None = opt(8, "TextWorld: held-out games per level; ALFWorld: games, null = all", ge=1)
+    games_dir: str = opt("games", "where games are generated (TextWorld) or read from (ALFWorld data)")
+    games_seed: int = opt(0, "first seed of game generation, apart from run.seed so game pools stay fixed", ge=0)
+    workers: int = opt(0, "processes used to generate games; 0 = all CPUs", ge=0)
+    max_steps: int = opt(50, "environment steps per episode before it counts as failed", ge=1)
+    history_k: int = opt(5, "past (observation, action) pairs kept in each step prompt", ge=0)
+    invalid_penalty: float = opt(0.1, "reward subtracted at a step whose action is invalid", ge=0)
+    step_timeout_s: float = opt(30.0, "seconds one environment step may take", gt=0)
+    isolation: Literal["process", "inline"] = opt(
+        "process", "process = one worker process per slot (timeouts, crash recovery); inline = in this process")
+    slots: int = opt(0, "environments stepped at once during rollout; 0 = tasks_per_batch x n", ge=0)
+
+
+@dataclass
+class RolloutConfig:
+    n: int = opt(8, "trajectories per task: the GRPO group size", ge=1)
+    tasks_per_batch: int = opt(16, "tasks per RL update (batch = tasks_per_batch x n trajectories)", ge=1)
+    task_pool: int | None = opt(None, "RL draws its tasks from a fixed pool of this many training games (chosen "
+                                      "with run.seed), so games recur across updates; null = all training games",
+                                ge=1)
+    temperature: float = opt(1.0, "sampling temperature of training rollouts (also divides logits in loss)",
+                             gt=0)
+    top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)
+    max_response_tokens: int = opt(512, "tokens the policy may generate per step", ge=1)
+    max_prompt_length: int = opt(2048, "prompt tokens per step; history is dropped from the left first",
+                                 ge=1)
+    eval_temperature: float = opt(0.4, "sampling temperature at evaluation (0 = greedy)", ge=0)
+    engine: Literal["own", "vllm"] = opt("own", "generation engine: own KV-cache engine, or vLLM")
+    gpu_memory_utilization: float = opt(0.5, "vLLM only: share of GPU memory for weights and KV cache",
+                                        gt=0, le=1)
+    tensor_parallel: int = opt(1, "vLLM only: tensor-parallel size of the rollout engine", ge=1)
+
+
+@dataclass
+class ExternalAnalyzerConfig:
+    endpoint: str | None = opt(None, "OpenAI-compatible base URL, e.g. http://localhost:8000/v1")
+    model: str | None = opt(None, "model name sent to the endpoint")
+    api_key_env: str = opt("OPENAI_API_KEY", "environment variable holding the API key (never the key)")
+    timeout_s: float = opt(120.0, "seconds per request", gt=0)
+    retries: int = opt(3, "retries per request after a failure or an unparsable answer", ge=0)
+    concurrency: int = opt(8, "requests in flight at once", ge=1)
+    temperature: float = opt(0.0, "sampling temperature of the external analyzer", ge=0)
+
+
+@dataclass
+class SkillConfig:
+    analyzer: Literal["self", "external", "oracle"] = opt(
+        "self", "who writes skills during RL: self = pi_old (SEED), external endpoint, oracle (walkthrough)")
+    collect_analyzer: Literal["external", "oracle", "self"] = opt(
+        "external", "who labels stage-1 trajectories for skill SFT (seedfast collect)")
+    external: ExternalAnalyzerConfig = section(ExternalAnalyzerConfig, "OpenAI-compatible analyzer")
+    skill_mode: Literal["episode_only", "episode_step", "step_only"] = opt(
+        "episode_only", "skill granularity: one per episode, plus step skills, or step skills only")
+    teacher_mode: Literal["step_priority", "additive"] = opt(
+        "step_priority", "a step with a step skill uses it instead of (step_priority) or besides the episode skill")
+    insertion: Literal["after_task", "before_response", "prepend"] = opt(
+        "before_response", "where the episode skill goes in the teacher prompt (step skills always go late)")
+    teacher_params: Literal["old", "current"] = opt("old", "parameters that score the teacher context")
+    max_skill_tokens: int = opt(256, "longest skill inserted into a teacher prompt, in tokens", ge=1)
+    max_analysis_tokens: int = opt(512, "tokens the analyzer may generate (summary + skill JSON)", ge=1)
+    analysis_temperature: float = opt(0.0, "sampling temperature when the policy analyzes (0 = greedy)", ge=0)
+    library: str | None = opt(None, "static skill library file (SDAR provider); null = per-task skills")
+
+
+@dataclass
+class LossConfig:
+    clip_low: float = opt(0.2, "PPO clip epsilon below 1", gt=0, lt=1)
+    clip_high: float = opt(0.2, "PPO clip epsilon above 1", gt=0, lt=1)
+    dual_clip: float | None = opt(3.0, "dual-clip bound c for negative advantages; null = off", gt=1)
+    kl_coef: float = opt(0.01, "weight of the KL penalty to the reference policy", ge=0)
+    kl_kind: Literal["low_var_kl", "k1", "k2"] = opt("low_var_kl", "KL estimator")
+    entropy_coef: float = opt(0.001, "entropy bonus weight", ge=0)
+    opd_coef: float = opt(0.01, "weight of the on-policy distillation term (SEED, SDAR)", ge=0)
+    opd_beta: float = opt(5.0, "gate sharpness beta", ge=0)
+    gate: Literal["gap", "entropy", "soft_or"] = opt("gap", "OPD gate")
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = opt(
+        "token-mean", "how per-token terms are aggregated")
+    adv_norm: Literal["mean_std", "mean"] = opt("mean_std", "group advantage: subtract mean, divide by std")
+    adv_eps: float = opt(1e-6, "added to the group std", gt=0)
+    step_penalty: Literal["after_norm", "in_reward"] = opt(
+        "after_norm", "how the invalid-action penalty enters the advantage: subtracted raw after the group "
+        "normalization of the outcome (it can never outweigh a win), or inside the reward before it (the "
+        "reference code; in all-fail groups the std division makes the penalty as large as a win)")
+
+
+@dataclass
+class GRSDConfig:
+    lam: float = opt(0.5, "strength lambda_g of the turn-level advantage modulation", ge=0)
+    g_max: float = opt(0.2, "clip of the normalized modulation", gt=0)
+    eta: float = opt(0.0, "dead zone: |q| at or below eta is zeroed", ge=0)
+    reflection_coef: float = opt(0.01, "weight alpha of the RL loss on reflection tokens", ge=0)
+    judge: Literal["external", "oracle"] = opt(
+        "external", "who scores reflections 0-3: an external model, or the walkthrough oracle (tests, CPU demo)")
+    max_reflection_tokens: int = opt(256, "tokens per reflection", ge=1)
+    max_guidance_tokens: int = opt(384, "tokens of the DO / AVOID group guidance", ge=1)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = opt(1e-6, "AdamW learning rate of RL", gt=0)
+    weight_decay: float = opt(0.01, "AdamW weight decay", ge=0)
+    grad_clip: float | None = opt(1.0, "global gradient-norm clip; null = off", gt=0)
+    betas: list[float] = opt([0.9, 0.999], "AdamW betas")
+    eps: float = opt(1e-8, "AdamW epsilon", gt=0)
+    warmup_steps: int = opt(0, "linear warm-up updates", ge=0)
+    schedule: Literal["constant", "cosine"] = opt("constant", "learning-rate schedule after warm-up")
+    min_lr_ratio: float = opt(0.0, "cosine floor as a fraction of lr", ge=0, le=1)
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = opt(150, "RL updates", ge=1)
+    ppo_epochs: int = opt(1, "passes over each batch", ge=1)
+    mini_batches: int = opt(1, "optimizer steps per epoch (the batch is split into this many)", ge=1)
+    micro_batch_tokens: int = opt(16384, "packed tokens per forward/backward (a sample is never split)", ge=1)
+    eval_every: int = opt(10, "evaluate every this many updates; 0 = only at the end", ge=0)
+    eval_games: int | None = opt(None, "eval games per evaluation; null = env.n_eval", ge=1)
+    checkpoint_every: int = opt(10, "checkpoint every this many updates; 0 = only at the end", ge=0)
+    keep_checkpoints: int = opt(2, "newest checkpoints kept on disk", ge=1)
+    max_bad_steps: int = opt(3, "non-finite (NaN/inf) updates in a row before the run stops", ge=1)
+    profile_steps: str | None = opt(None, "A:B = capture steps A through B (NVTX, cudaProfilerStart/Stop)")
+    resume: str | None = opt(None, "null = fresh start; auto = newest checkpoint of this run; or a ckpt path")
+    init_from: str | None = opt(None, "policy the RL run starts from; null = this run's SFT output, else model")
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = cuda when available")
+
+    def profile_range(self) -> range | None:
+        """The steps to profile, both ends included, or None."""
+        if self.profile_steps is None:
+            return None
+        start, end = _parse_step_range("trainer.profile_steps", self.profile_steps)
+        return range(start, end + 1)
+
+
+@dataclass
+class SFTConfig:
+    epochs: int = opt(3, "passes over the SFT data", ge=1)
+    lr: float = opt(5e-6, "learning rate of SFT", gt=0)
+    batch_tokens: int = opt(16384, "packed tokens per optimizer step", ge=1)
+    weight_decay: float = opt(0.0, "AdamW weight decay of SFT", ge=0)
+    warmup_steps: int = opt(0, "linear warm-up optimizer steps", ge=0)
+    max_seconds: float | None = opt(None, "stop after this wall time; null = run all epochs", gt=0)
+    data: str | None = opt(None, "JSONL of (analyzer prompt, skill JSON) pairs; null = this run's collect output")
+    behaviour_cloning: bool = opt(False, "also train on walkthrough trajectories (tiny model from scratch)")
+    prompt_loss: bool = opt(False, "behaviour cloning: loss on prompt tokens too (teaches the language)")
+    prompt_loss_weight: float = opt(1.0, "weight of a prompt token in the SFT loss relative to an answer token "
+                                         "(with prompt_loss)", gt=0, le=1)
+    skill_augment: bool = opt(False, "behaviour cloning: also show prompts with an oracle skill inserted")
+    skill_augment_fraction: float = opt(0.5, "share of behaviour-cloning samples given a skill", ge=0, le=1)
+    skill_writing_fraction: float = opt(1.0, "share of games whose replays also give skill-writing examples",
+                                        ge=0, le=1)
+    schedule: Literal["constant", "cosine"] = opt("cosine", "SFT learning-rate schedule after warm-up")
+    copy_warmup_steps: int = opt(0, "steps of a random-token copy task before SFT, so a model trained from "
+                                    "scratch grows the induction heads that copy names from the task", ge=0)
+    renamed_copies: int = opt(0, "behaviour cloning: copies of each walkthrough with the taken object renamed to a "
+                                 "made-up word, so a model trained from scratch learns to copy names from the "
+                                 "task instead of memorizing them", ge=0)
+    rename_names: Literal["made_up", "textworld"] = opt(
+        "made_up", "renamed copies: new names are made-up words, or the names of portable things in TextWorld's "
+                   "own grammar (the engine's vocabulary; then the tokenizer is trained on the copies too)")
+
+
+@dataclass
+class CollectConfig:
+    tasks: int = opt(180, "stage 1: tasks rolled out with the base policy", ge=1)
+    rollouts_per_task: int = opt(8, "stage 1: trajectories per task", ge=1)
+    out: str | None = opt(None, "output folder of trajectories and skill labels; null = <run_dir>/collect")
+
+
+@dataclass
+class LogConfig:
+    tensorboard: bool = opt(True, "write TensorBoard events to <run_dir>/tb")
+    wandb_project: str | None = opt(None, "Weights & Biases project; null = off")
+    progress: bool = opt(True, "progress bars on the terminal")
+
+
+@dataclass
+class DemoConfig:
+    algorithms: list[Algorithm] = opt(["grpo", "seed"], "algorithms the demo trains and compares")
+
+
+@dataclass
+class Config:
+    run: RunConfig = section(RunConfig, "run identity")
+    algorithm: Algorithm = opt("seed", "RL algorithm")
+    model: ModelConfig = section(ModelConfig, "policy model")
+    env: EnvConfig = section(EnvConfig, "environment")
+    rollout: RolloutConfig = section(RolloutConfig, "rollout")
+    skill: SkillConfig = section(SkillConfig, "skills and analyzers")
+    loss: LossConfig = section(LossConfig, "loss")
+    grsd: GRSDConfig = section(GRSDConfig, "GRSD")
+    optim: OptimConfig = section(OptimConfig, "optimizer")
+    trainer: TrainerConfig = section(TrainerConfig, "trainer")
+    sft: SFTConfig = section(SFTConfig, "supervised fine-tuning")
+    collect: CollectConfig = section(CollectConfig, "stage-1 collection")
+    log: LogConfig = section(LogConfig, "logging")
+    demo: DemoConfig = section(DemoConfig, "CPU demo")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        from seedfast.config.loading import _Dumper  # loading imports this module
+
+        return yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write the resolved config (default: <run_dir>/config.yaml) and return its path."""
+        out = Path(path) if path is not None else self.run_dir / "config.yaml"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(self.to_yaml())
+        return out
