@@ -62,6 +62,14 @@ def textworld_object_names() -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def _unused_word(rng: random.Random, words: set[str]) -> str:
+    """A made-up word that is not in `words`."""
+    new = made_up_word(rng)
+    while new in words:
+        new = made_up_word(rng)
+    return new
+
+
 def taken_objects(actions: Sequence[str]) -> list[str]:
     """Names of the objects a walkthrough takes ('take X' / 'take X from Y')."""
     names = []
@@ -110,13 +118,8 @@ def renamed_copies(trajectories: Sequence[Trajectory], copies: int, seed: int,
             raise ValueError(f"renamed_copies: {trajectory.game_id!r} leaves {len(free)} unused names in the "
                              f"pool for {len(objects)} objects")
         for _ in range(copies):
-            names = {}
-            drawn = rng.sample(free, len(objects)) if pool is not None else []
-            for name, fresh in zip(objects, drawn or [None] * len(objects)):
-                new = fresh or made_up_word(rng)
-                while fresh is None and new in words:
-                    new = made_up_word(rng)
-                names[name] = new
+            drawn = rng.sample(free, len(objects)) if pool is not None else [_unused_word(rng, words) for _ in objects]
+            names = dict(zip(objects, drawn))
             if turn_compass:
                 names.update({k: v for k, v in rng.choice(turns).items() if k != v})
             out.append(rename(trajectory, names))
