@@ -10,7 +10,6 @@ import triton
 from . import configs
 from .linear_logprob_bwd import linear_logprob_grad_logits_kernel
 from .linear_logprob_fwd import linear_logprob_fwd_kernel
-from .matmul import matmul_kernel
 
 _FWD_KEY = ["D", "HAS_TEACHER", "WITH_ENTROPY", "DOT_PRECISION"]
 # name -> (kernel, candidates per arch, autotune keyword arguments)
@@ -19,14 +18,8 @@ _SPECS = {
     "fwd_dual": (linear_logprob_fwd_kernel, configs.FWD_DUAL_CONFIGS, dict(key=_FWD_KEY)),
     "grad_logits": (linear_logprob_grad_logits_kernel, configs.GRAD_LOGITS_CONFIGS,
                     dict(key=["D", "HAS_B", "DOT_PRECISION"])),
-    # One GEMM kernel, two tuned instances: dW = Gᵀ·H reduces over tokens, dH += G·W over a vocabulary
-    # chunk; their best tiles differ. Tuning reruns the kernel, so dH restores its accumulator.
-    "matmul_dw": (matmul_kernel, configs.MATMUL_CONFIGS, dict(key=["N", "DOT_PRECISION"])),
-    "matmul_dh": (matmul_kernel, configs.MATMUL_CONFIGS,
-                  dict(key=["N", "ACCUMULATE", "DOT_PRECISION"], restore_value=["c_ptr"])),
 }
-_FP32_FAMILY = {"fwd_single": "fwd", "fwd_dual": "fwd", "grad_logits": "grad_logits", "matmul_dw": "matmul",
-                "matmul_dh": "matmul"}
+_FP32_FAMILY = {"fwd_single": "fwd", "fwd_dual": "fwd", "grad_logits": "grad_logits"}
 _built = {}
 
 

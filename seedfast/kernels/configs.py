@@ -18,6 +18,8 @@ def _cfg(num_warps: int, num_stages: int, **blocks: int) -> triton.Config:
 # Forward (tokens x vocab tiles, inner loop over d).
 FWD_CONFIGS = {
     90: [
+        # Hopper's big tile: m64n256k16 wgmma, 8 warps (docs/kernels.md, "Tiles and grids").
+        _cfg(8, 3, BLOCK_N=128, BLOCK_V=256, BLOCK_D=64),
         _cfg(8, 3, BLOCK_N=128, BLOCK_V=128, BLOCK_D=64),
         _cfg(8, 4, BLOCK_N=128, BLOCK_V=128, BLOCK_D=32),
         _cfg(4, 4, BLOCK_N=64, BLOCK_V=128, BLOCK_D=64),
@@ -40,31 +42,35 @@ FWD_DUAL_CONFIGS = {
 }
 # Backward: logits gradient of one vocabulary chunk (the forward's tile, one accumulator).
 _GRAD_LOGITS = [
+    _cfg(8, 3, BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, GROUP_N=8),
     _cfg(8, 3, BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, GROUP_N=8),
     _cfg(4, 4, BLOCK_N=64, BLOCK_V=128, BLOCK_D=64, GROUP_N=8),
     _cfg(8, 3, BLOCK_N=64, BLOCK_V=256, BLOCK_D=64, GROUP_N=8),
 ]
-GRAD_LOGITS_CONFIGS = {90: _GRAD_LOGITS, 80: _GRAD_LOGITS}
-# Backward: dW = Gᵀ·H and dH += G·W (128x256 tiles spill with the fp32 accumulate of dH).
-_MATMUL = [
-    _cfg(8, 3, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8),
-    _cfg(4, 4, BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8),
-    _cfg(4, 4, BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8),
-]
-MATMUL_CONFIGS = {90: _MATMUL, 80: _MATMUL}
+GRAD_LOGITS_CONFIGS = {90: _GRAD_LOGITS, 80: _GRAD_LOGITS[1:]}
+# The backward's GEMMs (dW = Gᵀ·H, dH += G·W) and the single pass's logits GEMM are cuBLAS (torch.mm / addmm
+# with fp32 output), not Triton: docs/kernels.md, "GEMM-grade backward".
 # fp32 inputs multiply in fp32 ("ieee": FMA units, no tensor cores): small tiles, few stages, since fp32
 # tiles take twice the shared memory. Correctness path, not the fast one.
 _FP32 = [_cfg(8, 2, BLOCK_N=64, BLOCK_V=64, BLOCK_D=32)]
 _FP32_GRAD_LOGITS = [_cfg(8, 2, BLOCK_N=64, BLOCK_V=64, BLOCK_D=32, GROUP_N=8)]
-_FP32_MATMUL = [_cfg(4, 2, BLOCK_M=64, BLOCK_N=64, BLOCK_K=16, GROUP_M=8)]
 FP32_CONFIGS = {
     "fwd": {90: _FP32, 80: _FP32},
     "grad_logits": {90: _FP32_GRAD_LOGITS, 80: _FP32_GRAD_LOGITS},
-    "matmul": {90: _FP32_MATMUL, 80: _FP32_MATMUL},
 }
 REDUCE_BLOCK = 1024
 TOKEN_LOSS_BLOCK = 1024
 TOKEN_LOSS_NUM_WARPS = 4
+# The single pass's row kernels (seedfast/kernels/fused_rows.py) are memory-bound streams over [R, V] fp32:
+# wide rows of 16-byte vector loads, a few rows per program.
+ROW_STATS = {"BLOCK_R": 4, "BLOCK_V": 1024}
+ROW_STATS_NUM_WARPS = 8
+GRAD_FROM_LOGITS = {"BLOCK_R": 16, "BLOCK_V": 256}
+GRAD_FROM_LOGITS_NUM_WARPS = 8
+# Token rows per program group of the forward grid (seedfast/ops/triton_backend.py, choose_n_splits): a wave of
+# g token blocks x 132/g vocabulary splits holds g hidden blocks (1 MiB each at d=4096) and 132/g W tiles
+# (2 MiB each at BLOCK_V=256) in L2; g = 16 keeps that near its minimum (~33 MiB, within the 50 MiB L2).
+FWD_GROUP_TOKEN_BLOCKS = 16
 
 
 def arch_key(capability: int) -> int:
@@ -76,6 +82,7 @@ def arch_key(capability: int) -> int:
 # iterations, small enough that test shapes (N <= 64, d <= 64, V <= 300) still span several ragged tiles.
 INTERPRET_FWD = {"BLOCK_N": 32, "BLOCK_V": 64, "BLOCK_D": 32}
 INTERPRET_GRAD_LOGITS = {"BLOCK_N": 32, "BLOCK_V": 64, "BLOCK_D": 32, "GROUP_N": 2}
-INTERPRET_MATMUL = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 2}
+INTERPRET_ROW_STATS = {"BLOCK_R": 4, "BLOCK_V": 64}
+INTERPRET_GRAD_FROM_LOGITS = {"BLOCK_R": 16, "BLOCK_V": 64}
 INTERPRET_REDUCE_BLOCK = 32
 INTERPRET_TOKEN_LOSS_BLOCK = 16

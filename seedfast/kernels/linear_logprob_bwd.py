@@ -1,10 +1,13 @@
 """Backward of the fused linear -> log-prob op, part 1: the logits gradient of one vocabulary chunk.
 
 For the chunk [v_start, v_start + chunk) it recomputes z = h·Wᵀ / T tile by tile and writes
-    g = (a·(onehot(y) - p) + b·(-p·(log p + H))) / T,   p = exp(z - lse)
+    g = scale·(a·(onehot(y) - p) + b·(-p·(log p + H))) / T,   p = exp(z - lse)
 into G [N, chunk] (input dtype). a, b, lse, H are per-token [N] fp32; ignored tokens must come with a = b = 0.
-The launcher then forms dW[chunk] = Gᵀ·H (whole token reduction inside one fp32 GEMM accumulator) and
-dH += G·W[chunk] (fp32 buffer), see seedfast/kernels/matmul.py. Nothing of size N x V is ever stored.
+`scale` is a power of two with max|g| <= 1 (fp16 safety, docs/kernels.md). The launcher then forms
+dW[chunk] = Gᵀ·H / scale (whole token reduction inside one cuBLAS GEMM) and dH += G·W[chunk] / scale (cuBLAS
+into an fp32 buffer). Nothing of size N x V is ever stored. This is the two-pass path (8·N·V·d: the forward's
+logits are recomputed here); fused_loss uses the single pass of seedfast/kernels/fused_rows.py when its row
+block fits the memory budget.
 """
 
 import triton
@@ -16,7 +19,7 @@ def linear_logprob_grad_logits_kernel(
     h_ptr, w_ptr, y_ptr, lse_ptr, ent_ptr, a_ptr, b_ptr, g_ptr,
     N, D, v_start, v_stop,
     stride_hn, stride_hd, stride_wv, stride_wd, stride_gn,
-    inv_temp,
+    inv_temp, scale,
     HAS_B: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, GROUP_N: tl.constexpr,
 ):
@@ -55,6 +58,6 @@ def linear_logprob_grad_logits_kernel(
         ent = tl.load(ent_ptr + rows, mask=row_ok, other=0.0)
         g -= b[:, None] * p * (log_p + ent[:, None])
     valid = row_ok[:, None] & col_ok[None, :]
-    g = tl.where(valid, g * inv_temp, 0.0)
+    g = tl.where(valid, g * (scale * inv_temp), 0.0)
     g_out = g_ptr + rows.to(tl.int64)[:, None] * stride_gn + (cols - v_start)[None, :]
     tl.store(g_out, g.to(g_ptr.dtype.element_ty), mask=valid)

@@ -1,20 +1,23 @@
 """Triton backend of seedfast.ops (protocol in seedfast/ops/dispatch.py): allocate outputs, pick grids, launch.
 
-forward   fused linear -> logprob / entropy / teacher logprob, split over the vocabulary when N is small
-backward  per vocabulary chunk: logits gradient G [N, chunk] -> dW[chunk] = Gᵀ·H, dH += G·W[chunk]
-token_loss  the per-token loss (docs/algorithms.md), a_t, b_t and metric sums in one launch
+forward      fused linear -> logprob / entropy / teacher logprob, split over the vocabulary when N is small
+backward     two passes over V (8·N·V·d): per vocabulary chunk, the logits gradient G [N, chunk] from recomputed
+             logits (Triton), then dW[chunk] = Gᵀ·H and dH += G·W[chunk] (cuBLAS)
+fused_forward_backward   the training loss in one pass (6·N·V·d): per block of R tokens, the logits [R, V] once
+             (cuBLAS, fp32 out), row statistics, token loss and G (Triton), dH and dW (cuBLAS)
+token_loss   the per-token loss (docs/algorithms.md), a_t, b_t and metric sums in one launch
 
 On CUDA the autotuned kernels run; on CPU tensors the kernels run only when they were created under
-TRITON_INTERPRET=1 (tests), with one small fixed configuration.
+TRITON_INTERPRET=1 (tests), with one small fixed configuration; the GEMMs are then torch's CPU matmuls on
+fp32 copies (the exact products of 16-bit inputs, fp32 sums: what the GPU's tensor cores compute).
 
-Backward design (no atomics, deterministic): the chunk of G (budget SEEDFAST_TRITON_GRAD_CHUNK_MB, default
-64 MiB, at least 256 columns) is the only N-by-vocabulary memory. dW of a chunk is complete after one GEMM
-whose fp32 accumulator runs over all tokens, so dW needs no fp32 [V, d] buffer (2.2 GB at V=152k, d=3584)
-and no atomics; dH accumulates over chunks in an fp32 [N, d] buffer (skipped when one chunk covers V). Every
-output tile has one owner, so results are bitwise reproducible. The price: G is written once and read twice
-(6·N·V bytes: ~4% of the three GEMMs' time at d=3584 on an H100-class GPU), and G is rounded to the input
-dtype before its GEMMs (as any tensor-core backward of logits does). Fully fused alternatives need either
-fp32 atomics into dH and dW (non-deterministic, fp32 dW buffer) or one more recomputation of the logits.
+Designs, FLOP counts, memory and traffic: docs/kernels.md. In short: the two-pass backward holds one G chunk
+(budget SEEDFAST_TRITON_GRAD_CHUNK_MB, default 256 MiB, so that the fp32 dH accumulation moves <= 10 GB at
+N=16k, d=4096, V=152k); dW of a chunk is complete after one GEMM over all tokens (no [V, d] fp32 buffer, no
+atomics); results are deterministic. The single pass holds one block of logits (SEEDFAST_TRITON_FUSED_MB,
+default 2048 MiB; 0 turns it off) and, with more than one block, an fp32 [V, d] dW accumulator.
+G is scaled by a power of two S with max|S·G| <= 1 before it is rounded to 16 bits, and the GEMMs divide it
+out: per-token-mean weights make G ~ 1/(N·V), which fp16 would flush to zero.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ import torch
 
 from seedfast.kernels import autotuned as _tuned
 from seedfast.kernels import configs as _configs
+from seedfast.kernels import fused_rows as _rows
 from seedfast.kernels import linear_logprob_bwd as _bwd
 from seedfast.kernels import linear_logprob_fwd as _fwd
-from seedfast.kernels import matmul as _mm
 from seedfast.kernels import token_loss as _tl
 
+from .token_loss import merge_metric_sums
 from .validate import check_target_range
 
 KL_KINDS = {"k1": _tl.KL_K1, "k2": _tl.KL_K2, "low_var_kl": _tl.KL_LOW_VAR, "k3": _tl.KL_LOW_VAR}
@@ -115,29 +119,66 @@ def _validate_linear(hidden, weight, targets, teacher_hidden, temperature) -> No
     _check_device(*(t for t in (hidden, weight, targets, teacher_hidden) if t is not None))
 
 
+def wave_splits(token_blocks: int, vtiles: int, sms: int) -> int:
+    """Vocabulary splits (8..256, at most one per tile) maximizing whole-wave use: programs = token_blocks x splits
+    fill ceil(programs / sms) waves as fully as possible, and every split gets the same number of tiles."""
+    best, best_score = 1, -1.0
+    for splits in range(min(8, vtiles), min(256, vtiles) + 1):
+        programs = token_blocks * splits
+        wave_eff = programs / (math.ceil(programs / sms) * sms)
+        split_eff = vtiles / (splits * math.ceil(vtiles / splits))
+        score = wave_eff * split_eff - 1e-4 * splits  # ties: fewer splits (less partial-buffer traffic)
+        if score > best_score:
+            best, best_score = splits, score
+    return best
+
+
 def choose_n_splits(n_tokens: int, vocab: int, device: torch.device) -> tuple[int, int]:
     """(vocabulary splits, token blocks per program group) for the forward grid.
 
-    At least 8 splits, so that a group of about one wave holds few hidden blocks and few W tiles (both
-    reused from L2, see seedfast/kernels/linear_logprob_fwd.py); more when N is small, so that token blocks x splits
-    still fill the GPU about 4 times over."""
-    sms = _sm_count(device)
-    token_blocks = max(1, math.ceil(n_tokens / (32 if _interpreted() else 128)))
-    splits = max(1, min(max(8, math.ceil(4 * sms / token_blocks)), math.ceil(vocab / 256), 256))
-    return splits, max(1, math.ceil(sms / splits))
+    Splits: wave_splits for the first sm_90 candidate's 128 x 256 tile. The group is FWD_GROUP_TOKEN_BLOCKS token
+    blocks (or all of them when there are fewer): with few tokens each W tile is then read from HBM once for
+    all token blocks (docs/kernels.md, "Tiles and grids")."""
+    block_n, block_v = (32, 64) if _interpreted() else (128, 256)
+    token_blocks = max(1, math.ceil(n_tokens / block_n))
+    splits = wave_splits(token_blocks, max(1, math.ceil(vocab / block_v)), _sm_count(device))
+    return splits, min(token_blocks, _configs.FWD_GROUP_TOKEN_BLOCKS)
 
 
 def choose_grad_chunk(n_tokens: int, vocab: int, elem_bytes: int) -> int:
     """Vocabulary columns per backward chunk: G [N, chunk] within the memory budget, a multiple of 256."""
-    budget = float(os.environ.get("SEEDFAST_TRITON_GRAD_CHUNK_MB", "64")) * 2**20
+    budget = float(os.environ.get("SEEDFAST_TRITON_GRAD_CHUNK_MB", "256")) * 2**20
     chunk = int(budget // max(1, n_tokens * elem_bytes)) // 256 * 256
     return max(256, min(chunk, math.ceil(vocab / 256) * 256))
+
+
+def choose_fused_rows(n_tokens: int, vocab: int, elem_bytes: int) -> int:
+    """Tokens per block of the single pass (0: use forward + token_loss + backward instead).
+
+    A block holds fp32 logits [R, V] and, for 16-bit inputs, a 16-bit G [R, V], within SEEDFAST_TRITON_FUSED_MB
+    (default 2048). R is a multiple of 128 (whole wgmma tiles for the GEMMs); blocks are balanced. Below
+    FUSED_MIN_ROWS rows the fp32 dW read-modify-write per block (8·V·d bytes) outweighs the saved GEMM."""
+    budget = float(os.environ.get("SEEDFAST_TRITON_FUSED_MB", "2048")) * 2**20
+    per_row = vocab * (4 + (0 if elem_bytes == 4 else elem_bytes))
+    rows = int(budget // max(1, per_row))
+    if rows >= n_tokens:
+        return max(1, n_tokens)
+    if rows < max(1, FUSED_MIN_ROWS):
+        return 0
+    tile = 128 if rows >= 128 else 1
+    rows = rows // tile * tile
+    blocks = math.ceil(n_tokens / rows)
+    return math.ceil(math.ceil(n_tokens / blocks) / tile) * tile
+
+
+FUSED_MIN_ROWS = 1024
 
 
 # ----------------------------------------------------------------------------------------- forward
 
 def forward(hidden, weight, targets, teacher_hidden=None, temperature=1.0, with_entropy=False,
-            ignore_index=-100, *, n_splits: int | None = None, check_targets: bool = True):
+            ignore_index=-100, *, n_splits: int | None = None, group_n: int | None = None,
+            check_targets: bool = True):
     """-> (logprob [N] f32, entropy [N] f32 | None, teacher_logprob [N] f32 | None, lse [N] f32).
 
     check_targets=False skips the target-range check (a host sync) for callers that ran it already (the
@@ -156,10 +197,10 @@ def forward(hidden, weight, targets, teacher_hidden=None, temperature=1.0, with_
     if check_targets:
         check_target_range("forward", targets, vocab, ignore_index)
     targets = targets.contiguous()
-    splits, group_n = choose_n_splits(n, vocab, dev)
+    splits, groups = choose_n_splits(n, vocab, dev)
     with _on(dev):
         return _forward(hidden, weight, targets, teacher_hidden, temperature, with_entropy, ignore_index,
-                        n_splits or splits, group_n)
+                        n_splits or splits, group_n or groups)
 
 
 def _forward(hidden, weight, targets, teacher_hidden, temperature, with_entropy, ignore_index, splits, group_n):
@@ -234,6 +275,71 @@ def backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy, 
                          temperature, ignore_index, chunk, need_hidden_grad, need_weight_grad)
 
 
+def _grad_scale(a: torch.Tensor, b: torch.Tensor | None, entropy: torch.Tensor | None, temperature: float) -> float:
+    """A power of two S with max|S·G| <= 1 for G = (a·(onehot - p) - b·p·(log p + H))/T (one host sync).
+
+    |a·(onehot - p)| <= |a| and p·|log p + H| <= 1/e + H, so |G| <= (|a| + |b|·(0.37 + H))/T."""
+    bound = a.abs()
+    if b is not None:
+        bound = bound + b.abs() * (0.37 + entropy.abs())
+    peak = float(bound.max()) / temperature if bound.numel() else 0.0
+    if not math.isfinite(peak) or peak <= 0.0:
+        return 1.0
+    return math.ldexp(1.0, max(-100, min(100, -math.ceil(math.log2(peak)))))
+
+
+# How a 16-bit GEMM with an fp32 output runs on this torch: "addmm" (torch.addmm(..., out_dtype=float32): cuBLAS
+# reads and writes the fp32 C in its own epilogue) or, where torch refuses an fp32 C beside 16-bit inputs,
+# "mm+add" (an fp32 product in slices of at most 64 MiB, added to C: one more pass over C). gpu_check.sh records it.
+GEMM_F32_MODE = {"mode": "addmm"}
+_FALLBACK_SLICE_BYTES = 64 << 20
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool, alpha: float, name: str) -> None:
+    """out = alpha·(a @ b) (+ out when accumulate): cuBLAS, fp32 accumulation; `out` fp32 or the inputs' dtype.
+    `name` labels the launch (tests count them)."""
+    beta = 1.0 if accumulate else 0.0
+    if a.device.type != "cuda":  # interpreter tests on CPU: exact products of 16-bit values, fp32 sums
+        result = (a.float() @ b.float()).mul_(alpha)
+        if accumulate:
+            out.add_(result.to(out.dtype))
+        else:
+            out.copy_(result)
+        return
+    if out.dtype == a.dtype:
+        torch.addmm(out, a, b, beta=beta, alpha=alpha, out=out)
+        return
+    if GEMM_F32_MODE["mode"] == "addmm":
+        try:
+            torch.addmm(out, a, b, beta=beta, alpha=alpha, out_dtype=out.dtype, out=out)
+            return
+        except RuntimeError:
+            GEMM_F32_MODE["mode"] = "mm+add"
+    step = max(1, _FALLBACK_SLICE_BYTES // max(1, out.shape[1] * 4))
+    for r0 in range(0, out.shape[0], step):
+        part = torch.mm(a[r0:r0 + step], b, out_dtype=out.dtype)
+        if accumulate:
+            out[r0:r0 + step].add_(part, alpha=alpha)
+        else:
+            out[r0:r0 + step].copy_(part.mul_(alpha))
+
+
+def _launch_grad_logits(hidden, weight, targets, lse, ent, a, b, g, v0, vc, temperature, scale, has_b):
+    n, d = hidden.shape
+    args = (hidden, weight, targets, lse, ent, a, b, g, n, d, v0, v0 + vc,
+            hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1), g.stride(0),
+            1.0 / temperature, scale)
+    prec = _dot_precision(hidden.dtype)
+    if _interpreted():
+        cfg = _configs.INTERPRET_GRAD_LOGITS
+        grid = (math.ceil(n / cfg["BLOCK_N"]) * math.ceil(vc / cfg["BLOCK_V"]),)
+        _bwd.linear_logprob_grad_logits_kernel[grid](*args, HAS_B=has_b, DOT_PRECISION=prec, **cfg)
+    else:
+        kernel = _tuned.tuned("grad_logits", _capability(hidden.device), hidden.dtype == torch.float32)
+        kernel[lambda meta: (_cdiv(n, meta["BLOCK_N"]) * _cdiv(vc, meta["BLOCK_V"]),)](
+            *args, HAS_B=has_b, DOT_PRECISION=prec)
+
+
 def _backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy, temperature, ignore_index,
               chunk, need_hidden_grad, need_weight_grad):
     n, d = hidden.shape
@@ -245,49 +351,110 @@ def _backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy,
     b = grad_entropy.float().masked_fill(ignored, 0.0).contiguous() if has_b else a
     ent = entropy.float().contiguous() if has_b else a
     lse = lse.float().contiguous()
+    scale = _grad_scale(a, b if has_b else None, ent if has_b else None, temperature)
 
     chunk = chunk or choose_grad_chunk(n, vocab, hidden.element_size())
     single = chunk >= vocab
     chunk = min(chunk, vocab)
-    grad_weight = torch.empty_like(weight) if need_weight_grad else None
+    grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_weight_grad else None
     # One chunk: dH is complete after one GEMM and goes straight to the output dtype.
     dh = None
     if need_hidden_grad:
-        dh = torch.empty_like(hidden) if single else torch.empty((n, d), device=dev, dtype=torch.float32)
+        dh = torch.empty((n, d), device=dev, dtype=hidden.dtype if single else torch.float32)
     g = torch.empty((n, chunk), device=dev, dtype=hidden.dtype)
-    prec = _dot_precision(hidden.dtype)
-    interp = _interpreted()
     for v0 in range(0, vocab, chunk):
         vc = min(chunk, vocab - v0)
-        args = (hidden, weight, targets, lse, ent, a, b, g, n, d, v0, v0 + vc,
-                hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1), g.stride(0),
-                1.0 / temperature)
-        if interp:
-            cfg = _configs.INTERPRET_GRAD_LOGITS
-            grid = (math.ceil(n / cfg["BLOCK_N"]) * math.ceil(vc / cfg["BLOCK_V"]),)
-            _bwd.linear_logprob_grad_logits_kernel[grid](*args, HAS_B=has_b, DOT_PRECISION=prec, **cfg)
-        else:
-            kernel = _tuned.tuned("grad_logits", _capability(dev), hidden.dtype == torch.float32)
-            kernel[lambda meta, vc=vc: (_cdiv(n, meta["BLOCK_N"]) * _cdiv(vc, meta["BLOCK_V"]),)](
-                *args, HAS_B=has_b, DOT_PRECISION=prec)
-        if grad_weight is not None:  # dW[chunk] = Gᵀ·H: [vc, N] x [N, d]
-            _matmul(g, (1, g.stride(0)), hidden, grad_weight[v0:v0 + vc], vc, d, n, False, prec, "matmul_dw")
-        if dh is not None:  # dH (+)= G·W[chunk]: [N, vc] x [vc, d]
-            _matmul(g, (g.stride(0), 1), weight[v0:v0 + vc], dh, n, d, vc, v0 > 0, prec, "matmul_dh")
+        gc = g[:, :vc]
+        _launch_grad_logits(hidden, weight, targets, lse, ent, a, b, gc, v0, vc, temperature, scale, has_b)
+        if grad_weight is not None:  # dW[chunk] = Gᵀ·H / S: [vc, N] x [N, d], the whole token reduction at once
+            _matmul(gc.t(), hidden, grad_weight[v0:v0 + vc], False, 1.0 / scale, "matmul_dw")
+        if dh is not None:  # dH (+)= G·W[chunk] / S: [N, vc] x [vc, d]
+            _matmul(gc, weight[v0:v0 + vc], dh, v0 > 0, 1.0 / scale, "matmul_dh")
     grad_hidden = None if dh is None else dh if single else dh.to(hidden.dtype)
     return grad_hidden, grad_weight
 
 
-def _matmul(a, a_strides, b, c, m, n, k, accumulate, prec, tuned_name) -> None:
-    args = (a, b, c, m, n, k, a_strides[0], a_strides[1], b.stride(0), b.stride(1), c.stride(0), c.stride(1))
-    if _interpreted():
-        cfg = _configs.INTERPRET_MATMUL
-        grid = (math.ceil(m / cfg["BLOCK_M"]) * math.ceil(n / cfg["BLOCK_N"]),)
-        _mm.matmul_kernel[grid](*args, ACCUMULATE=accumulate, DOT_PRECISION=prec, **cfg)
-    else:
-        kernel = _tuned.tuned(tuned_name, _capability(c.device), a.dtype == torch.float32)
-        kernel[lambda meta: (_cdiv(m, meta["BLOCK_M"]) * _cdiv(n, meta["BLOCK_N"]),)](
-            *args, ACCUMULATE=accumulate, DOT_PRECISION=prec)
+# ----------------------------------------------------------------------------------------- single pass
+
+def fused_forward_backward(hidden, weight, targets, *, temperature: float, ignore_index: int, with_entropy: bool,
+                           per_token: dict, options: dict, need_hidden_grad: bool = True,
+                           need_weight_grad: bool = True, rows: int | None = None):
+    """(loss, metric sums, grad_hidden | None, grad_weight | None, logprob [N] fp32): the training loss, its
+    gradients and the log-probs with the logits of every token formed once (6·N·V·d, docs/kernels.md).
+
+    Same contract as seedfast/ops/chunked.py fused_forward_backward: `per_token` holds token_loss's [N] inputs
+    (ignored rows carry token weight 0), `options` its keywords. `rows` overrides the block size (tests); when
+    no block of at least FUSED_MIN_ROWS rows fits SEEDFAST_TRITON_FUSED_MB, this runs forward -> token_loss ->
+    backward (the two-pass path, 8·N·V·d)."""
+    _validate_linear(hidden, weight, targets, None, temperature)
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    dev = hidden.device
+    rows = rows or choose_fused_rows(n, vocab, hidden.element_size())
+    if n == 0 or vocab == 0 or rows == 0 or not (need_hidden_grad or need_weight_grad):
+        logprob, entropy, _, lse = forward(hidden, weight, targets, None, temperature, with_entropy, ignore_index,
+                                           check_targets=False)
+        loss, a, b, sums = token_loss(logprob, entropy, **per_token, **options)
+        grads = backward(hidden, weight, targets, lse, entropy, a, b, temperature, ignore_index,
+                         need_hidden_grad=need_hidden_grad, need_weight_grad=need_weight_grad)
+        return loss, sums, *grads, logprob
+    with _on(dev):
+        return _fused(hidden, weight, targets.contiguous(), temperature, ignore_index, with_entropy, per_token,
+                      options, need_hidden_grad, need_weight_grad, min(rows, n))
+
+
+def _fused(hidden, weight, targets, temperature, ignore_index, with_entropy, per_token, options, need_hidden_grad,
+           need_weight_grad, rows):
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    dev = hidden.device
+    f32 = dict(device=dev, dtype=torch.float32)
+    inv_temp = 1.0 / temperature
+    blocks = math.ceil(n / rows)
+    z = torch.empty((rows, vocab), **f32)
+    # fp32 inputs: G overwrites the logits in place; 16-bit: G is a 16-bit copy (the GEMMs' operand).
+    g = z if hidden.dtype == torch.float32 else torch.empty((rows, vocab), device=dev, dtype=hidden.dtype)
+    grad_hidden = torch.empty_like(hidden, memory_format=torch.contiguous_format) if need_hidden_grad else None
+    grad_weight = None
+    if need_weight_grad:  # one block: dW is one GEMM, in the weight dtype; more: an fp32 accumulator
+        grad_weight = torch.empty((vocab, d), device=dev, dtype=weight.dtype if blocks == 1 else torch.float32)
+    logprob = torch.empty(n, **f32)
+    lse = torch.empty(n, **f32)
+    entropy = torch.empty(n, **f32) if with_entropy else None
+    loss, sums = None, {}
+    interp = _interpreted()
+    stats_cfg = _configs.INTERPRET_ROW_STATS if interp else _configs.ROW_STATS
+    grad_cfg = _configs.INTERPRET_GRAD_FROM_LOGITS if interp else _configs.GRAD_FROM_LOGITS
+    stats_warps = {} if interp else {"num_warps": _configs.ROW_STATS_NUM_WARPS}
+    grad_warps = {} if interp else {"num_warps": _configs.GRAD_FROM_LOGITS_NUM_WARPS}
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        rb = r1 - r0
+        h, y, zb, gb = hidden[r0:r1], targets[r0:r1], z[:rb], g[:rb]
+        _matmul(h, weight.t(), zb, False, 1.0, "matmul_logits")  # Z = h·Wᵀ, fp32 [rb, V]
+        ent_b = entropy[r0:r1] if with_entropy else lse[r0:r1]
+        _rows.row_stats_kernel[(_cdiv(rb, stats_cfg["BLOCK_R"]),)](
+            zb, y, lse[r0:r1], logprob[r0:r1], ent_b, rb, vocab, zb.stride(0), inv_temp, ignore_index,
+            WITH_ENTROPY=with_entropy, **stats_cfg, **stats_warps)
+        block_tokens = {k: None if t is None else t[r0:r1] for k, t in per_token.items()}
+        block_loss, a, b, block_sums = token_loss(logprob[r0:r1], entropy[r0:r1] if with_entropy else None,
+                                                  **block_tokens, **options)
+        loss = block_loss if loss is None else loss + block_loss
+        sums = merge_metric_sums(sums, block_sums)
+        has_b = b is not None
+        ent_g = entropy[r0:r1] if has_b else a
+        scale = _grad_scale(a, b, ent_g if has_b else None, temperature)
+        n_vtiles = _cdiv(vocab, grad_cfg["BLOCK_V"])
+        _rows.grad_from_logits_kernel[(_cdiv(rb, grad_cfg["BLOCK_R"]) * n_vtiles,)](
+            zb, y, lse[r0:r1], ent_g, a, b if has_b else a, gb, rb, vocab, zb.stride(0), gb.stride(0),
+            inv_temp, scale, HAS_B=has_b, **grad_cfg, **grad_warps)
+        if grad_hidden is not None:  # dH rows = G·W / S: complete for this block, no accumulation
+            _matmul(gb, weight, grad_hidden[r0:r1], False, 1.0 / scale, "matmul_dh")
+        if grad_weight is not None:  # dW (+)= Gᵀ·h / S over all vocabulary rows
+            _matmul(gb.t(), h, grad_weight, r0 > 0, 1.0 / scale, "matmul_dw")
+    if grad_weight is not None and grad_weight.dtype != weight.dtype:
+        grad_weight = grad_weight.to(weight.dtype)
+    return loss, sums, grad_hidden, grad_weight, logprob
 
 
 # ----------------------------------------------------------------------------------------- token loss

@@ -19,7 +19,8 @@ INTERPRET = not torch.cuda.is_available()
 def _patch_interpreter_bf16() -> None:
     """Two bf16 gaps of the interpreter (Triton 3.6-3.9), patched to what the GPU does:
     - bf16 is stored as uint16 and tl.dot multiplied those integers: widen operands to fp32 (exact; the
-      GPU multiplies bf16 exactly and accumulates in fp32);
+      GPU multiplies bf16 exactly and accumulates in fp32); fp16 operands likewise (numpy would accumulate
+      their products in fp16);
     - fp32 -> bf16 casts truncated: round to nearest even, as the GPU's cvt.rn.bf16.f32."""
     import numpy as np
     import triton.language as tl
@@ -33,6 +34,8 @@ def _patch_interpreter_bf16() -> None:
     def widen(x):
         if x.dtype == tl.bfloat16:
             return interpreter.TensorHandle((x.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+        if x.dtype == tl.float16:
+            return interpreter.TensorHandle(x.data.astype(np.float32), tl.float32)
         return x
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
