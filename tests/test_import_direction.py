@@ -29,7 +29,8 @@ ALLOWED: dict[str, set[str]] = {
     "skills": {"envs"},
     "scoring": {"context", "model", "ops"},
     "rollout": {"context", "envs", "model", "skills"},  # builds StepSamples and prompt segments (context)
-    "dist": {"model", "ops"},  # reserved (empty today): wrapping the model, the sharded LM head
+    # scale-out (FSDP2, tensor parallel, the memory plan): reads the `dist:` section, wraps the model, shards the head
+    "dist": {"config", "model", "ops"},
     "runtime": {"config", "envs", "model", "rollout"},  # what SFT and RL share: builders, optimizer, checkpoints
     "sft": {"config", "context", "envs", "model", "ops", "rollout", "runtime", "skills"},
     "train": {"algo", "config", "context", "dist", "envs", "model", "ops", "rollout", "runtime", "scoring", "skills"},
@@ -141,7 +142,7 @@ def test_the_parser_sees_known_edges():
     # guards the checker itself: a parser that found nothing would pass every other test
     pairs = {(src, dst) for _, _, _, src, dst in _edges()}
     for edge in [("ops", "algo"), ("ops", "kernels"), ("scoring", "ops"), ("train", "rollout"),
-                 ("rollout", "context"), ("scoring", "context"),
+                 ("rollout", "context"), ("scoring", "context"), ("train", "dist"), ("dist", "model"),
                  ("app", "train"), ("cli", "app"), ("__main__", "cli")]:
         assert edge in pairs, f"expected the import {edge[0]} -> {edge[1]} to be found"
 

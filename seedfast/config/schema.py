@@ -246,6 +246,15 @@ class TrainerConfig:
 
 
 @dataclass
+class DistConfig:
+    strategy: Literal["none", "fsdp"] = opt(
+        "none", "none = one process on one device; fsdp = FSDP2 (fully_shard) over the torchrun processes, with "
+                "tensor parallel when tp > 1 (docs/scaling.md)")
+    dp_shard: int | None = opt(None, "ranks the parameters are sharded over (FSDP2); null = WORLD_SIZE / tp", ge=1)
+    tp: int = opt(1, "tensor-parallel degree: column/row-parallel attention and MLP in each decoder block", ge=1)
+
+
+@dataclass
 class SFTConfig:
     epochs: int = opt(3, "passes over the SFT data", ge=1)
     lr: float = opt(5e-6, "learning rate of SFT", gt=0)
@@ -304,6 +313,7 @@ class Config:
     grsd: GRSDConfig = section(GRSDConfig, "GRSD")
     optim: OptimConfig = section(OptimConfig, "optimizer")
     trainer: TrainerConfig = section(TrainerConfig, "trainer")
+    dist: DistConfig = section(DistConfig, "scale-out over torchrun processes (FSDP2, tensor parallel)")
     sft: SFTConfig = section(SFTConfig, "supervised fine-tuning")
     collect: CollectConfig = section(CollectConfig, "stage-1 collection")
     log: LogConfig = section(LogConfig, "logging")

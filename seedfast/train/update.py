@@ -7,6 +7,7 @@ loss and aggregation') and the result does not depend on the token budget.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ import torch
 from seedfast.algo import losses
 from seedfast.config import LossConfig
 from seedfast.context.sample import StepSample
+from seedfast.dist.data import DataParallel
 from seedfast.ops import fused_loss
 from seedfast.scoring.packing import pack_single, split_by_budget
 from seedfast.scoring.prefix_kv_teacher import teacher_logprob_with_prefix
@@ -60,13 +62,19 @@ class UpdateBatch:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
 
 
-def _token_weights(batch: UpdateBatch, index: list[int], agg: str) -> torch.Tensor:
-    """Aggregation weights of the mini-batch `index`, flattened to its response tokens (sample order)."""
+def _token_weights(batch: UpdateBatch, index: list[int], agg: str, dp: DataParallel | None = None) -> torch.Tensor:
+    """Aggregation weights of the mini-batch `index`, flattened to its response tokens (sample order). With `dp`
+    the mini-batch is this rank's part of one spread over the data-parallel ranks, and the counts are the global
+    ones (docs/scaling.md, 'The loss on N ranks')."""
     lengths = [len(batch.samples[i].response_ids) for i in index]
     mask = torch.zeros(len(index), max(lengths, default=0))
     for r, n in enumerate(lengths):
         mask[r, :n] = 1
-    weights = losses.aggregation_weights(mask, agg)
+    if dp is None:
+        weights = losses.aggregation_weights(mask, agg)
+    else:
+        tokens, seqs = dp.sum([sum(lengths), sum(n > 0 for n in lengths)])
+        weights = losses.aggregation_weights(mask, agg, global_tokens=tokens, global_seqs=seqs)
     return torch.cat([weights[r, :n] for r, n in enumerate(lengths)]) if lengths else torch.zeros(0)
 
 
@@ -78,70 +86,140 @@ def _gather(t: torch.Tensor | None, batch: UpdateBatch, index: list[int]) -> tor
 
 def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cfg: LossConfig, *,
                             use_kl: bool, use_opd: bool, temperature: float, token_budget: int,
-                            attn_backend: str | None = None) -> tuple[float, dict[str, float]]:
-    """Forward + backward of one mini-batch (gradients accumulate in the parameters); returns (loss, metrics)."""
-    weights_all = _token_weights(batch, index, loss_cfg.agg) * batch.loss_scale
+                            attn_backend: str | None = None,
+                            dp: DataParallel | None = None) -> tuple[float, dict[str, float]]:
+    """Forward + backward of one mini-batch (gradients accumulate in the parameters); returns (loss, metrics).
+
+    With `dp` (a model sharded by dist/parallelize.py), `index` is this rank's part of a mini-batch spread over
+    the data-parallel ranks: the weights use the global counts, every rank runs as many micro-batches as the
+    busiest one (the extra ones with weight 0: FSDP2's collectives need the same calls on every rank), and the
+    returned loss and metrics are the global ones."""
+    weights_all = _token_weights(batch, index, loss_cfg.agg, dp) * batch.loss_scale
     pos = {i: k for k, i in enumerate(index)}
     local_offsets = torch.zeros(len(index) + 1, dtype=torch.long)
     local_offsets[1:] = torch.cumsum(torch.tensor([len(batch.samples[i].response_ids) for i in index]), 0)
     costs = [(len(batch.samples[i].prompt_ids) + len(batch.samples[i].response_ids) - 1,) for i in index]
     groups = split_by_budget(costs, token_budget, [batch.samples[i].describe(i) for i in index])
+    padding = 0
+    if dp is not None:
+        if not batch.samples:
+            raise ValueError("minibatch_loss_backward: every data-parallel rank needs at least one sample")
+        padding = int(dp.max([len(groups)])[0]) - len(groups)
     device = model.lm_head_weight.device
     total_loss, sums, weight_sum = 0.0, {}, 0.0
     teacher_here = use_opd and batch.teacher_from_forward
-    for group in groups:
-        micro = [index[g] for g in group]
-        micro_samples = [batch.samples[i] for i in micro]
-        packed = pack_single(micro_samples).to(device)
-        out = model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids,
-                    return_kv=teacher_here, attn_backend=attn_backend)
-        hidden, kv = out if teacher_here else (out, None)
-        w = torch.cat([weights_all[int(local_offsets[pos[i]]):int(local_offsets[pos[i] + 1])] for i in micro])
-        rows = hidden[packed.rows]
-        # on-policy (old_logprob None: one epoch, one mini-batch): θ_old = θ, so ℓold is the detached ℓθ that
-        # fused_loss computes anyway; no separate ℓold pass, not even over the LM head
-        old = None if batch.old_logprob is None else _gather(batch.old_logprob, batch, micro).to(device)
-        if teacher_here:
-            teacher_logprob, teacher_mask = teacher_logprob_with_prefix(
-                model, kv, micro_samples, temperature=temperature, attn_backend=attn_backend)
-            del kv
-        elif use_opd:
-            teacher_logprob = _gather(batch.teacher_logprob, batch, micro).to(device)
-            teacher_mask = _gather(batch.teacher_mask, batch, micro).to(device)
-        else:
-            teacher_logprob = teacher_mask = None
-        loss, metrics, logprob = fused_loss(
-            rows, model.lm_head_weight, packed.targets,
-            token_weights=w.to(device),
-            advantages=_gather(batch.advantages, batch, micro).to(device),
-            old_logprob=old,
-            ref_logprob=_gather(batch.ref_logprob, batch, micro).to(device) if use_kl else None,
-            teacher_logprob=teacher_logprob, teacher_mask=teacher_mask,
-            clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
-            kl_coef=loss_cfg.kl_coef if use_kl else 0.0, kl_kind=loss_cfg.kl_kind,
-            entropy_coef=loss_cfg.entropy_coef, opd_coef=loss_cfg.opd_coef if use_opd else 0.0,
-            opd_beta=loss_cfg.opd_beta, gate=loss_cfg.gate, temperature=temperature, return_logprob=True,
-        )
-        loss.backward()
-        if old is None:
-            accumulate_rollout_gap(sums, logprob, micro_samples)
-        if teacher_logprob is not None:
-            accumulate_teacher_gap(sums, logprob, teacher_logprob, teacher_mask, micro_samples)
-        total_loss += float(loss.detach())
-        # metrics are means weighted by this micro-batch's weights: re-weight to the mini-batch
-        wsum = float(w.sum())
-        weight_sum += wsum
-        for k, v in metrics.items():
-            v = float(v)
-            if k == "ratio_min":
-                sums[k] = min(sums.get(k, math.inf), v)
-            elif k == "ratio_max":
-                sums[k] = max(sums.get(k, -math.inf), v)
-            else:
-                sums[k] = sums.get(k, 0.0) + v * wsum
+    for k in range(len(groups) + padding):
+        with _collective_free(model, dp if teacher_here else None):
+            loss = _micro_batch(model, batch, index, groups[k] if k < len(groups) else None, weights_all,
+                                local_offsets, pos, loss_cfg, use_kl, use_opd, teacher_here, temperature,
+                                attn_backend, device, sums)
+        if loss is not None:
+            total_loss += loss[0]
+            weight_sum += loss[1]
+    if dp is not None:
+        total_loss, weight_sum, sums = _reduce_sums(dp, total_loss, weight_sum, sums)
     gap = {**rollout_gap_metrics(sums), **teacher_gap_metrics(sums)}
-    out = {k: (v if k.startswith("ratio_") else v / max(weight_sum, 1e-12)) for k, v in sums.items()}
-    return total_loss, {**out, **gap}
+    teacher_weight = sums.pop("_teacher_weight", 0.0)
+    out = {k: (v if k.startswith("ratio_") else v / max(teacher_weight if k in _TEACHER_MEANS else weight_sum, 1e-12))
+           for k, v in sums.items()}
+    return total_loss, {**out, "loss": total_loss, **gap}
+
+
+_TEACHER_MEANS = ("gate_mean", "opd_term")  # means over teacher-valid tokens (ops/token_loss.py metric_means)
+
+
+def _collective_free(model, dp: DataParallel | None):
+    """With `dp`, the model's FSDP2 units stay gathered through the micro-batch, so that the teacher branch (run
+    only on ranks whose micro-batch has a teacher) issues no collectives."""
+    if dp is None:
+        return contextlib.nullcontext()
+    from seedfast.dist.parallelize import unsharded
+
+    return unsharded(model)
+
+
+def _reduce_sums(dp: DataParallel, total_loss: float, weight_sum: float,
+                 sums: dict[str, float]) -> tuple[float, float, dict[str, float]]:
+    """The global loss, weight sum and metric sums: min / max where the metric is one, sums otherwise. Ranks that
+    lack a key (no teacher tokens, no rollout log-probs) count as 0 (as +inf / -inf for min / max)."""
+    keys = dp.union_keys(sums)
+    mins = [k for k in keys if k == "ratio_min"]
+    maxs = [k for k in keys if k in ("ratio_max", "_gap_max")]
+    adds = [k for k in keys if k not in mins and k not in maxs]
+    added = dp.sum([total_loss, weight_sum, *(sums.get(k, 0.0) for k in adds)])
+    out = dict(zip(adds, added[2:]))
+    out.update(zip(mins, dp.min([sums.get(k, math.inf) for k in mins])))
+    out.update(zip(maxs, dp.max([sums.get(k, -math.inf) for k in maxs])))
+    return added[0], added[1], out
+
+
+def _micro_batch(model, batch: UpdateBatch, index: list[int], group: list[int] | None, weights_all: torch.Tensor,
+                 local_offsets: torch.Tensor, pos: dict[int, int], loss_cfg: LossConfig, use_kl: bool,
+                 use_opd: bool, teacher_here: bool, temperature: float, attn_backend: str | None,
+                 device: torch.device, sums: dict[str, float]) -> tuple[float, float] | None:
+    """Forward + backward of one micro-batch; adds its metrics to `sums`, returns (loss, weight sum). group None
+    is a padding micro-batch of a data-parallel rank with fewer micro-batches than the busiest: the rank's first
+    sample at weight 0 (it contributes nothing, but runs the collectives), and it returns None."""
+    padding = group is None
+    micro = [index[g] for g in group] if group is not None else [index[0] if index else 0]
+    micro_samples = [batch.samples[i] for i in micro]
+    packed = pack_single(micro_samples).to(device)
+    out = model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids,
+                return_kv=teacher_here, attn_backend=attn_backend)
+    hidden, kv = out if teacher_here else (out, None)
+    if padding:
+        w = torch.zeros(len(micro_samples[0].response_ids))
+    else:
+        w = torch.cat([weights_all[int(local_offsets[pos[i]]):int(local_offsets[pos[i] + 1])] for i in micro])
+    rows = hidden[packed.rows]
+    # on-policy (old_logprob None: one epoch, one mini-batch): θ_old = θ, so ℓold is the detached ℓθ that
+    # fused_loss computes anyway; no separate ℓold pass, not even over the LM head
+    old = None if batch.old_logprob is None else _gather(batch.old_logprob, batch, micro).to(device)
+    if teacher_here:
+        teacher_logprob, teacher_mask = teacher_logprob_with_prefix(
+            model, kv, micro_samples, temperature=temperature, attn_backend=attn_backend)
+        del kv
+    elif use_opd:
+        teacher_logprob = _gather(batch.teacher_logprob, batch, micro).to(device)
+        teacher_mask = _gather(batch.teacher_mask, batch, micro).to(device)
+    else:
+        teacher_logprob = teacher_mask = None
+    loss, metrics, logprob = fused_loss(
+        rows, model.lm_head_weight, packed.targets,
+        token_weights=w.to(device),
+        advantages=_gather(batch.advantages, batch, micro).to(device),
+        old_logprob=old,
+        ref_logprob=_gather(batch.ref_logprob, batch, micro).to(device) if use_kl else None,
+        teacher_logprob=teacher_logprob, teacher_mask=teacher_mask,
+        clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
+        kl_coef=loss_cfg.kl_coef if use_kl else 0.0, kl_kind=loss_cfg.kl_kind,
+        entropy_coef=loss_cfg.entropy_coef, opd_coef=loss_cfg.opd_coef if use_opd else 0.0,
+        opd_beta=loss_cfg.opd_beta, gate=loss_cfg.gate, temperature=temperature, return_logprob=True,
+    )
+    loss.backward()
+    if padding:
+        return None
+    if old is None:
+        accumulate_rollout_gap(sums, logprob, micro_samples)
+    if teacher_logprob is not None:
+        accumulate_teacher_gap(sums, logprob, teacher_logprob, teacher_mask, micro_samples)
+    # metrics are means weighted by this micro-batch's weights (gate_mean and opd_term by its teacher-valid
+    # weights, ops/token_loss.py): re-weight to the mini-batch, so they do not depend on the micro-batch split
+    wsum = float(w.sum())
+    twsum = float((w.to(device) * teacher_mask.float()).sum()) if teacher_logprob is not None else 0.0
+    for k, v in metrics.items():
+        v = float(v)
+        if k == "ratio_min":
+            sums[k] = min(sums.get(k, math.inf), v)
+        elif k == "ratio_max":
+            sums[k] = max(sums.get(k, -math.inf), v)
+        elif k in _TEACHER_MEANS:
+            sums[k] = sums.get(k, 0.0) + v * twsum
+        elif k != "loss":  # the mini-batch loss is the sum of the micro-batch losses (returned)
+            sums[k] = sums.get(k, 0.0) + v * wsum
+    if twsum:
+        sums["_teacher_weight"] = sums.get("_teacher_weight", 0.0) + twsum
+    return float(loss.detach()), wsum
 
 
 def rollout_gap_metrics(sums: dict[str, float]) -> dict[str, float]:
@@ -194,4 +272,6 @@ def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:
     if not params:
         return 0.0
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else math.inf)
+    if hasattr(norm, "full_tensor"):  # sharded parameters (DTensor): the norm over every shard
+        norm = norm.full_tensor()
     return float(norm)

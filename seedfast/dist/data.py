@@ -1,0 +1,82 @@
+"""The data-parallel side of a sharded step: which rank rolls out and trains on which groups, and the few scalars
+the ranks must agree on (global token and sequence counts, micro-batch counts, metric sums).
+
+Nothing here moves parameters or gradients: FSDP2 and DTensor do that (dist/parallelize.py). See docs/scaling.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+
+def assign_groups(costs: Sequence[float], world: int) -> list[int]:
+    """The rank of each group (cost = its tokens): whole groups only, heaviest first onto the least loaded rank
+    (ties to the lower rank), so ranks get nearly equal token counts. Deterministic: every rank computes the
+    same answer from the same costs."""
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    load = [0.0] * world
+    owner = [0] * len(costs)
+    for g in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        r = min(range(world), key=lambda k: (load[k], k))
+        owner[g] = r
+        load[r] += costs[g]
+    return owner
+
+
+def split_whole_groups(items: Sequence[Any], group_of: Sequence[Any], costs: Sequence[float], rank: int,
+                       world: int) -> list[Any]:
+    """This rank's share of `items`: every item of a group goes to the rank `assign_groups` gives the group (by
+    the summed cost of its items); order within the share is the input order."""
+    groups = list(dict.fromkeys(group_of))  # first-seen order
+    index = {g: k for k, g in enumerate(groups)}
+    totals = [0.0] * len(groups)
+    for g, c in zip(group_of, costs):
+        totals[index[g]] += c
+    owner = assign_groups(totals, world)
+    return [item for item, g in zip(items, group_of) if owner[index[g]] == rank]
+
+
+@dataclass
+class DataParallel:
+    """The data-parallel ranks of one step (the mesh's "dp_shard" dimension): their group, this rank's place,
+    and the scalar reductions the loss and the metrics need."""
+
+    rank: int
+    size: int
+    group: Any = None  # a ProcessGroup; None = the default group
+
+    @classmethod
+    def from_mesh(cls, mesh: DeviceMesh) -> DataParallel:
+        dp = mesh["dp_shard"]
+        return cls(rank=dp.get_local_rank(), size=dp.size(), group=dp.get_group())
+
+    def _reduce(self, values: Sequence[float], op: Any) -> list[float]:
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        if self.size > 1:
+            dist.all_reduce(t, op=op, group=self.group)
+        return t.tolist()
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.SUM)
+
+    def max(self, values: Sequence[float]) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.MAX)
+
+    def min(self, values: Sequence[float]) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.MIN)
+
+    def union_keys(self, keys: Any) -> list[str]:
+        """The sorted union of every rank's `keys` (metric names differ where a rank saw no teacher tokens)."""
+        mine = sorted(keys)
+        if self.size == 1:
+            return mine
+        every: list[Any] = [None] * self.size
+        dist.all_gather_object(every, mine, group=self.group)
+        return sorted(set().union(*every))

@@ -1,0 +1,111 @@
+"""Parallelism applied to a built Decoder, in torchtitan's order: tensor parallel, then FSDP2 per decoder block and
+on the root (docs/scaling.md). Only torch's own engines: DTensor's `parallelize_module` and `fully_shard`.
+
+Tensor parallel (mesh dim "tp"), Megatron's layout without sequence parallel (the packed batch is [T, d]):
+    q/k/v_proj, gate/up_proj  ColwiseParallel  (each rank computes its heads / its slice of the MLP)
+    o_proj, down_proj         RowwiseParallel  (partial sums, all-reduced into replicated activations)
+    embed_tokens              RowwiseParallel  (vocabulary-parallel embedding: rows of V per rank)
+    lm_head (untied)          ColwiseParallel  (vocabulary-parallel: the fused log-prob runs on the local rows,
+                                                ops/vocab_parallel.py; its forward is never called)
+The attention modules then hold n_heads / tp query heads and n_kv_heads / tp key-value heads.
+
+FSDP2 (mesh dim "dp_shard") shards every parameter over the data-parallel ranks, one all-gather unit per decoder
+block plus the root (embeddings, final norm, LM head). Gradients are SUMMED across data-parallel ranks (gradient
+divide factor 1): each rank's loss is its share of the global token-mean (train/update.py, docs/scaling.md 'The
+loss on N ranks'), so the sum over ranks is the one-process gradient and the learning rate does not depend on the
+world size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from seedfast.model.decoder import Decoder
+
+
+def check_tp(model: Decoder, tp: int) -> None:
+    """Tensor parallel splits heads, key-value heads and the MLP evenly: say which size does not divide."""
+    c = model.config
+    for name, value in (("num_attention_heads", c.num_attention_heads), ("num_key_value_heads", c.num_key_value_heads),
+                        ("intermediate_size", c.intermediate_size)):
+        if value % tp:
+            raise ValueError(f"dist.tp={tp} does not divide the model's {name}={value}")
+    if c.vocab_size < tp:
+        raise ValueError(f"dist.tp={tp} is larger than the vocabulary ({c.vocab_size})")
+
+
+def apply_tp(model: Decoder, tp_mesh: DeviceMesh) -> Decoder:
+    """Megatron-style tensor parallel over `tp_mesh` (module docstring); the model is changed in place."""
+    tp = tp_mesh.size()
+    check_tp(model, tp)
+    root_plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate())}
+    if not model.config.tie_word_embeddings:
+        root_plan["lm_head"] = ColwiseParallel()
+    parallelize_module(model, tp_mesh, root_plan)
+    for layer in model.model.layers:
+        parallelize_module(layer, tp_mesh, {
+            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel(),
+        })
+        layer.self_attn.n_heads //= tp  # the views in Attention.qkv now see this rank's heads
+        layer.self_attn.n_kv_heads //= tp
+    model.tp_mesh = tp_mesh
+    return model
+
+
+def apply_fsdp(model: Decoder, dp_mesh: DeviceMesh, *, param_dtype: torch.dtype | None = None,
+               reduce_dtype: torch.dtype | None = None) -> Decoder:
+    """FSDP2 over `dp_mesh`: one unit per decoder block, then the root; gradients summed (divide factor 1)."""
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp)
+    for unit in fsdp_modules(model):  # each unit has its own setting (the root's does not recurse)
+        unit.set_gradient_divide_factor(1.0)
+        # plain SUM collectives (gloo has no PREMUL_SUM; a divide factor of 1 needs no pre-scaling anyway)
+        unit.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def parallelize_decoder(model: Decoder, mesh: DeviceMesh, *, activation_checkpointing: bool = False,
+                        param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None) -> Decoder:
+    """TP (when mesh["tp"] has more than one rank), activation checkpointing, then FSDP2 over mesh["dp_shard"]."""
+    if mesh["tp"].size() > 1:
+        apply_tp(model, mesh["tp"])
+    model.gradient_checkpointing = activation_checkpointing  # per decoder block (model/decoder.py)
+    apply_fsdp(model, mesh["dp_shard"], param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    return model
+
+
+def fsdp_modules(model: torch.nn.Module) -> list[FSDPModule]:
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def unsharded(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Every FSDP2 unit all-gathered for the duration (generation, the teacher branch): forwards issue no
+    collectives inside, so ranks may call the model different numbers of times. Resharded on exit."""
+    mods = fsdp_modules(model)
+    if not mods:
+        yield model
+        return
+    for m in mods:
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        model.unshard()
+        for m in mods:
+            if m is not model:
+                m.unshard()
+        yield model
+    finally:
+        for m in mods:
+            m.reshard()
+            m.set_reshard_after_forward(True, recurse=False)

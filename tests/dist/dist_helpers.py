@@ -1,0 +1,56 @@
+"""Shared by the distributed tests: run a function on N CPU processes over gloo (torch.multiprocessing), and the
+tiny models and step samples the tests shard."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from seedfast.context.sample import StepSample
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scoring"))
+from scoring_helpers import make_config, random_samples  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world: int, port: int, fn, args) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+    except BaseException:
+        traceback.print_exc()
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_on_ranks(world: int, fn, *args) -> None:
+    """fn(rank, world, *args) on `world` processes with a started gloo process group; a failure on any rank fails
+    the test (mp.spawn re-raises it)."""
+    mp.spawn(_entry, args=(world, _free_port(), fn, args), nprocs=world, join=True)
+
+
+def grouped_samples(seed: int, n: int, group_size: int = 3):
+    """random_samples with GRPO groups of `group_size` and rewards."""
+    samples = random_samples(torch.Generator().manual_seed(seed), n=n)
+    return [StepSample(prompt_ids=s.prompt_ids, response_ids=s.response_ids, insertions=s.insertions,
+                       teacher_drops=s.teacher_drops, teacher_valid=s.teacher_valid, sample_id=s.sample_id,
+                       group_id=i // group_size, reward=float((i * 7) % 5) / 4) for i, s in enumerate(samples)]
+
+
+__all__ = ["grouped_samples", "make_config", "random_samples", "run_on_ranks"]
