@@ -35,6 +35,8 @@ COMMANDS: dict[str, Command] = {
     "sft": Command("seedfast.app.sft", "main", "supervised fine-tuning: skill writing (+ behaviour cloning)"),
     "train": Command("seedfast.app.train", "main", "RL: grpo | sdar | seed | grsd (one process, one device)"),
     "eval": Command("seedfast.app.evaluate", "main", "evaluate a run's policy on the train or eval games"),
+    "plan": Command("seedfast.app.plan", "main",
+                    "per-GPU memory of the run on N GPUs (meta device, fake process group): before booking"),
     "demo": Command("seedfast.app.demo", "main",
                     "CPU demo: games, tokenizer, tiny model SFT, SEED and GRPO, eval, report"),
 }
@@ -81,6 +83,10 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
     if name == "train":
         p.add_argument("--profile-steps", dest="trainer.profile_steps", metavar="A:B",
                        help="trainer.profile_steps: capture steps A through B")
+    if name == "plan":
+        p.add_argument("--world", type=int, help="GPUs (ranks) to plan for; default dist.dp_shard x dist.tp")
+        p.add_argument("--json", dest="json_path", metavar="PATH",
+                       help="where the JSON goes; default <run_dir>/plan_world<N>_tp<T>.json")
     if name == "eval":
         p.add_argument("--split", choices=("train", "eval"), default="eval", help="games to evaluate on")
     return p
@@ -116,7 +122,8 @@ def _resolve(name: str, args: argparse.Namespace) -> tuple[Config, dict[str, Any
             overrides.append(f"{dest}={value}")
         else:
             flags[dest] = value
-    cfg = load_config(path, overrides, command=name)
+    # plan runs nothing of the config: it checks it like `seedfast config` does, not like the command it plans
+    cfg = load_config(path, overrides, command=None if name == "plan" else name)
     return cfg, flags
 
 

@@ -1,0 +1,25 @@
+"""`seedfast plan CONFIG [--world N] [dist.tp=T]`: per-GPU memory of the run on N GPUs, printed and written as
+JSON, from the real model on the meta device sharded over a fake process group (seedfast/dist/plan.py,
+docs/scaling.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from seedfast.config import Config, ConfigError
+from seedfast.dist.plan import memory_plan
+
+
+def main(cfg: Config, world: int | None = None, json_path: str | None = None) -> int:
+    if world is None:
+        if cfg.dist.dp_shard is None:
+            raise ConfigError("seedfast plan: give --world N (or set dist.dp_shard, the world being dp_shard x tp)")
+        world = cfg.dist.dp_shard * cfg.dist.tp
+    plan = memory_plan(cfg, world)
+    print(plan.table())
+    out = Path(json_path) if json_path else cfg.run_dir / f"plan_world{plan.world}_tp{plan.tp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0

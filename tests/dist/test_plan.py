@@ -1,0 +1,69 @@
+"""`seedfast plan`: the real sharding over a fake process group gives, per GPU, what hand arithmetic gives
+(parameters x bytes / shards), at the three shapes of docs/scaling.md; bad input names its key."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from seedfast.cli import main
+from seedfast.config import ConfigError, load_config
+from seedfast.dist.plan import GIB, QWEN25, memory_plan
+
+CONFIG = "configs/qwen2.5-7b_alfworld_8xh100.yaml"
+# (shape, world, tp, parameters as the model pages on the Hugging Face hub round them, in billions)
+SHAPES = [("Qwen2.5-7B", 8, 1, 7.62), ("Qwen2.5-32B", 32, 8, 32.8), ("Qwen2.5-72B", 32, 8, 72.7)]
+
+
+def _hand(shape: dict, tp: int) -> tuple[int, int]:
+    """(all parameters, the parameters one rank of a tp-way tensor-parallel group holds), from the Qwen2 layout:
+    q/k/v with bias, o and the SwiGLU MLP split tp ways, the two norms per layer and the final norm replicated,
+    embedding and (untied) LM head split over the vocabulary."""
+    d, inter, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    heads, kv, vocab = shape["num_attention_heads"], shape["num_key_value_heads"], shape["vocab_size"]
+    hd = d // heads
+    split = (d * heads * hd + heads * hd) + 2 * (d * kv * hd + kv * hd) + heads * hd * d + 3 * d * inter
+    heads_total = vocab * d * (1 if shape["tie_word_embeddings"] else 2)
+    total = layers * (split + 2 * d) + heads_total + d
+    local = layers * (split // tp + 2 * d) + heads_total // tp + d
+    return total, local
+
+
+@pytest.mark.parametrize("name,world,tp,billions", SHAPES)
+def test_plan_matches_hand_arithmetic(name, world, tp, billions):
+    cfg = load_config(CONFIG, [f"model.path=models/{name}-Instruct", "dist.strategy=fsdp", f"dist.tp={tp}",
+                               "rollout.engine=own"])
+    plan = memory_plan(cfg, world)
+    total, local = _hand(QWEN25[name], tp)
+    assert plan.params_total == total
+    assert round(plan.params_total / 1e9, 1 if billions > 10 else 2) == billions
+    assert (plan.dp_shard, plan.tp) == (world // tp, tp)
+    hand_bytes = local * 2 / plan.dp_shard  # bf16, FSDP2 over dp_shard ranks
+    got = plan.gib["parameters"] * GIB
+    # FSDP2 pads each parameter's dim 0 to a multiple of dp_shard: at most dp_shard - 1 rows per parameter
+    assert hand_bytes <= got * (1 + 1e-4) and got <= hand_bytes * 1.002 + 1e5
+    assert plan.gib["gradients"] == plan.gib["parameters"]
+    assert plan.gib["optimizer_states"] == pytest.approx(2 * plan.gib["parameters"], abs=2e-4)
+    # the logits the fused ops never form: micro_batch_tokens x V/tp fp32
+    vocab = QWEN25[name]["vocab_size"]
+    assert plan.gib["logits_avoided_fp32"] == pytest.approx(32768 * math.ceil(vocab / tp) * 4 / GIB, abs=1e-4)
+
+
+def test_plan_command_prints_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    rc = main(["plan", CONFIG, "--world", "8", "--json", str(out), "model.path=models/Qwen2.5-7B-Instruct",
+               "rollout.engine=own", f"run.out_dir={tmp_path}"])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["model"] == "Qwen2.5-7B" and data["world"] == 8
+    assert "activations_checkpointing" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("override,key", [("dist.tp=3", "dist.tp"), ("dist.tp=8", "num_attention_heads"),
+                                          ("dist.dp_shard=3", "dist.dp_shard")])
+def test_plan_refuses_a_mesh_that_does_not_fit(override, key):
+    cfg = load_config(CONFIG, ["model.path=models/Qwen2.5-7B-Instruct", "dist.strategy=fsdp", override])
+    with pytest.raises(ConfigError, match=key):
+        memory_plan(cfg, 8)
