@@ -5,8 +5,17 @@ each architecture (sm_90: H100/H200, sm_80: A100), compile with Triton's own too
 registers, spills (ptxas -v), stack/local bytes (cuobjdump), shared memory, and whether the PTX uses
 wgmma (sm_90) or mma (sm_80). Writes benchmarks/results/kernel_report.json and prints a table.
 
-    python benchmarks/kernel_report.py            # everything, bf16 and fp32 (several minutes on 2 cores)
+    python benchmarks/kernel_report.py            # everything, bf16 and fp32 (under a minute on 2 cores)
     python benchmarks/kernel_report.py --quick    # one configuration per kernel variant
+    python benchmarks/kernel_report.py --triton 3.6.0   # the same under another Triton (the GPU image's), in a
+        # separate virtual environment (~/.cache/seedfast/triton-3.6.0, made with pip on first use; the project's
+        # own environment is not touched) -> results/kernel_report_triton3.6.json. Not run by CI.
+
+Checks (a problem fails the run): compiles; no spills or local memory; shared memory within the limit; wgmma
+(sm_90) or mma (sm_80) in 16-bit kernels with a dot; and a pipelined main loop (the innermost loop around the
+tensor-core instructions): asynchronous copies inside it, no `cp.async.wait_group 0` inside it, no scalar 16-bit
+global loads inside it. Divisibility hints are the ones the launcher passes at the benchmark shapes (N = 16384,
+d = 4096, V = 152064: all multiples of 16), plus variants without N's hint (odd micro-batch token counts).
 """
 
 from __future__ import annotations
@@ -24,12 +33,36 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile the real kernels, never interpreter stand-ins
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _under_other_triton(argv: list[str]) -> int | None:
+    """With --triton VERSION: run this script under that Triton in its own venv (made on first use)."""
+    if "--triton" not in argv:
+        return None
+    i = argv.index("--triton")
+    version = argv[i + 1]
+    rest = argv[:i] + argv[i + 2:]
+    venv = os.path.join(os.path.expanduser("~"), ".cache", "seedfast", f"triton-{version}")
+    py = os.path.join(venv, "bin", "python")
+    if not os.path.exists(py):
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", f"triton=={version}"], check=True)
+    if "--out" not in rest:
+        short = ".".join(version.split(".")[:2])
+        rest += ["--out", os.path.join(REPO, "benchmarks", "results", f"kernel_report_triton{short}.json")]
+    env = {**os.environ, "PYTHONPATH": REPO}  # the kernels import nothing but triton
+    return subprocess.run([py, os.path.abspath(__file__), *rest], env=env).returncode
+
+
+if __name__ == "__main__" and "--triton" in sys.argv:
+    sys.exit(_under_other_triton(sys.argv[1:]))
 
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from seedfast.kernels import autotuned, linear_logprob_bwd, linear_logprob_fwd, matmul, token_loss  # noqa: E402
+from seedfast.kernels import autotuned, fused_rows, linear_logprob_bwd, linear_logprob_fwd, token_loss  # noqa: E402
 from seedfast.kernels import configs as C  # noqa: E402
 
 # Largest dynamic shared memory one block may opt into (CUDA programming guide, compute capabilities).
@@ -70,8 +103,9 @@ def variants(dtype: str = "bf16") -> list[Variant]:
                **_ptrs("fp32", "m_ptr", "s_ptr", "u_ptr", "zy_ptr", "mt_ptr", "st_ptr", "zyt_ptr"),
                "N": "i32", "V": "i32", "D": "i32", "n_splits": "i32", "group_n": "i32", "stride_hn": "i32",
                "stride_htn": "i32", "stride_wv": "i32", "inv_temp": "fp32"}
+    # Divisibility by 16 as the launcher passes it at the benchmark shapes (N = 16384, d = 4096, V = 152064).
     fwd_div = ("h_ptr", "ht_ptr", "w_ptr", "y_ptr", "m_ptr", "s_ptr", "u_ptr", "zy_ptr", "mt_ptr", "st_ptr",
-               "zyt_ptr", "V", "D", "stride_hn", "stride_htn", "stride_wv")
+               "zyt_ptr", "N", "V", "D", "stride_hn", "stride_htn", "stride_wv")
     for teacher, tuned_name in ((False, "fwd_single"), (True, "fwd_dual")):
         for entropy in (False, True):
             out.append(Variant(
@@ -92,26 +126,32 @@ def variants(dtype: str = "bf16") -> list[Variant]:
     grad_sig = {**_ptrs(dtype, "h_ptr", "w_ptr"), "y_ptr": "*i64",
                 **_ptrs("fp32", "lse_ptr", "ent_ptr", "a_ptr", "b_ptr"), "g_ptr": f"*{dtype}",
                 "N": "i32", "D": "i32", "v_start": "i32", "v_stop": "i32", "stride_hn": "i32", "stride_wv": "i32",
-                "stride_gn": "i32", "inv_temp": "fp32"}
-    grad_div = tuple(k for k in grad_sig if k.endswith("_ptr")) + ("D", "v_start", "stride_hn", "stride_wv",
-                                                                    "stride_gn")
+                "stride_gn": "i32", "inv_temp": "fp32", "scale": "fp32"}
+    # What the launcher passes at the benchmark shapes: N = 16384 tokens, d = 4096, chunk starts and the G row
+    # stride multiples of 256 (choose_grad_chunk); v_stop = V = 152064 = 16·9504 too.
+    grad_div = tuple(k for k in grad_sig if k.endswith("_ptr")) + ("N", "D", "v_start", "v_stop", "stride_hn",
+                                                                    "stride_wv", "stride_gn")
     for has_b in (False, True):
         out.append(Variant("grad_logits", "a+b" if has_b else "a", linear_logprob_bwd.linear_logprob_grad_logits_kernel,
                            grad_sig, dict(stride_hd=1, stride_wd=1, HAS_B=has_b, DOT_PRECISION=prec), grad_div,
                            _candidates("grad_logits", dtype)))
-    mm_sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "M": "i32", "N": "i32", "K": "i32"}
-    # dW[chunk] = Gᵀ·H: A = Gᵀ (stride_am = 1), written in the weight dtype.
-    out.append(Variant("matmul", "dW=G^T.H", matmul.matmul_kernel,
-                       {**mm_sig, "c_ptr": f"*{dtype}", "stride_ak": "i32", "stride_bk": "i32", "stride_cm": "i32"},
-                       dict(stride_am=1, stride_bn=1, stride_cn=1, ACCUMULATE=False, DOT_PRECISION=prec),
-                       ("a_ptr", "b_ptr", "c_ptr", "N", "stride_ak", "stride_bk", "stride_cm"),
-                       _candidates("matmul_dw", dtype)))
-    # dH += G·W[chunk] into the fp32 buffer.
-    out.append(Variant("matmul", "dH+=G.W", matmul.matmul_kernel,
-                       {**mm_sig, "c_ptr": "*fp32", "stride_am": "i32", "stride_bk": "i32", "stride_cm": "i32"},
-                       dict(stride_ak=1, stride_bn=1, stride_cn=1, ACCUMULATE=True, DOT_PRECISION=prec),
-                       ("a_ptr", "b_ptr", "c_ptr", "N", "K", "stride_am", "stride_bk", "stride_cm"),
-                       _candidates("matmul_dh", dtype)))
+    # The single pass's row kernels (memory-bound, no dot): Z fp32 [R, V], G in the input dtype (fp32: in place).
+    stats_sig = {"z_ptr": "*fp32", "y_ptr": "*i64", **_ptrs("fp32", "lse_ptr", "logprob_ptr", "entropy_ptr"),
+                 "R": "i32", "V": "i32", "stride_zr": "i32", "inv_temp": "fp32", "ignore_index": "i32"}
+    rows_div = ("V", "stride_zr")
+    for entropy in (False, True):
+        out.append(Variant("row_stats", "+entropy" if entropy else "plain", fused_rows.row_stats_kernel, stats_sig,
+                           dict(WITH_ENTROPY=entropy, **C.ROW_STATS),
+                           tuple(k for k in stats_sig if k.endswith("_ptr")) + rows_div,
+                           _same_for_all(triton.Config({}, num_warps=C.ROW_STATS_NUM_WARPS))))
+    g_sig = {"z_ptr": "*fp32", "y_ptr": "*i64", **_ptrs("fp32", "lse_ptr", "ent_ptr", "a_ptr", "b_ptr"),
+             "g_ptr": f"*{dtype}", "R": "i32", "V": "i32", "stride_zr": "i32", "stride_gr": "i32", "inv_temp": "fp32",
+             "scale": "fp32"}
+    for has_b in (False, True):
+        out.append(Variant("grad_rows", "a+b" if has_b else "a", fused_rows.grad_from_logits_kernel, g_sig,
+                           dict(HAS_B=has_b, **C.GRAD_FROM_LOGITS),
+                           tuple(k for k in g_sig if k.endswith("_ptr")) + rows_div + ("stride_gr",),
+                           _same_for_all(triton.Config({}, num_warps=C.GRAD_FROM_LOGITS_NUM_WARPS))))
     tl_sig = {**_ptrs("fp32", "lp_ptr", "ent_ptr", "old_ptr", "ref_ptr", "teacher_ptr", "tmask_ptr", "adv_ptr",
                       "w_ptr", "a_ptr", "b_ptr", "stats_ptr"), "N": "i32",
               **{k: "fp32" for k in ("clip_low", "clip_high", "dual_clip", "kl_coef", "entropy_coef", "opd_coef",
@@ -128,6 +168,10 @@ def variants(dtype: str = "bf16") -> list[Variant]:
                            tuple(k for k in tl_sig if k.endswith("_ptr")),
                            _same_for_all(triton.Config({"BLOCK": C.TOKEN_LOSS_BLOCK},
                                                        num_warps=C.TOKEN_LOSS_NUM_WARPS))))
+    # A micro-batch's token count is rarely a multiple of 16: the JIT then compiles a variant without N's hint.
+    for v in [v for v in out if (v.kernel, v.name) in (("fwd", "single+entropy"), ("grad_logits", "a+b"))]:
+        out.append(Variant(v.kernel, v.name + " N%16!=0", v.fn, v.signature, v.constexprs,
+                           tuple(k for k in v.divisible if k != "N"), v.configs))
     return out
 
 
@@ -164,6 +208,44 @@ def _ptxas_spills(ptx: str, arch: int) -> tuple[int, int]:
     return int(stores), int(loads)
 
 
+_LABEL = re.compile(r"^(\$L__BB\d+_\d+):")
+_BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);")
+# A global load of one 16-bit element (no .v2/.v4 vector): a tensor-core operand fetched element by element.
+_SCALAR_16BIT_LOAD = re.compile(r"\bld\.global(?:\.[a-zA-Z0-9_:]+)*?\.(?:b16|u16|s16|f16|bf16)\b")
+
+
+def pipelining(ptx: str) -> dict:
+    """How the main loop (an innermost loop of the PTX holding wgmma or mma) moves its operands.
+
+    A loop is a label and a later branch back to it. Pipelined Triton loops keep `cp.async.wait_group N` with
+    N = num_stages - 2 > 0 (or TMA barriers) inside; `cp.async.wait_group 0` inside the loop means every
+    iteration waits for its own loads (no overlap), and scalar 16-bit global loads mean the operands are not
+    even vectorized (what an operand without divisibility hints compiles to)."""
+    lines = ptx.splitlines()
+    labels = {}
+    loops = []
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        label = _LABEL.match(stripped)
+        if label:
+            labels[label.group(1)] = i
+        branch = _BRANCH.search(stripped)
+        if branch and branch.group(1) in labels:  # target defined above: a back edge
+            loops.append((labels[branch.group(1)], i))
+    innermost = [(a, b) for a, b in loops if not any(a < c and d < b for c, d in loops if (c, d) != (a, b))]
+    main = [(a, b) for a, b in innermost if any("wgmma.mma_async" in x or "mma.sync" in x for x in lines[a:b + 1])]
+    body = [x.strip() for a, b in main for x in lines[a:b + 1]]
+    return {
+        "main_loops": len(main),
+        "wait_group_0_in_main_loop": any(x.startswith("cp.async.wait_group 0;") for x in body),
+        "async_copies_in_main_loop": sum("cp.async.cg" in x or "cp.async.ca" in x or "cp.async.bulk" in x
+                                         for x in body),
+        "scalar_16bit_loads_in_main_loop": sum(bool(_SCALAR_16BIT_LOAD.search(x)) for x in body),
+        "wgmma_wait_groups_in_main_loop": sorted({int(x.split()[-1].rstrip(";")) for x in body
+                                                  if x.startswith("wgmma.wait_group")}),
+    }
+
+
 def compile_one(variant: Variant, config, arch: int) -> dict:
     fn = variant.fn
     constexprs = {**variant.constexprs, **config.kwargs}
@@ -187,7 +269,7 @@ def compile_one(variant: Variant, config, arch: int) -> dict:
     row.update(ok=True, seconds=round(time.perf_counter() - start, 2), registers=usage.get("reg"),
                stack_bytes=usage.get("stack"), local_bytes=usage.get("local"), spill_stores=spill_stores,
                spill_loads=spill_loads, shared_bytes=compiled.metadata.shared, shared_limit=SHARED_LIMIT[arch],
-               wgmma="wgmma" in ptx, mma="mma.sync" in ptx)
+               wgmma="wgmma" in ptx, mma="mma.sync" in ptx, **pipelining(ptx))
     return row
 
 
@@ -198,7 +280,7 @@ def _job(args):
 
 
 def _uses_dot(kernel: str) -> bool:
-    return kernel in ("fwd", "grad_logits", "matmul")
+    return kernel in ("fwd", "grad_logits")
 
 
 def check(rows: list[dict]) -> list[str]:
@@ -218,6 +300,15 @@ def check(rows: list[dict]) -> list[str]:
                 problems.append(f"{where}: no wgmma in the sm_90 PTX")
             if r["arch"] == "sm_80" and not r["mma"]:
                 problems.append(f"{where}: no mma in the sm_80 PTX")
+            if not r["main_loops"]:
+                problems.append(f"{where}: no loop around the tensor-core instructions found in the PTX")
+            if r["wait_group_0_in_main_loop"]:
+                problems.append(f"{where}: unpipelined main loop (cp.async.wait_group 0 inside it)")
+            if r["scalar_16bit_loads_in_main_loop"]:
+                problems.append(f"{where}: {r['scalar_16bit_loads_in_main_loop']} scalar 16-bit global loads in "
+                                "the main loop (operands not vectorized)")
+            if not r["async_copies_in_main_loop"]:
+                problems.append(f"{where}: no asynchronous copies in the main loop (loads not pipelined)")
     return problems
 
 
@@ -232,6 +323,8 @@ def table(rows: list[dict]) -> str:
             lines.append(f"{r['arch']:6} {r['kernel']:11} {r['variant']:15} {tile:16} FAILED {r['error'][:60]}")
             continue
         tc = "wgmma" if r["wgmma"] else "mma" if r["mma"] else "-"
+        if _uses_dot(r["kernel"]) and r.get("dtype") != "fp32":  # fp32 runs on FMA units: no tensor-core loop
+            tc += "" if r["main_loops"] and not r["wait_group_0_in_main_loop"] else "!"
         lines.append(f"{r['arch']:6} {r['kernel']:11} {r['variant']:15} {tile:16} {cfg['num_warps']:>2} "
                      f"{cfg['num_stages']:>2} {r['registers']:>4} {r['spill_stores']:>4}/{r['spill_loads']:<4} "
                      f"{r['stack_bytes']:>5} {r['shared_bytes'] / 1024:>7.1f} {tc:5} {r['seconds']:>5}")
@@ -260,9 +353,11 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", type=int, action="append", choices=ARCHS, help="default: 90 and 80")
     parser.add_argument("--dtype", action="append", choices=("bf16", "fp16", "fp32"), help="default: bf16, fp32")
     parser.add_argument("--only", action="append",
-                        help="only this kernel (fwd, reduce, grad_logits, matmul, token_loss) or kernel/variant")
+                        help="only this kernel (fwd, reduce, grad_logits, row_stats, grad_rows, token_loss) or "
+                             "kernel/variant")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--triton", metavar="VERSION", help="run under this Triton version (separate venv)")
     args = parser.parse_args(argv)
     start = time.time()
     rows = run(args.quick, tuple(args.arch or ARCHS), tuple(args.dtype or ("bf16", "fp32")), args.jobs, args.only)

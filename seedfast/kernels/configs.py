@@ -41,19 +41,19 @@ FWD_DUAL_CONFIGS = {
     ],
 }
 # Backward: logits gradient of one vocabulary chunk (the forward's tile, one accumulator).
+# 128x256 is not here: with the b term's epilogue it spills under Triton 3.6 (136 B, the GPU image's version).
 _GRAD_LOGITS = [
-    _cfg(8, 3, BLOCK_N=128, BLOCK_V=256, BLOCK_D=64, GROUP_N=8),
     _cfg(8, 3, BLOCK_N=128, BLOCK_V=128, BLOCK_D=64, GROUP_N=8),
     _cfg(4, 4, BLOCK_N=64, BLOCK_V=128, BLOCK_D=64, GROUP_N=8),
     _cfg(8, 3, BLOCK_N=64, BLOCK_V=256, BLOCK_D=64, GROUP_N=8),
 ]
-GRAD_LOGITS_CONFIGS = {90: _GRAD_LOGITS, 80: _GRAD_LOGITS[1:]}
+GRAD_LOGITS_CONFIGS = {90: _GRAD_LOGITS, 80: _GRAD_LOGITS}
 # The backward's GEMMs (dW = Gᵀ·H, dH += G·W) and the single pass's logits GEMM are cuBLAS (torch.mm / addmm
 # with fp32 output), not Triton: docs/kernels.md, "GEMM-grade backward".
 # fp32 inputs multiply in fp32 ("ieee": FMA units, no tensor cores): small tiles, few stages, since fp32
 # tiles take twice the shared memory. Correctness path, not the fast one.
 _FP32 = [_cfg(8, 2, BLOCK_N=64, BLOCK_V=64, BLOCK_D=32)]
-_FP32_GRAD_LOGITS = [_cfg(8, 2, BLOCK_N=64, BLOCK_V=64, BLOCK_D=32, GROUP_N=8)]
+_FP32_GRAD_LOGITS = [_cfg(4, 2, BLOCK_N=64, BLOCK_V=64, BLOCK_D=32, GROUP_N=8)]
 FP32_CONFIGS = {
     "fwd": {90: _FP32, 80: _FP32},
     "grad_logits": {90: _FP32_GRAD_LOGITS, 80: _FP32_GRAD_LOGITS},
