@@ -1,19 +1,29 @@
-"""GPU microbenchmark of the fused linear log-prob kernels (bf16) against materialized logits and peers.
+"""GPU microbenchmark of the fused linear log-prob kernels (bf16) against materialized logits and peers, with a
+performance model (docs/kernels.md, "Performance model").
 
     python benchmarks/kernels.py            # N in {4096, 16384, 32768} x (d, V) in {(3584, 152064), (4096, 128256)}
     python benchmarks/kernels.py --quick    # N in {4096, 16384}, (3584, 152064) only
+    python benchmarks/kernels.py --model    # no GPU: the model's H200 prediction -> results/kernel_model.json
+
+The model counts, per design and phase, the executed FLOPs (the useful 2·N·V·d forward / 6·N·V·d forward +
+backward, plus recomputed logits) and the HBM bytes, and predicts the time as a roofline: a phase takes
+max(FLOPs / (GEMM rate x kernel efficiency), overlapped bytes / bandwidth) + exposed bytes / bandwidth, phases in
+sequence. On a GPU the GEMM rate is the cuBLAS GEMM of the logits shape measured in the same run and the
+bandwidth a measured device copy; each measured row gets its predicted time beside it.
 
 Variants: ours (single context), ours dual (teacher rows on the same W tiles, forward only: the teacher takes
 no gradient), PyTorch eager with materialized logits, torch.compile of the same, Liger-Kernel's fused linear
 cross entropy when installed, and a cuBLAS bf16 GEMM of the logits shape as the roofline. Times are medians
 of CUDA-event timings; memory is the peak allocated above the inputs (outputs included, listed apart).
-TFLOP/s count the model FLOPs: 2·N·V·d forward, 6·N·V·d forward + backward (what a linear layer needs;
-the kernels also recompute the logits in backward, 8·N·V·d in all). Writes results/kernels.json and a PNG.
+TFLOP/s count the model FLOPs: 2·N·V·d forward, 6·N·V·d forward + backward (what a linear layer needs);
+executed_tflop counts what the design runs (the two-pass backward of linear_logprob recomputes the logits: 8·N·V·d;
+fused_loss's single pass: 6·N·V·d). Writes results/kernels.json and a PNG.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -21,6 +31,132 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS_DIR, print_table, write_results  # noqa: E402
+
+# ----------------------------------------------------------------------------------------- performance model
+
+H200 = {"name": "H200 (datasheet)", "gemm_tflops": 989.0, "hbm_tbs": 4.8, "sms": 132, "l2_mib": 50}
+# Triton GEMM-like kernels (forward, recomputed logits gradient) relative to cuBLAS: an assumption until a GPU run
+# measures it (the issue's expert estimate put the old kernels at 64-84%); 1.0 gives the bound.
+TRITON_EFF = 0.8
+
+
+def _phase(name: str, engine: str, flops: float = 0.0, overlapped: float = 0.0, exposed: float = 0.0) -> dict:
+    return {"phase": name, "engine": engine, "flops": flops, "bytes_overlapped": overlapped, "bytes_exposed": exposed}
+
+
+def _fwd_phases(n: int, d: int, vocab: int, e: int, sms: int, before: bool) -> list[dict]:
+    """The Triton forward: 2NVd; W read once per token-block group, h once per vocabulary split."""
+    from seedfast.ops.triton_backend import wave_splits
+
+    blocks = math.ceil(n / 128)
+    if before:  # c2db20d: splits = max(8, ceil(4·SMs / blocks)), groups of ceil(SMs / splits) token blocks
+        splits = max(1, min(max(8, math.ceil(4 * sms / blocks)), math.ceil(vocab / 256), 256))
+        group = max(1, math.ceil(sms / splits))
+    else:
+        splits = wave_splits(blocks, math.ceil(vocab / 256), sms)
+        group = min(blocks, 16)
+    w_reads = math.ceil(blocks / group)
+    traffic = w_reads * vocab * d * e + splits * n * d * e + splits * n * 4 * 4 * 2
+    programs = blocks * splits
+    phase = _phase("fwd (Triton)", "triton", 2.0 * n * vocab * d, traffic)
+    # A partial last wave idles SMs: the compute time divides by the wave efficiency.
+    phase.update(splits=splits, group=group, w_reads=w_reads, waves=programs / sms,
+                 wave_eff=programs / (math.ceil(programs / sms) * sms))
+    return [phase, _phase("merge splits", "memory", exposed=splits * n * 16 + n * 16)]
+
+
+def design_phases(design: str, n: int, d: int, vocab: int, sms: int = 132, e: int = 2) -> list[dict]:
+    """Phases of one design at one shape (bf16: e = 2 bytes). Designs:
+    before_fwd / after_fwd          linear_logprob forward (Triton)
+    before_fwd_bwd                  c2db20d: forward + Triton recompute of G (2048-column chunks at N=16k) + Triton
+                                    GEMMs dW, dH; the fp32 dH read-modify-write is a separate epilogue pass
+    after_two_pass_fwd_bwd          linear_logprob now: forward + Triton recompute of G (256 MiB chunks) + cuBLAS dW,
+                                    dH (fp32 dH accumulated in cuBLAS's epilogue)
+    after_single_pass_fwd_bwd       fused_loss now: per row block, cuBLAS logits (fp32) + row kernels + cuBLAS dH, dW
+    """
+    gemm = 2.0 * n * vocab * d
+    if design in ("before_fwd", "after_fwd"):
+        return _fwd_phases(n, d, vocab, e, sms, before=design == "before_fwd")
+    if design in ("before_fwd_bwd", "after_two_pass_fwd_bwd"):
+        before = design == "before_fwd_bwd"
+        budget = (64 if before else 256) * 2**20
+        chunk = max(256, min(int(budget // (n * e)) // 256 * 256, math.ceil(vocab / 256) * 256))
+        chunks = math.ceil(vocab / chunk)
+        dh_rmw = n * d * 4 * (2 * chunks - 1)  # first chunk writes, the others read and write fp32 dH
+        g = n * vocab * e
+        phases = _fwd_phases(n, d, vocab, e, sms, before)
+        phases.append(_phase("token loss", "memory", exposed=n * 4 * 12))
+        phases.append(_phase("G = recomputed logits gradient (Triton)", "triton", gemm,
+                             overlapped=g + chunks * (n * d * e) + vocab * d * e))
+        engine = "triton" if before else "cublas"
+        phases.append(_phase("dW = G^T.H", engine, gemm, overlapped=g + chunks * n * d * e + vocab * d * e))
+        phases.append(_phase("dH += G.W", engine, gemm, overlapped=g + vocab * d * e + (0 if before else dh_rmw),
+                             exposed=dh_rmw if before else 0))
+        phases[-1].update(chunk=chunk, chunks=chunks, dh_rmw_gb=dh_rmw / 1e9)
+        if chunks > 1:
+            phases.append(_phase("dH fp32 -> bf16", "memory", exposed=n * d * (4 + e)))
+        return phases
+    if design == "after_single_pass_fwd_bwd":
+        from seedfast.ops.triton_backend import choose_fused_rows
+
+        rows = choose_fused_rows(n, vocab, e) or n
+        blocks = math.ceil(n / rows)
+        z = rows * vocab
+        dw_rmw = vocab * d * 4 * (2 * blocks - 1) if blocks > 1 else vocab * d * e
+        per_block = [
+            _phase("Z = h.W^T (cuBLAS, fp32 out)", "cublas", 2.0 * rows * vocab * d,
+                   overlapped=rows * d * e + vocab * d * e + z * 4),
+            _phase("row stats (Triton)", "memory", exposed=z * 4),
+            _phase("G from Z (Triton)", "memory", exposed=z * (4 + e)),
+            _phase("dH = G.W (cuBLAS)", "cublas", 2.0 * rows * vocab * d,
+                   overlapped=z * e + vocab * d * e + rows * d * e),
+        ]
+        phases = [{**p, "flops": p["flops"] * blocks, "bytes_overlapped": p["bytes_overlapped"] * blocks,
+                   "bytes_exposed": p["bytes_exposed"] * blocks} for p in per_block]
+        phases.append(_phase("dW += G^T.h (cuBLAS, fp32 C)", "cublas", gemm,
+                             overlapped=blocks * (z * e + rows * d * e) + dw_rmw))
+        phases[-1].update(rows=rows, blocks=blocks, dw_rmw_gb=dw_rmw / 1e9)
+        phases.append(_phase("token loss", "memory", exposed=n * 4 * 12))
+        if blocks > 1:
+            phases.append(_phase("dW fp32 -> bf16", "memory", exposed=vocab * d * (4 + e)))
+        return phases
+    raise ValueError(f"unknown design {design!r}")
+
+
+def predict(design: str, n: int, d: int, vocab: int, gemm_tflops: float, hbm_tbs: float, sms: int = 132,
+            triton_eff: float = TRITON_EFF) -> dict:
+    """Roofline prediction of one design: executed and useful FLOPs, bytes, time and % of the GEMM rate."""
+    phases = design_phases(design, n, d, vocab, sms)
+    total_ms = 0.0
+    for p in phases:
+        rate = gemm_tflops * 1e12 * (triton_eff if p["engine"] == "triton" else 1.0) * p.get("wave_eff", 1.0)
+        compute = p["flops"] / rate if p["flops"] else 0.0
+        p["ms"] = 1e3 * (max(compute, p["bytes_overlapped"] / (hbm_tbs * 1e12)) + p["bytes_exposed"] / (hbm_tbs * 1e12))
+        total_ms += p["ms"]
+    useful = 2.0 * n * vocab * d * (1 if design.endswith("_fwd") else 3)
+    executed = sum(p["flops"] for p in phases)
+    return {"design": design, "N": n, "d": d, "V": vocab, "useful_tflop": useful / 1e12,
+            "executed_tflop": executed / 1e12,
+            "hbm_gb": sum(p["bytes_overlapped"] + p["bytes_exposed"] for p in phases) / 1e9,
+            "predicted_ms": total_ms, "gemm_ms_of_useful_work": 1e3 * useful / (gemm_tflops * 1e12),
+            "predicted_pct_of_gemm": 100.0 * useful / (gemm_tflops * 1e12) / (total_ms / 1e3),
+            "triton_eff": triton_eff, "phases": phases}
+
+
+DESIGNS = ("before_fwd", "after_fwd", "before_fwd_bwd", "after_two_pass_fwd_bwd", "after_single_pass_fwd_bwd")
+
+
+def model_report(shapes=((16384, 4096, 152064), (4096, 4096, 152064), (1024, 4096, 152064), (16384, 3584, 152064)),
+                 device: dict = H200) -> dict:
+    rows = []
+    for n, d, vocab in shapes:
+        for eff in (TRITON_EFF, 1.0):
+            for design in DESIGNS:
+                rows.append(predict(design, n, d, vocab, device["gemm_tflops"], device["hbm_tbs"], device["sms"], eff))
+    return {"device": device, "triton_eff_assumed": TRITON_EFF, "prediction": True,
+            "note": "a model prediction written before any GPU run, not a measurement (docs/kernels.md)",
+            "rows": rows}
+
 
 FULL_N = (4096, 16384, 32768)
 QUICK_N = (4096, 16384)
@@ -54,7 +190,7 @@ def _peak_extra_mib(torch, fn) -> float:
 
 def _variants(torch, n, d, vocab, modes):
     """name -> (forward fn | None, forward+backward fn | None); each fn runs once and drops its outputs."""
-    from seedfast.ops import linear_logprob
+    from seedfast.ops import fused_loss, linear_logprob
 
     g = torch.Generator(device="cuda").manual_seed(0)
     hidden = (torch.randn(n, d, device="cuda", generator=g) / d**0.5).to(torch.bfloat16).requires_grad_()
@@ -75,6 +211,14 @@ def _variants(torch, n, d, vocab, modes):
         (out.logprob * upstream).sum().backward()
         clear()
 
+    token_weights = torch.full((n,), 1.0 / n, device="cuda")
+
+    def ours_loss_fwd_bwd():  # the training loss: fused_loss's single pass (6NVd)
+        loss, _ = fused_loss(hidden, weight, targets, token_weights=token_weights, advantages=upstream,
+                             old_logprob=None, backend="triton")
+        loss.backward()
+        clear()
+
     def eager_logprob(h, w, y):
         logits = (h @ w.T).float()
         return torch.log_softmax(logits, dim=-1).gather(1, y[:, None])[:, 0]
@@ -90,6 +234,7 @@ def _variants(torch, n, d, vocab, modes):
     variants = {
         "cublas_gemm": (lambda: hidden.detach() @ weight.detach().T, None),
         "ours": (ours_fwd, ours_fwd_bwd),
+        "ours_loss": (None, ours_loss_fwd_bwd),
         "ours_dual": (lambda: ours_fwd(teacher), None),
         "eager": (eager_fwd, eager_fwd_bwd),
     }
@@ -117,9 +262,23 @@ def _variants(torch, n, d, vocab, modes):
     return variants, outputs_mib
 
 
-def run(ns, dvs, reps: int, modes, on_shape_done=None) -> list[dict]:
+# Which model design each measured variant runs (docs/kernels.md).
+MODEL_OF = {("ours", "fwd"): "after_fwd", ("ours", "fwd_bwd"): "after_two_pass_fwd_bwd",
+            ("ours_loss", "fwd_bwd"): "after_single_pass_fwd_bwd"}
+
+
+def measure_bandwidth_tbs(torch, gib: float = 1.0, reps: int = 5) -> float:
+    """HBM bandwidth of a device-to-device copy (read + write) of `gib` GiB, TB/s."""
+    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = _time_ms(torch, lambda: dst.copy_(src), reps)
+    return 2 * gib * 2**30 / (ms / 1e3) / 1e12
+
+
+def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | None = None) -> list[dict]:
     import torch
 
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for d, vocab in dvs:
         for n in ns:
@@ -146,6 +305,14 @@ def run(ns, dvs, reps: int, modes, on_shape_done=None) -> list[dict]:
                     if "ms" in row and gemm_ms:
                         # Same FLOP rate as the GEMM = 100%; forward + backward is 3 GEMMs of work.
                         row["pct_of_gemm"] = 100.0 * gemm_ms * (1 if phase == "fwd" else 3) / row["ms"]
+                        design = MODEL_OF.get((name, phase))
+                        if design and bandwidth_tbs:  # the roofline from this run's GEMM rate and bandwidth
+                            gemm_tflops = flops["fwd"] / gemm_ms / 1e9
+                            for eff, key in ((1.0, "predicted_ms_bound"), (TRITON_EFF, "predicted_ms")):
+                                model = predict(design, n, d, vocab, gemm_tflops, bandwidth_tbs, sms, eff)
+                                row[key] = model["predicted_ms"]
+                            row.update(executed_tflop=model["executed_tflop"], hbm_gb=model["hbm_gb"],
+                                       model_design=design)
                     rows.append(row)
                     print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
             del variants
@@ -195,12 +362,26 @@ def _plot(rows, path: Path) -> bool:
     return True
 
 
+def write_model() -> int:
+    report = model_report()
+    columns = ["N", "d", "V", "design", "triton_eff", "useful_tflop", "executed_tflop", "hbm_gb", "predicted_ms",
+               "gemm_ms_of_useful_work", "predicted_pct_of_gemm"]
+    print_table(report["rows"], columns, title=f"predicted on {report['device']['name']} (a model, not a measurement)")
+    path = write_results("kernel_model", report, packages=("triton", "torch"))
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    parser.add_argument("--model", action="store_true",
+                        help="no GPU needed: the model's H200 prediction (before/after) -> results/kernel_model.json")
     args = parser.parse_args(argv)
+    if args.model:
+        return write_model()
     try:
         import torch
     except ImportError:
@@ -211,17 +392,22 @@ def main(argv=None) -> int:
               "kernels without a GPU)")
         return 0
     modes = set() if args.no_compile else {"compile"}
+    bandwidth = measure_bandwidth_tbs(torch)
+    from seedfast.ops import triton_backend
+
     meta = {"dtype": "bfloat16", "reps": args.reps, "quick": args.quick,
-            "flop_convention": "fwd 2NVd, fwd+bwd 6NVd (model FLOPs)"}
+            "flop_convention": "fwd 2NVd, fwd+bwd 6NVd (model FLOPs); executed_tflop: what the design runs",
+            "measured_bandwidth_tbs": bandwidth, "triton_eff_assumed": TRITON_EFF}
     packages = ("torch", "triton", "liger-kernel", "seedfast")
 
     def save_partial(rows):  # a run cut short by a time limit still leaves its measured shapes
         write_results("kernels", {**meta, "partial": True, "rows": rows}, packages=packages)
 
     rows = run(QUICK_N if args.quick else FULL_N, QUICK_DV if args.quick else FULL_DV, args.reps, modes,
-               save_partial)
-    columns = ["N", "d", "V", "variant", "phase", "ms", "tflops", "pct_of_gemm", "peak_extra_mib", "outputs_mib",
-               "error"]
+               save_partial, bandwidth)
+    meta["gemm_f32_output_mode"] = triton_backend.GEMM_F32_MODE["mode"]  # cuBLAS epilogue or the fallback
+    columns = ["N", "d", "V", "variant", "phase", "ms", "predicted_ms", "predicted_ms_bound", "tflops", "pct_of_gemm",
+               "executed_tflop", "hbm_gb", "peak_extra_mib", "outputs_mib", "error"]
     print_table(rows, columns, title=f"\nfused linear log-prob, bf16, {torch.cuda.get_device_name(0)}")
     dual = _dual_overhead(rows)
     print_table(dual, ["N", "d", "V", "teacher_cost_vs_separate_forward"], title="\ndual context")
