@@ -5,8 +5,10 @@
 #
 #   benchmarks/gpu_check.sh OUT_DIR          (from anywhere; PYTHON=/path/to/python to pick the interpreter)
 #
-# Writes OUT_DIR/{env.txt, nvidia-smi.txt, pytest_gpu.xml (JUnit), pytest_gpu.log, kernels.log, kernels.json,
-# kernels.png, peers.log, peers_cuda.json, summary.txt}. Exit status: non-zero when a test failed or a step ran past its time limit.
+# Writes OUT_DIR/{env.txt, gemm_reference.json, nvidia-smi.txt, pytest_gpu.xml (JUnit), pytest_gpu.log, kernels.log,
+# kernels.json, kernels.png, peers.log, peers_cuda.json, summary.txt}. Exit status: non-zero when a test failed, a
+# test file failed to import, or a step ran past its time limit. A test file that fails to import is reported and
+# the other files' tests still run (--continue-on-collection-errors).
 set -uo pipefail
 
 OUT=${1:?usage: benchmarks/gpu_check.sh OUT_DIR}
@@ -27,16 +29,46 @@ export PYTHONDONTWRITEBYTECODE=1
   date -u +"%Y-%m-%dT%H:%M:%SZ"
   git rev-parse HEAD 2>/dev/null || true
   py "import torch, triton, seedfast.kernels as k; print('python', sys.version.split()[0]);
-print('torch', torch.__version__, 'cuda', torch.version.cuda); print('triton', triton.__version__);
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cublas', torch.backends.cuda.preferred_blas_library());
+print('triton', triton.__version__);
 print('gpu', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None); print('kernels', k.__file__)"
 } > "$OUT/env.txt" 2>&1
 command -v nvidia-smi >/dev/null && nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+
+# The reference the kernels are judged against: a cuBLAS bf16 GEMM of the logits shape (N=4096, d=4096,
+# V=152064), a device copy's bandwidth, and whether torch takes an fp32 C beside bf16 inputs in one cuBLAS call
+# (seedfast/ops/triton_backend.py, GEMM_F32_MODE: "addmm", else the slower "mm+add").
+timeout 60 "$PY" -c "$BOOT
+import json, torch, triton
+from seedfast.ops import triton_backend as tb
+out = {'torch': torch.__version__, 'cuda': torch.version.cuda, 'triton': triton.__version__}
+if torch.cuda.is_available():
+    n, d, v = 4096, 4096, 152064
+    h = torch.randn(n, d, device='cuda', dtype=torch.bfloat16)
+    w = torch.randn(v, d, device='cuda', dtype=torch.bfloat16)
+    def ms(fn, reps=10):
+        fn(); torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps): fn()
+        b.record(); torch.cuda.synchronize()
+        return a.elapsed_time(b) / reps
+    t = ms(lambda: h @ w.T)
+    src = torch.empty(2**30, dtype=torch.uint8, device='cuda'); dst = torch.empty_like(src)
+    c = torch.zeros(n, d, device='cuda')
+    g = torch.randn(n, 8192, device='cuda', dtype=torch.bfloat16)
+    tb._matmul(g, w[:8192], c, True, 1.0, 'probe')
+    out.update(gpu=torch.cuda.get_device_name(0), gemm_shape=[n, d, v], gemm_ms=t, gemm_tflops=2*n*d*v/t/1e9,
+               copy_tbs=2 * 2**30 / (ms(lambda: dst.copy_(src)) / 1e3) / 1e12,
+               gemm_f32_output_mode=tb.GEMM_F32_MODE['mode'])
+print(json.dumps(out))
+json.dump(out, open(sys.argv[1], 'w'), indent=1)" "$OUT/gemm_reference.json" >> "$OUT/env.txt" 2>&1
 
 status=0
 start=$(date +%s)
 timeout 240 "$PY" -c "$BOOT
 import pytest; sys.exit(pytest.main(sys.argv[1:]))" -m gpu tests -q -rs -p no:cacheprovider \
-  --junitxml="$OUT/pytest_gpu.xml" > "$OUT/pytest_gpu.log" 2>&1
+  --continue-on-collection-errors --junitxml="$OUT/pytest_gpu.xml" > "$OUT/pytest_gpu.log" 2>&1
 tests_rc=$?
 [ $tests_rc -ne 0 ] && status=1
 tests_s=$(( $(date +%s) - start ))
@@ -63,6 +95,8 @@ rm -rf "$BOOTDIR"
 
 {
   echo "pytest -m gpu: exit $tests_rc in ${tests_s}s ($(tail -n 1 "$OUT/pytest_gpu.log"))"
+  grep -E "^ERROR .*(collect|import)|^ERROR tests/" "$OUT/pytest_gpu.log" | sed 's/^/  collection: /' || true
+  echo "gemm reference: $(tail -n 1 "$OUT/env.txt")"
   echo "benchmarks/kernels.py: exit $bench_rc in ${bench_s}s (124 = time limit; kernels.json keeps finished shapes)"
   echo "benchmarks/peers.py --device cuda: exit $peers_rc in ${peers_s}s (124 = time limit)"
 } | tee "$OUT/summary.txt"

@@ -137,3 +137,33 @@ def test_public_ops_match_torch_backend():
     assert_close(results["triton"][2], results["torch"][2], 1e-2, "fused grad_hidden")
     assert_close(results["triton"][3], results["torch"][3], 1e-2, "fused grad_weight")
     assert set(results["triton"][1]) == set(results["torch"][1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_single_pass_in_row_blocks(monkeypatch, dtype):
+    # fused_loss's single pass (docs/kernels.md) at a realistic shape in 3 row blocks (dW accumulates in fp32),
+    # per-token-mean weights (fp16: G ~ 1/(N·V) needs the scale). On-policy GRPO with an entropy bonus has
+    # a_t = -A_t·w_t and b_t = -c·w_t exactly, so the fp64 reference needs no loss code.
+    from seedfast.ops import triton_backend as tb
+
+    n, d, vocab, coef = 3000, 3584, 152064, 0.01
+    monkeypatch.setenv("SEEDFAST_TRITON_FUSED_MB", str(1024 * vocab * 6 / 2**20))
+    assert tb.choose_fused_rows(n, vocab, 2) == 1024
+    hidden, weight, targets = _case(n, d, vocab, dtype, seed=7)
+    g = torch.Generator(device="cuda").manual_seed(8)
+    adv = torch.randn(n, device="cuda", generator=g)
+    w = torch.where(targets == -100, 0.0, 1.0 / n)
+    per_token = dict(old_logprob=None, ref_logprob=None, teacher_logprob=None, teacher_mask=None, advantages=adv,
+                     token_weights=w)
+    options = dict(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, kl_kind="k3", entropy_coef=coef,
+                   opd_coef=0.0, opd_beta=5.0, gate="gap")
+    loss, _, grad_h, grad_w, logprob = tb.fused_forward_backward(
+        hidden, weight, targets, temperature=1.0, ignore_index=-100, with_entropy=True, per_token=per_token,
+        options=options)
+    ref_lp, ref_ent, ref_gh, ref_gw = _reference(hidden, weight, targets, -adv * w, -coef * w)
+    ref_loss = (w.double() * (-adv.double() - coef * ref_ent)).sum()
+    assert_close(loss, ref_loss, 1e-3, "loss")
+    assert_close(logprob, ref_lp, 1e-2, "logprob")
+    for got, ref, what in ((grad_h, ref_gh, "grad_hidden"), (grad_w, ref_gw, "grad_weight")):
+        norm = 1 / float(ref.abs().max())  # per-token-mean gradients are small: compare relative to their max
+        assert_close(got.double() * norm, ref * norm, 2e-2, what)
