@@ -7,6 +7,7 @@ Tensor parallel (mesh dim "tp"), Megatron's layout without sequence parallel (th
     embed_tokens              RowwiseParallel  (vocabulary-parallel embedding: rows of V per rank)
     lm_head (untied)          ColwiseParallel  (vocabulary-parallel: the fused log-prob runs on the local rows,
                                                 ops/vocab_parallel.py; its forward is never called)
+    q_norm, k_norm (Qwen3)    SequenceParallel over the head dimension (replicated weights, gradients summed)
 The attention modules then hold n_heads / tp query heads and n_kv_heads / tp key-value heads.
 
 FSDP2 (mesh dim "dp_shard") shards every parameter over the data-parallel ranks, one all-gather unit per decoder
@@ -20,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from seedfast.model.decoder import Decoder
 
@@ -55,6 +57,11 @@ def apply_tp(model: Decoder, tp_mesh: DeviceMesh) -> Decoder:
             "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
             "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel(),
         })
+        if hasattr(layer.self_attn, "q_norm"):
+            # Qwen3's per-head q/k norms see this rank's heads ([N, heads / tp, hd]): their weights are replicated
+            # DTensors over inputs sharded on the head dimension, so their gradients are summed over the group
+            heads = SequenceParallel(sequence_dim=1, use_local_output=True)
+            parallelize_module(layer.self_attn, tp_mesh, {"q_norm": heads, "k_norm": heads})
         layer.self_attn.n_heads //= tp  # the views in Attention.qkv now see this rank's heads
         layer.self_attn.n_kv_heads //= tp
     model.tp_mesh = tp_mesh
@@ -109,3 +116,21 @@ def unsharded(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
         for m in mods:
             m.reshard()
             m.set_reshard_after_forward(True, recurse=False)
+
+
+def clip_sharded_grads(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """clip_grad_norm_ for sharded parameters; returns the global 2-norm (before clipping). FSDP2 x TP leaves
+    parameters on two meshes (the 2-D one where TP placed them, the data-parallel one for the rest) and DTensor
+    computes within one mesh: each mesh's norm is made whole by DTensor (`full_tensor`), the squares are added,
+    and each mesh's gradients are scaled by the same factor."""
+    by_mesh: dict[Any, list[torch.nn.Parameter]] = {}
+    for p in params:
+        by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+    squares = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type=2.0)
+        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).float() ** 2)
+    total = torch.stack(squares).sum().sqrt()
+    for group in by_mesh.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+    return total

@@ -128,6 +128,16 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
 _TEACHER_MEANS = ("gate_mean", "opd_term")  # means over teacher-valid tokens (ops/token_loss.py metric_means)
 
 
+def _head_loss(weight: torch.Tensor):
+    """fused_loss, or its tensor-parallel twin when the LM head is split over the vocabulary (dist.tp > 1)."""
+    if type(weight).__name__ == "DTensor":
+        from seedfast.dist.vocab_head import is_vocab_parallel, tp_fused_loss
+
+        if is_vocab_parallel(weight):
+            return tp_fused_loss
+    return fused_loss
+
+
 def _collective_free(model, dp: DataParallel | None):
     """With `dp`, the model's FSDP2 units stay gathered through the micro-batch, so that the teacher branch (run
     only on ranks whose micro-batch has a teacher) issues no collectives."""
@@ -184,7 +194,7 @@ def _micro_batch(model, batch: UpdateBatch, index: list[int], group: list[int] |
         teacher_mask = _gather(batch.teacher_mask, batch, micro).to(device)
     else:
         teacher_logprob = teacher_mask = None
-    loss, metrics, logprob = fused_loss(
+    loss, metrics, logprob = _head_loss(model.lm_head_weight)(
         rows, model.lm_head_weight, packed.targets,
         token_weights=w.to(device),
         advantages=_gather(batch.advantages, batch, micro).to(device),
@@ -271,7 +281,9 @@ def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
         return 0.0
+    if any(type(p.grad).__name__ == "DTensor" for p in params):
+        from seedfast.dist.parallelize import clip_sharded_grads
+
+        return float(clip_sharded_grads(params, max_norm if max_norm is not None else math.inf))
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else math.inf)
-    if hasattr(norm, "full_tensor"):  # sharded parameters (DTensor): the norm over every shard
-        norm = norm.full_tensor()
     return float(norm)

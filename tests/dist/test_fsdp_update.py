@@ -40,7 +40,7 @@ def _batch(samples, teacher: bool) -> UpdateBatch:
 
 
 def _update(model, samples, case, dp=None):
-    opt = adamw(list(model.parameters()), lr=LR, weight_decay=0.01)
+    opt = adamw(list(model.parameters()), lr=LR, weight_decay=0.01, eps=1e-4)  # as in test_2d_mesh.py
     batch = _batch(samples, case["teacher"])
     loss, metrics = minibatch_loss_backward(model, batch, list(range(len(samples))), case["loss"], use_kl=False,
                                             use_opd=case["use_opd"], temperature=1.1, token_budget=BUDGET, dp=dp)

@@ -1,0 +1,125 @@
+"""The tensor-parallel LM head: log-probs and the fused loss on this rank's rows of the vocabulary.
+
+With `dist.tp > 1` the LM head (and the embedding) is sharded over the vocabulary by dist/parallelize.py: a DTensor
+placed Shard(0) on the tensor-parallel mesh. These functions take that DTensor as it is, run the streamed
+log-prob of `seedfast/ops/vocab_parallel.py` on the local rows (max / sum-exp / target / entropy reduced across the
+tensor-parallel group) and, for the loss, the per-token formulas of `seedfast/ops/token_loss.py` (the very ones
+`fused_loss` uses) on the resulting [N] log-probs. No rank ever holds [tokens x V] logits, nor the full dW: each
+rank's weight gradient is its own rows (docs/scaling.md, 'Tensor-parallel LM head').
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from seedfast.ops import LinearLogprobOutput, get_backend
+from seedfast.ops.token_loss import metric_means, needs_entropy
+from seedfast.ops.validate import check_loss_options, check_per_token
+from seedfast.ops.vocab_parallel import vocab_parallel_logprob
+
+
+def is_vocab_parallel(weight: torch.Tensor) -> bool:
+    """Whether `weight` is an LM head sharded over the vocabulary (a DTensor with Shard(0) on some mesh dim)."""
+    return isinstance(weight, DTensor) and any(p == Shard(0) for p in weight.placements)
+
+
+def local_vocab(weight: DTensor) -> tuple[torch.Tensor, int, Any]:
+    """(this rank's rows of W, differentiable; the global id of its first row; the process group over which the
+    vocabulary is split)."""
+    dims = [i for i, p in enumerate(weight.placements) if p == Shard(0)]
+    if len(dims) != 1 or any(p != Shard(0) and not p.is_replicate() for p in weight.placements):
+        raise ValueError(f"the LM head must be split over the vocabulary on one mesh dimension (Shard(0)) and "
+                         f"replicated on the others, got placements {weight.placements}")
+    _, offset = compute_local_shape_and_global_offset(weight.shape, weight.device_mesh, weight.placements)
+    return weight.to_local(), int(offset[0]), weight.device_mesh.get_group(dims[0])
+
+
+def tp_linear_logprob(hidden: torch.Tensor, weight: DTensor, targets: torch.Tensor, *,
+                      teacher_hidden: torch.Tensor | None = None, temperature: float = 1.0,
+                      with_entropy: bool = False, ignore_index: int = -100,
+                      backend: str | ModuleType = "auto") -> LinearLogprobOutput:
+    """`seedfast.ops.linear_logprob` for a vocabulary-parallel LM head; hidden, targets (global ids) and
+    teacher_hidden are the same on every rank of the tensor-parallel group."""
+    local, start, group = local_vocab(weight)
+    return vocab_parallel_logprob(hidden, local, targets, start, group=group, teacher_hidden=teacher_hidden,
+                                  temperature=temperature, with_entropy=with_entropy, ignore_index=ignore_index,
+                                  backend=backend)
+
+
+class _TokenLoss(torch.autograd.Function):
+    """The per-token loss of ops/token_loss.py on [N] log-probs (and entropies): its backward hands out the
+    a = ∂L/∂ℓθ and b = ∂L/∂H it computed in forward."""
+
+    @staticmethod
+    def forward(ctx, logprob, entropy, backend: ModuleType, per_token: dict, options: dict, extra_out: dict):
+        loss, a, b, sums = backend.token_loss(logprob.detach(), None if entropy is None else entropy.detach(),
+                                              **per_token, **options)
+        extra_out["sums"] = sums
+        ctx.ab = (a, b)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        a, b = ctx.ab
+        return a * grad_loss, (None if b is None else b * grad_loss), None, None, None, None
+
+
+def tp_fused_loss(hidden: torch.Tensor, weight: DTensor, targets: torch.Tensor, *, token_weights: torch.Tensor,
+                  advantages: torch.Tensor, old_logprob: torch.Tensor | None,
+                  ref_logprob: torch.Tensor | None = None, teacher_logprob: torch.Tensor | None = None,
+                  teacher_mask: torch.Tensor | None = None, clip_low: float = 0.2, clip_high: float = 0.2,
+                  dual_clip: float | None = 3.0, kl_coef: float = 0.0, kl_kind: str = "low_var_kl",
+                  entropy_coef: float = 0.0, opd_coef: float = 0.0, opd_beta: float = 5.0, gate: str = "gap",
+                  temperature: float = 1.0, ignore_index: int = -100, backend: str = "auto",
+                  return_logprob: bool = False
+                  ) -> tuple[torch.Tensor, dict] | tuple[torch.Tensor, dict, torch.Tensor]:
+    """`seedfast.ops.fused_loss` (same arguments, same results) for a vocabulary-parallel LM head."""
+    func = "tp_fused_loss"
+    if not is_vocab_parallel(weight):
+        raise TypeError(f"{func}: weight must be a vocabulary-parallel DTensor (Shard(0)); use "
+                        "seedfast.ops.fused_loss for a whole LM head")
+    if not isinstance(targets, torch.Tensor) or targets.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{func}: targets must be an int64 (or int32) tensor")
+    if hidden.dim() != 2 or weight.shape[1] != hidden.shape[1] or targets.shape != hidden.shape[:1]:
+        raise ValueError(f"{func}: hidden [N, d], weight [V, d] and targets [N] do not fit: {tuple(hidden.shape)}, "
+                         f"{tuple(weight.shape)}, {tuple(targets.shape)}")
+    if float(temperature) <= 0:
+        raise ValueError(f"{func}: temperature must be > 0, got {temperature}")
+    targets = targets.long()
+    n, device = hidden.shape[0], hidden.device
+    per_token = {
+        "old_logprob": check_per_token(func, "old_logprob", old_logprob, n, device, required=False),
+        "ref_logprob": check_per_token(func, "ref_logprob", ref_logprob, n, device, required=False),
+        "teacher_logprob": check_per_token(func, "teacher_logprob", teacher_logprob, n, device, required=False),
+        "teacher_mask": check_per_token(func, "teacher_mask", teacher_mask, n, device, floating=False,
+                                        required=False),
+        "advantages": check_per_token(func, "advantages", advantages, n, device),
+        "token_weights": check_per_token(func, "token_weights", token_weights, n, device),
+    }
+    check_loss_options(func, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
+                       kl_kind=kl_kind, entropy_coef=entropy_coef, opd_coef=opd_coef, opd_beta=opd_beta,
+                       gate=gate, has_ref=ref_logprob is not None, has_teacher=teacher_logprob is not None)
+    valid = targets != ignore_index
+    if bool(((targets < 0) & valid).any()) or bool((targets >= weight.shape[0]).any()):
+        raise ValueError(f"{func}: targets must lie in [0, {weight.shape[0]}) or be ignore_index={ignore_index}")
+    impl = get_backend(backend, device)
+    per_token["token_weights"] = torch.where(valid, token_weights.detach().float(), 0.0)
+    options = {"clip_low": float(clip_low), "clip_high": float(clip_high),
+               "dual_clip": None if dual_clip is None else float(dual_clip), "kl_coef": float(kl_coef),
+               "kl_kind": kl_kind, "entropy_coef": float(entropy_coef), "opd_coef": float(opd_coef),
+               "opd_beta": float(opd_beta), "gate": gate}
+    out = tp_linear_logprob(hidden, weight, targets, temperature=temperature,
+                            with_entropy=needs_entropy(entropy_coef, opd_coef, gate), ignore_index=ignore_index,
+                            backend=impl)
+    extra: dict = {}
+    loss = _TokenLoss.apply(out.logprob, out.entropy, impl, per_token, options, extra)
+    metrics = metric_means(extra["sums"])
+    metrics["loss"] = loss.detach()
+    if return_logprob:
+        return loss, metrics, out.logprob.detach()
+    return loss, metrics
