@@ -31,7 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"context", "envs", "model", "skills"},  # builds StepSamples and prompt segments (context)
     # scale-out (FSDP2, tensor parallel, the memory plan): reads the `dist:` section, wraps the model, shards the head
     "dist": {"config", "model", "ops"},
-    "runtime": {"config", "envs", "model", "rollout"},  # what SFT and RL share: builders, optimizer, checkpoints
+    # what SFT and RL share: builders, optimizer, checkpoints (sharded ones with dist's DCP)
+    "runtime": {"config", "dist", "envs", "model", "rollout"},
     "sft": {"config", "context", "envs", "model", "ops", "rollout", "runtime", "skills"},
     "train": {"algo", "config", "context", "dist", "envs", "model", "ops", "rollout", "runtime", "scoring", "skills"},
     "app": set(),  # the commands: every package below them (set just after this table)

@@ -64,7 +64,12 @@ def save_checkpoint(
     generators: dict[str, torch.Generator] | None = None,
     keep: int | None = None,
 ) -> Path:
-    """Write `ckpt_dir/step_<step>` atomically and return its path; keep only the newest `keep` checkpoints."""
+    """Write `ckpt_dir/step_<step>` atomically and return its path; keep only the newest `keep` checkpoints.
+    A sharded model (FSDP2 / tensor parallel) is written by every rank with DCP (`_save_sharded`)."""
+    from seedfast.dist.checkpoint import is_sharded
+
+    if is_sharded(model):
+        return _save_sharded(Path(ckpt_dir), step, model, optimizer, scheduler, trainer_state, generators, keep)
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step_{step}"
@@ -95,6 +100,48 @@ def save_checkpoint(
     if keep is not None and keep > 0:
         for old in list_checkpoints(ckpt_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                  scheduler: Any | None, trainer_state: dict[str, Any],
+                  generators: dict[str, torch.Generator] | None, keep: int | None) -> Path:
+    """Every rank writes its model and optimizer shards (DCP) and its RNG state into the temporary folder; rank 0
+    then writes the scheduler and trainer state, marks it complete and renames it into place, as above. Ranks
+    wait for each other before and after, so no rank reads a half-written checkpoint."""
+    from seedfast.dist.checkpoint import barrier, rank_and_world, save_states
+
+    rank, world = rank_and_world()
+    final = ckpt_dir / f"step_{step}"
+    tmp = ckpt_dir / f".step_{step}.tmp"
+    if rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    barrier()
+    save_states(tmp, model, optimizer)
+    torch.save(rng_state(generators), tmp / f"rng_rank{rank}.pt")
+    barrier()
+    if rank == 0:
+        torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None, "world": world},
+                   tmp / "state.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
+        (tmp / _COMPLETE).write_text("ok\n")
+        for f in sorted(tmp.rglob("*")):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        for d in (tmp / "dcp", tmp):
+            _fsync_dir(d)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(ckpt_dir)
+        if keep is not None and keep > 0:
+            for old in list_checkpoints(ckpt_dir)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+    barrier()
     return final
 
 
@@ -129,6 +176,13 @@ def load_checkpoint(
     path = Path(path)
     if not (path / _COMPLETE).exists():
         raise ValueError(f"checkpoint {path} is incomplete or missing (no {_COMPLETE} marker)")
+    from seedfast.dist.checkpoint import has_states, is_sharded
+
+    if has_states(path):
+        return _load_sharded(path, model, optimizer, scheduler, generators)
+    if is_sharded(model):
+        raise ValueError(f"checkpoint {path} was written by one process (model.safetensors); resume it with "
+                         "dist.strategy=none, or start the sharded run from an HF export (trainer.init_from)")
     tensors = load_file(path / "model.safetensors")
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     if missing or unexpected:
@@ -139,4 +193,20 @@ def load_checkpoint(
     if scheduler is not None and state["scheduler"] is not None:
         scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"], generators)
+    return json.loads((path / "trainer_state.json").read_text())
+
+
+def _load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any | None,
+                  generators: dict[str, torch.Generator] | None) -> dict[str, Any]:
+    """A checkpoint written by `_save_sharded` on any number of ranks, into this model however it is sharded (DCP
+    reshards). The RNG state is this rank's when the checkpoint has one (same rank count), else rank 0's."""
+    from seedfast.dist.checkpoint import load_states, rank_and_world
+
+    load_states(path, model, optimizer)
+    state = torch.load(path / "state.pt", weights_only=False)
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    rank, world = rank_and_world()
+    rng_file = path / f"rng_rank{rank if world == state['world'] else 0}.pt"
+    set_rng_state(torch.load(rng_file, weights_only=False), generators)
     return json.loads((path / "trainer_state.json").read_text())

@@ -1,0 +1,83 @@
+"""Distributed checkpoints of a sharded policy with torch.distributed.checkpoint (DCP), and its HF export.
+
+A sharded checkpoint folder holds `dcp/` (the model and optimizer states, written by every rank: its own shards,
+with DCP's metadata, keyed by parameter name) beside what runtime/checkpoint.py writes for every run (scheduler,
+RNG, trainer state). DCP reshards on load: a checkpoint written on N ranks loads on M ranks, or into one unsharded
+model in a process without a process group (docs/scaling.md, 'Checkpoints').
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.tensor import DTensor
+
+DCP_DIR = "dcp"
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether any parameter of `model` is a DTensor (FSDP2 and/or tensor parallel)."""
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def save_states(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Every rank writes its shards of the model (and optimizer) states to `folder`/dcp (a collective)."""
+    model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else [])
+    state: dict[str, Any] = {"model": model_sd}
+    if optimizer is not None:
+        state["optimizer"] = optim_sd
+    dcp.save(state, checkpoint_id=str(Path(folder) / DCP_DIR))
+
+
+def has_states(folder: str | Path) -> bool:
+    return (Path(folder) / DCP_DIR / ".metadata").is_file()
+
+
+def load_states(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Load `folder`/dcp into `model` (and `optimizer`), whatever the ranks that wrote it and whatever this
+    model's sharding (also none, in a process without a process group)."""
+    model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else [])
+    state: dict[str, Any] = {"model": model_sd}
+    if optimizer is not None:
+        state["optimizer"] = optim_sd
+    dcp.load(state, checkpoint_id=str(Path(folder) / DCP_DIR))
+    set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],
+                   optim_state_dict=state.get("optimizer", {}))
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded model state on the CPU of rank 0 (empty on the other ranks; a collective)."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def export_hf(model: torch.nn.Module, folder: str | Path) -> Path | None:
+    """The sharded policy as one HF folder (config.json + safetensors) that transformers loads: every rank takes
+    part in gathering the weights, rank 0 alone writes. Returns the folder on rank 0, None elsewhere."""
+    from seedfast.model import save_hf
+
+    state = full_state_dict(model)
+    rank, _ = rank_and_world()
+    out = save_hf(model, folder, state_dict=state) if rank == 0 else None
+    barrier()
+    return out
