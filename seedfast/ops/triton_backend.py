@@ -308,16 +308,29 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: boo
         return
     if out.dtype == a.dtype:
         torch.addmm(out, a, b, beta=beta, alpha=alpha, out=out)
-        return
+    else:
+        _gemm_f32_out(a, b, out, accumulate, alpha)
+
+
+def _gemm_f32_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool, alpha: float) -> None:
+    """fp32 out (+)= alpha·(a @ b) for 16-bit a, b: one cuBLAS call where torch allows it, else the fallbacks."""
+    beta = 1.0 if accumulate else 0.0
     if GEMM_F32_MODE["mode"] == "addmm":
         try:
             torch.addmm(out, a, b, beta=beta, alpha=alpha, out_dtype=out.dtype, out=out)
             return
-        except RuntimeError:
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, TypeError):  # this torch has no fp32 C beside 16-bit inputs: fall back for good
             GEMM_F32_MODE["mode"] = "mm+add"
     step = max(1, _FALLBACK_SLICE_BYTES // max(1, out.shape[1] * 4))
     for r0 in range(0, out.shape[0], step):
-        part = torch.mm(a[r0:r0 + step], b, out_dtype=out.dtype)
+        try:
+            part = torch.mm(a[r0:r0 + step], b, out_dtype=out.dtype)
+        except (RuntimeError, TypeError) as err:
+            if isinstance(err, torch.OutOfMemoryError):
+                raise
+            part = a[r0:r0 + step].float() @ b.float()  # no fp32-output GEMM at all: correct, slow
         if accumulate:
             out[r0:r0 + step].add_(part, alpha=alpha)
         else:
