@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -165,6 +166,17 @@ QUICK_DV = ((3584, 152064),)
 
 
 def _time_ms(torch, fn, reps: int, warmup: int = 1) -> float:
+    if not torch.cuda.is_available():  # --dry-run on CPU: wall clock
+        import time
+
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - start))
+        return statistics.median(times)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -179,7 +191,9 @@ def _time_ms(torch, fn, reps: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def _peak_extra_mib(torch, fn) -> float:
+def _peak_extra_mib(torch, fn) -> float | None:
+    if not torch.cuda.is_available():
+        return None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -188,16 +202,16 @@ def _peak_extra_mib(torch, fn) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def _variants(torch, n, d, vocab, modes):
+def _variants(torch, n, d, vocab, modes, device="cuda"):
     """name -> (forward fn | None, forward+backward fn | None); each fn runs once and drops its outputs."""
     from seedfast.ops import fused_loss, linear_logprob
 
-    g = torch.Generator(device="cuda").manual_seed(0)
-    hidden = (torch.randn(n, d, device="cuda", generator=g) / d**0.5).to(torch.bfloat16).requires_grad_()
-    teacher = torch.randn(n, d, device="cuda", generator=g).to(torch.bfloat16) / d**0.5
-    weight = (torch.randn(vocab, d, device="cuda", generator=g) * 2).to(torch.bfloat16).requires_grad_()
-    targets = torch.randint(0, vocab, (n,), device="cuda", generator=g)
-    upstream = torch.randn(n, device="cuda", generator=g)
+    g = torch.Generator(device=device).manual_seed(0)
+    hidden = (torch.randn(n, d, device=device, generator=g) / d**0.5).to(torch.bfloat16).requires_grad_()
+    teacher = torch.randn(n, d, device=device, generator=g).to(torch.bfloat16) / d**0.5
+    weight = (torch.randn(vocab, d, device=device, generator=g) * 2).to(torch.bfloat16).requires_grad_()
+    targets = torch.randint(0, vocab, (n,), device=device, generator=g)
+    upstream = torch.randn(n, device=device, generator=g)
 
     def clear():
         hidden.grad = weight.grad = None
@@ -211,13 +225,24 @@ def _variants(torch, n, d, vocab, modes):
         (out.logprob * upstream).sum().backward()
         clear()
 
-    token_weights = torch.full((n,), 1.0 / n, device="cuda")
+    token_weights = torch.full((n,), 1.0 / n, device=device)
 
     def ours_loss_fwd_bwd():  # the training loss: fused_loss's single pass (6NVd)
         loss, _ = fused_loss(hidden, weight, targets, token_weights=token_weights, advantages=upstream,
                              old_logprob=None, backend="triton")
         loss.backward()
         clear()
+
+    def ours_loss_two_pass_fwd_bwd():  # the same loss with the single pass turned off (8NVd, less memory)
+        saved = os.environ.get("SEEDFAST_TRITON_FUSED_MB")
+        os.environ["SEEDFAST_TRITON_FUSED_MB"] = "0"
+        try:
+            ours_loss_fwd_bwd()
+        finally:
+            if saved is None:
+                del os.environ["SEEDFAST_TRITON_FUSED_MB"]
+            else:
+                os.environ["SEEDFAST_TRITON_FUSED_MB"] = saved
 
     def eager_logprob(h, w, y):
         logits = (h @ w.T).float()
@@ -235,6 +260,7 @@ def _variants(torch, n, d, vocab, modes):
         "cublas_gemm": (lambda: hidden.detach() @ weight.detach().T, None),
         "ours": (ours_fwd, ours_fwd_bwd),
         "ours_loss": (None, ours_loss_fwd_bwd),
+        "ours_loss_two_pass": (None, ours_loss_two_pass_fwd_bwd),
         "ours_dual": (lambda: ours_fwd(teacher), None),
         "eager": (eager_fwd, eager_fwd_bwd),
     }
@@ -264,12 +290,13 @@ def _variants(torch, n, d, vocab, modes):
 
 # Which model design each measured variant runs (docs/kernels.md).
 MODEL_OF = {("ours", "fwd"): "after_fwd", ("ours", "fwd_bwd"): "after_two_pass_fwd_bwd",
-            ("ours_loss", "fwd_bwd"): "after_single_pass_fwd_bwd"}
+            ("ours_loss", "fwd_bwd"): "after_single_pass_fwd_bwd",
+            ("ours_loss_two_pass", "fwd_bwd"): "after_two_pass_fwd_bwd"}
 
 
 def measure_bandwidth_tbs(torch, gib: float = 1.0, reps: int = 5) -> float:
     """HBM bandwidth of a device-to-device copy (read + write) of `gib` GiB, TB/s."""
-    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
+    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda" if torch.cuda.is_available() else "cpu")
     dst = torch.empty_like(src)
     ms = _time_ms(torch, lambda: dst.copy_(src), reps)
     return 2 * gib * 2**30 / (ms / 1e3) / 1e12
@@ -278,11 +305,13 @@ def measure_bandwidth_tbs(torch, gib: float = 1.0, reps: int = 5) -> float:
 def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | None = None) -> list[dict]:
     import torch
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cuda = torch.cuda.is_available()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if cuda else 132
+    oom = torch.cuda.OutOfMemoryError if cuda else MemoryError
     rows = []
     for d, vocab in dvs:
         for n in ns:
-            variants, outputs = _variants(torch, n, d, vocab, modes)
+            variants, outputs = _variants(torch, n, d, vocab, modes, "cuda" if cuda else "cpu")
             flops = {"fwd": 2.0 * n * vocab * d, "fwd_bwd": 6.0 * n * vocab * d}
             gemm_ms = None
             for name, fns in variants.items():
@@ -295,11 +324,12 @@ def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | No
                         contexts = 2 if name == "ours_dual" else 1  # teacher rows: twice the logits
                         row.update(ms=ms, tflops=contexts * flops[phase] / ms / 1e9,
                                    peak_extra_mib=_peak_extra_mib(torch, fn), outputs_mib=outputs[phase])
-                    except torch.cuda.OutOfMemoryError:
+                    except oom:
                         row.update(error="out of memory")
                     except Exception as err:  # noqa: BLE001 - a failing peer is reported, not fatal
                         row.update(error=f"{type(err).__name__}: {str(err)[:120]}")
-                    torch.cuda.empty_cache()
+                    if cuda:
+                        torch.cuda.empty_cache()
                     if name == "cublas_gemm" and "ms" in row:
                         gemm_ms = row["ms"]
                     if "ms" in row and gemm_ms:
@@ -316,7 +346,8 @@ def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | No
                     rows.append(row)
                     print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
             del variants
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
             if on_shape_done:
                 on_shape_done(rows)
     return rows
@@ -362,6 +393,22 @@ def _plot(rows, path: Path) -> bool:
     return True
 
 
+def dry_run() -> int:
+    os.environ["TRITON_INTERPRET"] = "1"  # before seedfast.kernels is imported
+    os.environ.setdefault("SEEDFAST_OPS_BACKEND", "triton")
+    import torch
+
+    rows = run((96,), ((32, 300),), reps=1, modes=set(), bandwidth_tbs=measure_bandwidth_tbs(torch, gib=1 / 16, reps=1))
+    bad = [r for r in rows if "error" in r]
+    print_table(rows, ["N", "d", "V", "variant", "phase", "ms", "predicted_ms", "pct_of_gemm", "executed_tflop",
+                       "error"], title="\ndry run (interpreter, CPU: times mean nothing)")
+    expected = {("cublas_gemm", "fwd"), ("ours", "fwd"), ("ours", "fwd_bwd"), ("ours_loss", "fwd_bwd"),
+                ("ours_loss_two_pass", "fwd_bwd"), ("ours_dual", "fwd"), ("eager", "fwd"), ("eager", "fwd_bwd")}
+    missing = expected - {(r["variant"], r["phase"]) for r in rows}
+    print(f"dry run: {len(rows)} rows, {len(bad)} errors, missing {sorted(missing) or 'none'}")
+    return 1 if bad or missing else 0
+
+
 def write_model() -> int:
     report = model_report()
     columns = ["N", "d", "V", "design", "triton_eff", "useful_tflop", "executed_tflop", "hbm_gb", "predicted_ms",
@@ -377,11 +424,16 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no GPU needed: every variant once at a tiny shape under TRITON_INTERPRET=1 (checks that "
+                             "this script runs before a GPU window; times and numbers mean nothing); writes no file")
     parser.add_argument("--model", action="store_true",
                         help="no GPU needed: the model's H200 prediction (before/after) -> results/kernel_model.json")
     args = parser.parse_args(argv)
     if args.model:
         return write_model()
+    if args.dry_run:
+        return dry_run()
     try:
         import torch
     except ImportError:
