@@ -1,20 +1,22 @@
 """`seedfast train CONFIG [--resume auto|PATH] [--profile-steps A:B]`: the RL loop of train/rl.py (Trainer),
-one process on one device, from the policy runtime/setup.py's policy_path chooses."""
+one process on one device, or sharded over torchrun's processes (dist.strategy=fsdp), from the policy
+runtime/setup.py's policy_path chooses."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from seedfast.config import Config, ConfigError
-from seedfast.runtime.setup import require_one_process
+from seedfast.runtime.setup import start_processes
 from seedfast.train.rl import Trainer
 
 
 def main(cfg: Config, resume: str | None = None, profile_steps: str | None = None, **_: Any) -> int:
     if cfg.trainer.steps < 1:
         raise ConfigError("trainer.steps must be >= 1")
-    require_one_process("train")
-    cfg.save()
+    env = start_processes(cfg, "train")  # one process, or a sharded run under torchrun (docs/scaling.md)
+    if env.is_main:
+        cfg.save()
     trainer = Trainer(cfg)
     try:
         trainer.run(resume=resume, profile_steps=profile_steps)

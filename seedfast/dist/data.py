@@ -6,6 +6,8 @@ Nothing here moves parameters or gradients: FSDP2 and DTensor do that (dist/para
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,3 +82,26 @@ class DataParallel:
         every: list[Any] = [None] * self.size
         dist.all_gather_object(every, mine, group=self.group)
         return sorted(set().union(*every))
+
+
+# metrics that are already the same on every rank (the update reduces them) or that are this rank's own (wall
+# times): left as they are
+_GLOBAL = ("loss/", "optim/", "grsd/", "time/", "memory/", "profile/")
+
+
+def global_means(dp: DataParallel, metrics: dict[str, float], weight: float,
+                 summed: Sequence[str] = ()) -> dict[str, float]:
+    """One step's metrics over all data-parallel ranks: the keys in `summed` (counts, throughputs) added, keys
+    ending in `_max` the largest, every other key each rank's value weighted by `weight` (e.g. its trajectory
+    count); the update's metrics (already global) and wall times are left as they are. A rank lacking a key
+    does not count towards it."""
+    keys = [k for k in dp.union_keys(metrics) if not k.startswith(_GLOBAL)]
+    maxed = [k for k in keys if k.endswith("_max")]
+    rest = [k for k in keys if k not in maxed]
+    sums = dp.sum([metrics[k] * (1.0 if k in summed else weight) if k in metrics else 0.0 for k in rest]
+                  + [weight if k in metrics else 0.0 for k in rest])
+    out = dict(metrics)
+    for k, v, w in zip(rest, sums[:len(rest)], sums[len(rest):]):
+        out[k] = v if k in summed else v / max(w, 1e-12)
+    out.update(zip(maxed, dp.max([metrics.get(k, -math.inf) for k in maxed])))
+    return out

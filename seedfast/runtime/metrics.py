@@ -91,3 +91,13 @@ class MetricsLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+class NullLogger:
+    """What ranks other than 0 of a sharded run log to: nothing (rank 0 writes metrics.jsonl and TensorBoard)."""
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -34,12 +34,62 @@ def require_one_process(command: str) -> None:
                           "(multi-GPU training is not implemented yet)")
 
 
+def start_processes(cfg: Config, command: str) -> Any:
+    """The `dist:` section against torchrun's environment: one process (dist.strategy=none; several processes are
+    refused, as they would train unsynchronized copies), or the process group of a sharded run (dist.strategy=fsdp:
+    nccl on CUDA, gloo on CPU). Returns this process's DistEnv (rank, world, local rank); docs/scaling.md."""
+    from seedfast.dist.mesh import DistEnv, init_process_group, mesh_shape
+
+    env = DistEnv.from_environ()
+    if cfg.dist.strategy == "none" and env.world > 1:
+        raise ConfigError(f"seedfast {command} runs in one process with dist.strategy=none, but WORLD_SIZE="
+                          f"{env.world}: set dist.strategy=fsdp to shard it over the torchrun processes")
+    mesh_shape(cfg.dist, env.world)  # a ConfigError naming dist.* when the ranks do not fit
+    if cfg.dist.strategy == "none":
+        return env
+    if command != "train":
+        raise ConfigError(f"dist.strategy=fsdp: `seedfast {command}` runs in one process; set dist.strategy=none")
+    if cfg.dist.tp > 1:
+        raise ConfigError(f"dist.tp={cfg.dist.tp}: `seedfast train` shards with FSDP2 only for now (the rollout "
+                          "sampler and the scoring pass read the whole LM head); `seedfast plan` plans tensor "
+                          "parallel runs; set dist.tp=1")
+    if cfg.algorithm == "grsd":
+        raise ConfigError("algorithm=grsd with dist.strategy=fsdp: the reflection update is not sharded yet; "
+                          "set dist.strategy=none")
+    return init_process_group(device_of(cfg), env)
+
+
+def shard_policy(cfg: Config, model: torch.nn.Module, device: torch.device) -> Any:
+    """Under dist.strategy=fsdp, shard the policy over the started process group's mesh (dist/parallelize.py) and
+    return the data-parallel ranks of the step (dist/data.py DataParallel); None for a one-process run."""
+    if cfg.dist.strategy == "none":
+        return None
+    import torch.distributed as dist
+
+    from seedfast.dist.data import DataParallel
+    from seedfast.dist.mesh import build_mesh, mesh_shape
+    from seedfast.dist.parallelize import parallelize_decoder
+
+    if not dist.is_initialized():
+        raise ConfigError("dist.strategy=fsdp: no process group is started (run under torchrun; "
+                          "runtime/setup.py start_processes)")
+    shape = mesh_shape(cfg.dist, dist.get_world_size())
+    if cfg.rollout.tasks_per_batch < shape.dp_shard:
+        raise ConfigError(f"rollout.tasks_per_batch={cfg.rollout.tasks_per_batch} is smaller than the "
+                          f"{shape.dp_shard} data-parallel ranks: every rank rolls out whole tasks")
+    mesh = build_mesh(shape, device)
+    parallelize_decoder(model, mesh)
+    return DataParallel.from_mesh(mesh)
+
+
 def device_of(cfg: Config) -> torch.device:
-    if cfg.trainer.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """trainer.device; under a sharded run on CUDA, this rank's GPU (LOCAL_RANK)."""
     if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("trainer.device=cuda but no CUDA device is available")
-    return torch.device(cfg.trainer.device)
+    kind = cfg.trainer.device if cfg.trainer.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "cuda" and cfg.dist.strategy == "fsdp":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device(kind)
 
 
 def _is_hf_folder(path: str | Path) -> bool:

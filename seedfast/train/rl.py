@@ -22,11 +22,14 @@ from seedfast.algo import advantage as adv_math
 from seedfast.algo import grsd as grsd_math
 from seedfast.config import Config
 from seedfast.context.sample import StepSample
+from seedfast.dist.checkpoint import export_hf
+from seedfast.dist.data import DataParallel, global_means
+from seedfast.dist.parallelize import unsharded
 from seedfast.model import save_hf
 from seedfast.rollout.agent_loop import Task, run_agent_loop
 from seedfast.rollout.own_engine import Sampler
 from seedfast.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from seedfast.runtime.metrics import MetricsLogger, truncate_metrics
+from seedfast.runtime.metrics import MetricsLogger, NullLogger, truncate_metrics
 from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, mfu, parse_profile_steps
 from seedfast.runtime.setup import (
     agent_config,
@@ -37,6 +40,7 @@ from seedfast.runtime.setup import (
     make_env_slots,
     policy_path,
     rl_optimizer,
+    shard_policy,
 )
 from seedfast.scoring import score, score_reference
 from seedfast.train.batch import build_samples
@@ -92,6 +96,9 @@ class Trainer:
         self.device = device_of(cfg)
         start = Path(policy_dir) if policy_dir else policy_path(cfg)
         self.policy = load_policy(cfg, start, self.device)
+        # sharded run (dist.strategy=fsdp, under torchrun): FSDP2 before the optimizer sees the parameters
+        self.dp: DataParallel | None = shard_policy(cfg, self.policy, self.device)
+        self.is_main = self.dp is None or torch.distributed.get_rank() == 0
         self.tokenizer = load_run_tokenizer(cfg, start)
         self.plan = plan_step(cfg)
         self.ref = None
@@ -122,8 +129,10 @@ class Trainer:
     def rollout(self, step: int, timer: PhaseTimer) -> Any:
         cfg = self.cfg
         tasks = choose_tasks(self.train_tasks, cfg.rollout.tasks_per_batch, cfg.run.seed, step)
+        if self.dp is not None:  # whole tasks, so a group never straddles ranks
+            tasks = tasks[self.dp.rank::self.dp.size]
         self.policy.eval()
-        with timer.phase("rollout"):
+        with timer.phase("rollout"), unsharded(self.policy):
             return run_agent_loop(self._engine(step), self.tokenizer, tasks, self.envs,
                                   agent_config(cfg, n=cfg.rollout.n, temperature=cfg.rollout.temperature))
 
@@ -141,7 +150,7 @@ class Trainer:
         privileged: Privileged | None = None
         plan = self.plan
         if plan.privileged_text:
-            with timer.phase("analyze"):
+            with timer.phase("analyze"), unsharded(self.policy):
                 privileged = privileged_text(cfg, trajectories, engine=engine, tokenizer=self.tokenizer,
                                              group_of=group_of, judge=self.judge)
             metrics.update(privileged.metrics)
@@ -154,8 +163,9 @@ class Trainer:
         with timer.phase("score"):
             scores = None
             if plan.score_pass:
-                scores = score(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
-                               temperature=cfg.rollout.temperature)
+                with unsharded(self.policy):  # ranks run different numbers of micro-batches: no collectives
+                    scores = score(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
+                                   temperature=cfg.rollout.temperature)
                 gap_sums: dict[str, float] = {}
                 accumulate_rollout_gap(gap_sums, scores.logprob, samples)
                 metrics.update(rollout_gap_metrics(gap_sums))
@@ -201,6 +211,15 @@ class Trainer:
             "throughput/tokens_per_s": n_tokens / max(total_time, 1e-9),
             "optim/lr": self.scheduler.get_last_lr()[0],
         })
+        if self.dp is not None:  # this rank's rollout and samples -> the step's, over all ranks
+            counts = [f"rollout/{k}" for k in result.stats.as_dict() if not k.endswith("_rate")]
+            metrics = global_means(self.dp, metrics, weight=len(trajectories), summed=[
+                *counts, "train/samples", "samples/teacher_too_long", "samples/teacher_dropped_turns",
+                "throughput/tokens_per_s"])
+            for rate, num, den in (("success_rate", "won", "trajectories"),
+                                   ("invalid_rate", "invalid_actions", "steps")):
+                if f"rollout/{rate}" in metrics:
+                    metrics[f"rollout/{rate}"] = metrics[f"rollout/{num}"] / max(metrics[f"rollout/{den}"], 1.0)
         if torch.cuda.is_available():
             metrics["memory/peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
             util = mfu(self.n_params, n_tokens / max(timer.seconds.get("update", 0.0), 1e-9))
@@ -217,12 +236,13 @@ class Trainer:
         for _ in range(cfg.trainer.ppo_epochs):
             order = torch.randperm(n, generator=gen).tolist()
             size = math.ceil(n / cfg.trainer.mini_batches)
-            for start in range(0, n, size):
+            starts = range(0, n, size) if self.dp is None else range(0, size * cfg.trainer.mini_batches, size)
+            for start in starts:  # sharded: mini_batches steps on every rank, whatever its sample count
                 index = sorted(order[start:start + size])
                 self.optimizer.zero_grad(set_to_none=True)
                 loss, m = minibatch_loss_backward(
                     self.policy, batch, index, cfg.loss, use_kl=self.plan.kl, use_opd=use_opd,
-                    temperature=cfg.rollout.temperature, token_budget=cfg.trainer.micro_batch_tokens)
+                    temperature=cfg.rollout.temperature, token_budget=cfg.trainer.micro_batch_tokens, dp=self.dp)
                 norm = grad_norm_and_clip(self.policy, cfg.optim.grad_clip)
                 if not (math.isfinite(loss) and math.isfinite(norm)):
                     self.optimizer.zero_grad(set_to_none=True)
@@ -294,8 +314,12 @@ class Trainer:
                 state = load_checkpoint(path, self.policy, self.optimizer, self.scheduler)
                 start = state["step"]
                 self.bad_steps = state.get("bad_steps", 0)
-        truncate_metrics(self.run_dir / "metrics.jsonl", start - 1)
-        self.log = MetricsLogger(self.run_dir, tensorboard=cfg.log.tensorboard, wandb_project=cfg.log.wandb_project)
+        if self.is_main:  # rank 0 alone writes metrics and TensorBoard
+            truncate_metrics(self.run_dir / "metrics.jsonl", start - 1)
+            self.log = MetricsLogger(self.run_dir, tensorboard=cfg.log.tensorboard,
+                                     wandb_project=cfg.log.wandb_project)
+        else:
+            self.log = NullLogger()
         window = ProfileWindow(parse_profile_steps(profile_steps or cfg.trainer.profile_steps))
         history = []
         try:
@@ -307,16 +331,21 @@ class Trainer:
                 metrics["time/step"] = time.perf_counter() - t0
                 last = step + 1 == cfg.trainer.steps
                 if (cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0) or last:
-                    metrics.update(evaluate(cfg, self.policy, self.tokenizer, self.eval_tasks,
-                                            seed=step_seed(cfg.run.seed, step) + 2))
+                    with unsharded(self.policy):  # every rank plays the same games with the same seed
+                        metrics.update(evaluate(cfg, self.policy, self.tokenizer, self.eval_tasks,
+                                                seed=step_seed(cfg.run.seed, step) + 2))
                 window.after_step(step)
                 self.log.log(step, metrics)
                 history.append({"step": step, **metrics})
                 if (cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0) or last:
                     save_checkpoint(ckpt_dir, step + 1, self.policy, self.optimizer, self.scheduler,
                                     {"bad_steps": self.bad_steps}, keep=cfg.trainer.keep_checkpoints)
-            save_hf(self.policy, self.run_dir / "hf")
-            self.tokenizer.save_pretrained(str(self.run_dir / "hf"))
+            if self.dp is not None:
+                export_hf(self.policy, self.run_dir / "hf")  # every rank gathers, rank 0 writes
+            else:
+                save_hf(self.policy, self.run_dir / "hf")
+            if self.is_main:
+                self.tokenizer.save_pretrained(str(self.run_dir / "hf"))
         finally:
             self.log.close()
         return history
