@@ -248,10 +248,11 @@ class TrainerConfig:
 @dataclass
 class DistConfig:
     strategy: Literal["none", "fsdp"] = opt(
-        "none", "none = one process on one device; fsdp = FSDP2 (fully_shard) over the torchrun processes, with "
-                "tensor parallel when tp > 1 (docs/scaling.md)")
+        "none", "none = one process on one device; fsdp = FSDP2 (fully_shard) over the torchrun processes "
+                "(docs/scaling.md)")
     dp_shard: int | None = opt(None, "ranks the parameters are sharded over (FSDP2); null = WORLD_SIZE / tp", ge=1)
-    tp: int = opt(1, "tensor-parallel degree: column/row-parallel attention and MLP in each decoder block", ge=1)
+    tp: int = opt(1, "tensor-parallel degree (column/row-parallel blocks, vocabulary-parallel head); `seedfast "
+                     "plan` plans it, `seedfast train` does not run it yet", ge=1)
 
 
 @dataclass
