@@ -253,6 +253,8 @@ class DistConfig:
     dp_shard: int | None = opt(None, "ranks the parameters are sharded over (FSDP2); null = WORLD_SIZE / tp", ge=1)
     tp: int = opt(1, "tensor-parallel degree (column/row-parallel blocks, vocabulary-parallel head); `seedfast "
                      "plan` plans it, `seedfast train` does not run it yet", ge=1)
+    activation_checkpointing: bool = opt(False, "recompute each decoder block in backward instead of keeping its "
+                                                "activations (any strategy; `seedfast plan` shows both)")
 
 
 @dataclass

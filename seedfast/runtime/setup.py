@@ -78,7 +78,7 @@ def shard_policy(cfg: Config, model: torch.nn.Module, device: torch.device) -> A
         raise ConfigError(f"rollout.tasks_per_batch={cfg.rollout.tasks_per_batch} is smaller than the "
                           f"{shape.dp_shard} data-parallel ranks: every rank rolls out whole tasks")
     mesh = build_mesh(shape, device)
-    parallelize_decoder(model, mesh)
+    parallelize_decoder(model, mesh, activation_checkpointing=cfg.dist.activation_checkpointing)
     return DataParallel.from_mesh(mesh)
 
 

@@ -96,6 +96,7 @@ class Trainer:
         self.device = device_of(cfg)
         start = Path(policy_dir) if policy_dir else policy_path(cfg)
         self.policy = load_policy(cfg, start, self.device)
+        self.policy.gradient_checkpointing = cfg.dist.activation_checkpointing  # per decoder block
         # sharded run (dist.strategy=fsdp, under torchrun): FSDP2 before the optimizer sees the parameters
         self.dp: DataParallel | None = shard_policy(cfg, self.policy, self.device)
         self.is_main = self.dp is None or torch.distributed.get_rank() == 0

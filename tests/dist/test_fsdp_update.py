@@ -54,7 +54,7 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _worker(rank, world, name, average):
+def _worker(rank, world, name, average, checkpointing=False):
     case = CASES[name]
     torch.manual_seed(0)
     model = build_decoder(make_config("qwen2"), dtype=torch.float32, seed=3)  # tied embeddings, q/k/v bias
@@ -62,6 +62,7 @@ def _worker(rank, world, name, average):
     ref_model = copy.deepcopy(model)
     ref_loss, ref_metrics, ref_norm, ref_grads = _update(ref_model, samples, case)
 
+    model.gradient_checkpointing = checkpointing  # dist.activation_checkpointing: recomputed inside FSDP2 units
     apply_fsdp(model, init_device_mesh("cpu", (world,)))
     if average:
         for unit in fsdp_modules(model):  # FSDP2's default: the mean over ranks
@@ -95,6 +96,10 @@ def _worker(rank, world, name, average):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_two_rank_fsdp_update_equals_one_process(name):
     run_on_ranks(2, _worker, name, False)
+
+
+def test_two_rank_fsdp_update_with_activation_checkpointing_equals_one_process_without():
+    run_on_ranks(2, _worker, "seed", False, True)
 
 
 def test_fsdp_default_averaging_would_scale_the_learning_rate_by_one_over_world():
