@@ -105,3 +105,31 @@ def global_means(dp: DataParallel, metrics: dict[str, float], weight: float,
         out[k] = v if k in summed else v / max(w, 1e-12)
     out.update(zip(maxed, dp.max([metrics.get(k, -math.inf) for k in maxed])))
     return out
+
+
+def balance_samples(dp: DataParallel, samples: Sequence[Any], advantages: torch.Tensor,
+                    per_token: dict[str, torch.Tensor | None]) -> tuple[list[Any], torch.Tensor,
+                                                                      dict[str, torch.Tensor | None]]:
+    """The update's samples spread over the data-parallel ranks by token count (prompt + response: the update's
+    forward), after the advantages are computed (per group, on the rank that rolled the group out), so a sample
+    may move. `advantages` is per sample; each tensor of `per_token` is packed over the samples' response tokens
+    (None: absent). Every rank gets the same answer (the same greedy assignment over the gathered samples) and,
+    when there are at least as many samples as ranks, at least one sample."""
+    if advantages.shape != (len(samples),):
+        raise ValueError(f"balance_samples: advantages must be per sample [{len(samples)}], got "
+                         f"{tuple(advantages.shape)}")
+    lengths = [len(s.response_ids) for s in samples]
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    devices = {k: t.device for k, t in per_token.items() if t is not None}
+    mine = [(s, float(advantages[i]), {k: t[offsets[i]:offsets[i + 1]].cpu() for k, t in per_token.items()
+                                       if t is not None}) for i, s in enumerate(samples)]
+    every: list[Any] = [None] * dp.size
+    dist.all_gather_object(every, mine, group=dp.group)
+    flat = [item for part in every for item in part]
+    owner = assign_groups([len(s.prompt_ids) + len(s.response_ids) for s, _, _ in flat], dp.size)
+    keep = [item for item, r in zip(flat, owner) if r == dp.rank]
+    out = {k: (torch.cat([moved[k] for _, _, moved in keep]).to(devices[k]) if k in devices else None)
+           for k in per_token}
+    return [s for s, _, _ in keep], torch.tensor([a for _, a, _ in keep], dtype=advantages.dtype), out

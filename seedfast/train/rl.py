@@ -23,7 +23,7 @@ from seedfast.algo import grsd as grsd_math
 from seedfast.config import Config
 from seedfast.context.sample import StepSample
 from seedfast.dist.checkpoint import export_hf
-from seedfast.dist.data import DataParallel, global_means
+from seedfast.dist.data import DataParallel, balance_samples, global_means
 from seedfast.dist.parallelize import unsharded
 from seedfast.model import save_hf
 from seedfast.rollout.agent_loop import Task, run_agent_loop
@@ -190,10 +190,13 @@ class Trainer:
 
         use_opd = plan.opd and (teacher_in_update or (scores is not None and scores.teacher_mask is not None))
         from_scores = use_opd and not teacher_in_update
-        batch = UpdateBatch(samples, advantages, scores.logprob if scores is not None else None,
-                            ref_logprob=ref_lp,
-                            teacher_logprob=scores.teacher_logprob if from_scores else None,
-                            teacher_mask=scores.teacher_mask if from_scores else None,
+        per_token = {"old": scores.logprob if scores is not None else None, "ref": ref_lp,
+                     "teacher": scores.teacher_logprob if from_scores else None,
+                     "teacher_mask": scores.teacher_mask if from_scores else None}
+        if self.dp is not None:  # the update's samples spread over the ranks by token count
+            samples, advantages, per_token = balance_samples(self.dp, samples, advantages, per_token)
+        batch = UpdateBatch(samples, advantages, per_token["old"], ref_logprob=per_token["ref"],
+                            teacher_logprob=per_token["teacher"], teacher_mask=per_token["teacher_mask"],
                             teacher_from_forward=teacher_in_update)
         self.policy.train()
         with timer.phase("update"):
