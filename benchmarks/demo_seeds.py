@@ -1,6 +1,6 @@
 """`make demo` at several seeds: the three-seed table and plot of the README.
 
-    python benchmarks/demo_seeds.py [--seeds 0 1 2] [--config configs/demo_cpu.yaml] [--collect-only] [overrides]
+    python benchmarks/demo_seeds.py [--seeds 0 1 2] [--name demo_seeds] [--config ...] [--collect-only] [overrides]
 
 Runs `seedfast demo CONFIG run.seed=S run.name=demo_cpu_seedS` for each seed, one after another (each run in
 its own process, as a user would), then reads each run's demo_summary.json and writes demo_seeds.json (per
@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--config", default="configs/demo_cpu.yaml")
     parser.add_argument("--collect-only", action="store_true", help="summarize runs that already exist")
+    parser.add_argument("--name", default="demo_seeds", help="results/NAME.json and NAME.png")
     parser.add_argument("overrides", nargs="*", help="dotted overrides passed to every run")
     args = parser.parse_args()
     runs = {}
@@ -98,12 +99,12 @@ def main() -> None:
         runs[seed] = summary
     result = {"config": args.config, "overrides": args.overrides, "seeds": args.seeds,
               "summary": summarize(runs), "runs": {str(k): v for k, v in runs.items()}}
-    path = write_results("demo_seeds", result, packages=("torch", "transformers", "tokenizers", "textworld"))
-    plot(runs, RESULTS_DIR / "demo_seeds.png")
+    path = write_results(args.name, result, packages=("torch", "transformers", "tokenizers", "textworld"))
+    plot(runs, RESULTS_DIR / f"{args.name}.png")
     print(f"{'what':40s} {'mean':>7s} {'min':>7s} {'max':>7s}")
     for key, v in result["summary"].items():
         print(f"{key:40s} {v['mean']:7.3f} {v['min']:7.3f} {v['max']:7.3f}")
-    print(f"wrote {path} and {RESULTS_DIR / 'demo_seeds.png'}")
+    print(f"wrote {path} and {RESULTS_DIR / f'{args.name}.png'}")
 
 
 if __name__ == "__main__":
