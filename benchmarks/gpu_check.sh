@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# One short GPU window: the CUDA tests (pytest -m gpu), the kernel microbenchmarks and one RL update side by side
-# with the reference recipe (benchmarks/peers.py, Qwen2.5-1.5B shape, bf16), < 11 minutes on one GPU, no network,
-# installs nothing.
+# One short GPU window: the CUDA tests (pytest -m gpu), FSDP2 on a 1-rank mesh (one SEED and one GRPO update equal
+# the plain update, tests/dist/test_fsdp_one_device.py), the RL step at the random-init Qwen2.5-1.5B shape (SEED vs
+# GRPO: tokens/s, MFU, peak memory; benchmarks/step_gpu.py), the kernel microbenchmarks and one RL update side by
+# side with the reference recipe (benchmarks/peers.py, Qwen2.5-1.5B shape, bf16). Typically ~11 minutes on one GPU
+# (the time limits add up to 16), no network, installs nothing.
 #
 #   benchmarks/gpu_check.sh OUT_DIR          (from anywhere; PYTHON=/path/to/python to pick the interpreter)
 #
-# Writes OUT_DIR/{env.txt, gemm_reference.json, nvidia-smi.txt, pytest_gpu.xml (JUnit), pytest_gpu.log, kernels.log,
-# kernels.json, kernels.png, peers.log, peers_cuda.json, summary.txt}. Exit status: non-zero when a test failed, a
+# Writes OUT_DIR/{env.txt, gemm_reference.json, nvidia-smi.txt, pytest_gpu.xml (JUnit), pytest_gpu.log,
+# fsdp_1gpu.log, step_gpu.log, step_gpu.json, kernels.log, kernels.json, kernels.png, peers.log, peers_cuda.json,
+# summary.txt}. Exit status: non-zero when a test failed, a
 # test file failed to import, or a step ran past its time limit. A test file that fails to import is reported and
 # the other files' tests still run (--continue-on-collection-errors).
 set -uo pipefail
@@ -68,10 +71,28 @@ status=0
 start=$(date +%s)
 timeout 240 "$PY" -c "$BOOT
 import pytest; sys.exit(pytest.main(sys.argv[1:]))" -m gpu tests -q -rs -p no:cacheprovider \
-  --continue-on-collection-errors --junitxml="$OUT/pytest_gpu.xml" > "$OUT/pytest_gpu.log" 2>&1
+  --continue-on-collection-errors --ignore=tests/dist/test_fsdp_one_device.py --junitxml="$OUT/pytest_gpu.xml" \
+  > "$OUT/pytest_gpu.log" 2>&1
 tests_rc=$?
 [ $tests_rc -ne 0 ] && status=1
 tests_s=$(( $(date +%s) - start ))
+
+# FSDP2 on one GPU: a 1-rank nccl process group in the test process, one SEED and one GRPO update vs the plain one
+start=$(date +%s)
+timeout 90 "$PY" -c "$BOOT
+import pytest; sys.exit(pytest.main(sys.argv[1:]))" -m gpu tests/dist/test_fsdp_one_device.py -q -rs \
+  -p no:cacheprovider > "$OUT/fsdp_1gpu.log" 2>&1
+fsdp_rc=$?
+[ $fsdp_rc -ne 0 ] && status=1
+fsdp_s=$(( $(date +%s) - start ))
+
+# The RL step at the Qwen2.5-1.5B shape, random init, SEED vs GRPO (tokens/s, MFU, peak memory)
+start=$(date +%s)
+timeout 200 "$PY" benchmarks/step_gpu.py --shape qwen1.5b --device cuda --dtype bf16 --out "$OUT/step_gpu.json" \
+  > "$OUT/step_gpu.log" 2>&1
+step_rc=$?
+[ $step_rc -ne 0 ] && status=1
+step_s=$(( $(date +%s) - start ))
 
 start=$(date +%s)
 timeout 220 "$PY" -c "$BOOT
@@ -96,6 +117,9 @@ rm -rf "$BOOTDIR"
 {
   echo "pytest -m gpu: exit $tests_rc in ${tests_s}s ($(tail -n 1 "$OUT/pytest_gpu.log"))"
   grep -E "^ERROR .*(collect|import)|^ERROR tests/" "$OUT/pytest_gpu.log" | sed 's/^/  collection: /' || true
+  echo "FSDP2 on one GPU (tests/dist/test_fsdp_one_device.py): exit $fsdp_rc in ${fsdp_s}s ($(tail -n 1 "$OUT/fsdp_1gpu.log"))"
+  echo "benchmarks/step_gpu.py --shape qwen1.5b: exit $step_rc in ${step_s}s (124 = time limit)"
+  grep -E "^(grpo|seed) " "$OUT/step_gpu.log" | sed 's/^/  /' || true
   echo "gemm reference: $(tail -n 1 "$OUT/env.txt")"
   echo "benchmarks/kernels.py: exit $bench_rc in ${bench_s}s (124 = time limit; kernels.json keeps finished shapes)"
   echo "benchmarks/peers.py --device cuda: exit $peers_rc in ${peers_s}s (124 = time limit)"
