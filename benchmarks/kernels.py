@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS_DIR, print_table, write_results  # noqa: E402
+from _common import RESULTS_DIR, print_table, time_reps, write_results  # noqa: E402
 
 # ----------------------------------------------------------------------------------------- performance model
 
@@ -167,16 +167,7 @@ QUICK_DV = ((3584, 152064),)
 
 def _time_ms(torch, fn, reps: int, warmup: int = 1) -> float:
     if not torch.cuda.is_available():  # --dry-run on CPU: wall clock
-        import time
-
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - start))
-        return statistics.median(times)
+        return 1e3 * statistics.median(time_reps(fn, reps, warmup))
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
