@@ -89,18 +89,27 @@ def save_checkpoint(
     )
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
     (tmp / _COMPLETE).write_text("ok\n")
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    _publish(tmp, final, keep)
+    return final
+
+
+def _publish(tmp: Path, final: Path, keep: int | None) -> None:
+    """fsync every file and folder of `tmp`, rename it to `final` (a re-run of the same step, after a resume,
+    replaces it whole) and keep only the newest `keep` checkpoints beside it."""
+    for f in sorted(tmp.rglob("*")):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    for d in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
+        _fsync_dir(d)
     _fsync_dir(tmp)
-    if final.exists():  # a re-run of the same step (after a resume) replaces it whole
+    if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(ckpt_dir)
+    _fsync_dir(final.parent)
     if keep is not None and keep > 0:
-        for old in list_checkpoints(ckpt_dir)[:-keep]:
+        for old in list_checkpoints(final.parent)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def _save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -128,19 +137,7 @@ def _save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: 
                    tmp / "state.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
         (tmp / _COMPLETE).write_text("ok\n")
-        for f in sorted(tmp.rglob("*")):
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-        for d in (tmp / "dcp", tmp):
-            _fsync_dir(d)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(ckpt_dir)
-        if keep is not None and keep > 0:
-            for old in list_checkpoints(ckpt_dir)[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+        _publish(tmp, final, keep)
     barrier()
     return final
 
