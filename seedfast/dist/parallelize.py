@@ -8,7 +8,9 @@ Tensor parallel (mesh dim "tp"), Megatron's layout without sequence parallel (th
     lm_head (untied)          ColwiseParallel  (vocabulary-parallel: the fused log-prob runs on the local rows,
                                                 ops/vocab_parallel.py; its forward is never called)
     q_norm, k_norm (Qwen3)    SequenceParallel over the head dimension (replicated weights, gradients summed)
-The attention modules then hold n_heads / tp query heads and n_kv_heads / tp key-value heads.
+The attention modules then hold n_heads / tp query heads and n_kv_heads / tp key-value heads, and the model carries
+`head_ops` (dist/vocab_head.py HEAD_OPS): the vocabulary-parallel log-prob and sampling that scoring and the own
+sampler use in place of the whole-head ones.
 
 FSDP2 (mesh dim "dp_shard") shards every parameter over the data-parallel ranks, one all-gather unit per decoder
 block plus the root (embeddings, final norm, LM head). Gradients are SUMMED across data-parallel ranks (gradient
@@ -19,8 +21,10 @@ world size.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -29,6 +33,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
+from seedfast.dist.vocab_head import HEAD_OPS
 from seedfast.model.decoder import Decoder
 
 
@@ -65,6 +70,13 @@ def apply_tp(model: Decoder, tp_mesh: DeviceMesh) -> Decoder:
         layer.self_attn.n_heads //= tp  # the views in Attention.qkv now see this rank's heads
         layer.self_attn.n_kv_heads //= tp
     model.tp_mesh = tp_mesh
+    # scoring and the own sampler read their LM-head ops from here (they may not import dist)
+    model.head_ops = HEAD_OPS
+    # a past KV (the SEED teacher on the update forward's prefix) holds this rank's n_kv_heads / tp heads: the
+    # decoder's check of it sees the rank's count (the model's config, which the HF export writes, stays global)
+    local = SimpleNamespace(config=copy.copy(model.config))
+    local.config.num_key_value_heads = model.config.num_key_value_heads // tp
+    model._check_past = lambda past, batch, embed: Decoder._check_past(local, past, batch, embed)
     return model
 
 

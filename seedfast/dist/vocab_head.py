@@ -6,14 +6,22 @@ log-prob of `seedfast/ops/vocab_parallel.py` on the local rows (max / sum-exp / 
 tensor-parallel group) and, for the loss, the per-token formulas of `seedfast/ops/token_loss.py` (the very ones
 `fused_loss` uses) on the resulting [N] log-probs. No rank ever holds [tokens x V] logits, nor the full dW: each
 rank's weight gradient is its own rows (docs/scaling.md, 'Tensor-parallel LM head').
+
+The own sampler draws from a vocabulary-parallel head with the Gumbel-max trick (`tp_sample_next`): each rank adds
+Gumbel noise to its [B, V/tp] logits, and an all-gather of each rank's (best score, its token, its logit) picks the
+token: an exact sample from softmax(logits / T), with its log-prob from the group's max and sum-exp. The noise of
+global token j comes from fixed tiles of the vocabulary drawn in order, so it does not depend on tp.
+`HEAD_OPS` is what dist/parallelize.py hangs on a tensor-parallel model (`model.head_ops`): scoring and the
+sampler take their log-prob and sampling ops from it (they may not import dist: tests/test_import_direction.py).
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -21,6 +29,8 @@ from seedfast.ops import LinearLogprobOutput, get_backend
 from seedfast.ops.token_loss import metric_means, needs_entropy
 from seedfast.ops.validate import check_loss_options, check_per_token
 from seedfast.ops.vocab_parallel import vocab_parallel_logprob
+
+NOISE_TILE = 8192  # Gumbel noise is drawn in tiles of this many vocabulary entries, in order
 
 
 def is_vocab_parallel(weight: torch.Tensor) -> bool:
@@ -123,3 +133,63 @@ def tp_fused_loss(hidden: torch.Tensor, weight: DTensor, targets: torch.Tensor, 
     if return_logprob:
         return loss, metrics, out.logprob.detach()
     return loss, metrics
+
+
+def gumbel_noise(rows: int, vocab: int, start: int, stop: int, generator: torch.Generator,
+                 device: torch.device) -> torch.Tensor:
+    """Gumbel(0, 1) noise [rows, stop - start] for the global vocabulary entries [start, stop): the whole vocabulary's
+    noise is drawn tile by tile (NOISE_TILE columns, in order) and only the overlap is kept, so every rank of any
+    tensor-parallel degree sees the same noise for the same token, and no tensor is larger than a tile."""
+    out = torch.empty(rows, stop - start, device=device)
+    tiny = torch.finfo(torch.float32).tiny
+    for lo in range(0, vocab, NOISE_TILE):
+        hi = min(lo + NOISE_TILE, vocab)
+        u = torch.rand(rows, hi - lo, generator=generator, device=device)
+        a, b = max(lo, start), min(hi, stop)
+        if a < b:
+            out[:, a - start:b - start] = -torch.log(-torch.log(u[:, a - lo:b - lo].clamp_min(tiny)))
+    return out
+
+
+def tp_sample_next(hidden: torch.Tensor, weight: DTensor, temperature: float, top_p: float = 1.0,
+                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`seedfast.rollout.sampling.sample_next` for a vocabulary-parallel LM head, from last hidden states [B, d]
+    (the same on every rank of the group): (tokens [B] int64, log-probs [B] fp32 under softmax(logits / T) over the
+    whole vocabulary; greedy when temperature is 0, its log-prob at temperature 1). Sampling is Gumbel-max, an exact
+    draw from the distribution (not the same random stream as the one-process sampler's multinomial). Each rank
+    holds its [B, V / tp] logits only; top_p < 1 is refused (the nucleus needs a global sort)."""
+    if not isinstance(temperature, (int, float)) or temperature < 0 or temperature != temperature:
+        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if top_p != 1.0:
+        raise ValueError(f"top_p={top_p}: a vocabulary-parallel head samples the full distribution only "
+                         "(set rollout.top_p=1.0, or dist.tp=1)")
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden must be [B, d], got shape {tuple(hidden.shape)}")
+    local, start, group = local_vocab(weight)
+    z = (hidden @ local.detach().T).float()
+    if temperature > 0:
+        z = z / temperature
+    rows = z.shape[0]
+    m = z.max(dim=1).values if z.shape[1] else z.new_full((rows,), float("-inf"))
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    sum_exp = (z - m[:, None]).exp().sum(dim=1)
+    dist.all_reduce(sum_exp, group=group)
+    log_norm = m + sum_exp.log()
+    score = z
+    if temperature > 0:
+        if generator is None:
+            raise ValueError("tp_sample_next: sampling (temperature > 0) needs a generator (the same seed on every "
+                             "rank of the group)")
+        score = z + gumbel_noise(rows, weight.shape[0], start, start + z.shape[1], generator, z.device)
+    best, arg = score.max(dim=1)  # the first maximum, as torch.argmax
+    mine = torch.stack([best, z.gather(1, arg[:, None]).squeeze(1), (arg + start).to(z.dtype)], dim=1)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine.contiguous(), group=group)
+    cand = torch.stack(every)  # [ranks, B, 3]: ranks hold ascending ranges, so the first maximum is the lowest id
+    winner = cand[:, :, 0].argmax(dim=0)
+    pick = cand.gather(0, winner[None, :, None].expand(1, rows, 3)).squeeze(0)
+    return pick[:, 2].round().long(), pick[:, 1] - log_norm
+
+
+# the ops a tensor-parallel model carries as `model.head_ops` (dist/parallelize.py apply_tp)
+HEAD_OPS = SimpleNamespace(linear_logprob=tp_linear_logprob, sample_next=tp_sample_next)

@@ -8,8 +8,9 @@ decoders (CPU and GPU), with a KV cache.
 All prompts are prefilled in one packed forward (identical prompts once); then every unfinished sequence
 advances by one token per step. Both are the decoder's own (`Decoder.prefill` / `Decoder.decode` over a
 preallocated StaticKVCache from seedfast/model/kv.py), so the layer math exists once. Logits exist only for
-the last position of each sequence ([B, V] per step: sampling, not training). A sequence finishes when it
-emits a stop id (kept in its output) or reaches max_new_tokens.
+the last position of each sequence ([B, V] per step: sampling, not training); a tensor-parallel model samples
+from its vocabulary shards instead (Gumbel-max, docs/scaling.md 'Tensor parallel in train'). A sequence finishes
+when it emits a stop id (kept in its output) or reaches max_new_tokens.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class Sampler:
         for step in range(max_new):
             live = alive.nonzero().squeeze(1)
             seqs = seq_of_row[live]
-            next_tok, next_lp = sample_next(self._logits(hidden[live]), temperature, top_p, self.generator)
+            next_tok, next_lp = self._sample(hidden[live], temperature, top_p)
             tokens[seqs, step] = next_tok
             logprobs[seqs, step] = next_lp
             lengths[seqs] += 1
@@ -169,6 +170,15 @@ class Sampler:
 
     def _logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
         return (last_hidden @ self.model.lm_head_weight.T).float()
+
+    def _sample(self, last_hidden: torch.Tensor, temperature: float, top_p: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next tokens and their log-probs; a tensor-parallel model's vocabulary-parallel sampling when it carries
+        one (`model.head_ops`, dist/vocab_head.py: no rank forms the [B, V] logits)."""
+        ops = getattr(self.model, "head_ops", None)
+        if ops is not None:
+            return ops.sample_next(last_hidden, self.model.lm_head_weight, temperature, top_p, self.generator)
+        return sample_next(self._logits(last_hidden), temperature, top_p, self.generator)
 
     def _check_prompts(self, prompt_token_lists: Sequence[Sequence[int]]) -> list[list[int]]:
         if isinstance(prompt_token_lists, (str, bytes)) or not isinstance(prompt_token_lists, Sequence):

@@ -50,9 +50,10 @@ def start_processes(cfg: Config, command: str) -> Any:
     if command != "train":
         raise ConfigError(f"dist.strategy=fsdp: `seedfast {command}` runs in one process; set dist.strategy=none")
     if cfg.dist.tp > 1:
-        raise ConfigError(f"dist.tp={cfg.dist.tp}: `seedfast train` shards with FSDP2 only for now (the rollout "
-                          "sampler and the scoring pass read the whole LM head); `seedfast plan` plans tensor "
-                          "parallel runs; set dist.tp=1")
+        raise ConfigError(f"dist.tp={cfg.dist.tp}: `seedfast train` shards with FSDP2 only for now (the sampler and "
+                          "the scoring pass run tensor parallel, tests/dist/test_tp_train.py, but the update after "
+                          "a gathered phase reads a resharded LM head: docs/scaling.md); `seedfast plan` plans "
+                          "tensor parallel runs; set dist.tp=1")
     if cfg.algorithm == "grsd":
         raise ConfigError("algorithm=grsd with dist.strategy=fsdp: the reflection update is not sharded yet; "
                           "set dist.strategy=none")

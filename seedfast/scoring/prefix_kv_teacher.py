@@ -13,8 +13,8 @@ from seedfast.context.sample import StepSample, check_samples
 from seedfast.model.decoder import Decoder
 from seedfast.model.kv import PackedKV
 from seedfast.model.packing import make_cu_seqlens
-from seedfast.ops import linear_logprob
 from seedfast.scoring.packing import pack, shared_prefix_length, teacher_branch
+from seedfast.scoring.score import head_logprob_op
 
 
 def _leading_tokens(kv: PackedKV, index: list[int], lengths: list[int]) -> PackedKV:
@@ -69,7 +69,8 @@ def teacher_logprob_with_prefix(
                     [samples[i].response_ids for i in chosen]).to(device)
     hidden = model(branches.input_ids, branches.cu_seqlens, position_ids=branches.position_ids, past=past,
                    attn_backend=attn_backend)
-    out = linear_logprob(hidden[branches.rows], model.lm_head_weight, branches.targets, temperature=temperature)
+    out = head_logprob_op(model)(hidden[branches.rows], model.lm_head_weight, branches.targets,
+                                 temperature=temperature)
     offsets = torch.tensor([0, *n_resp]).cumsum(0).tolist()
     where = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in chosen]).to(device)
     teacher_logprob[where] = out.logprob

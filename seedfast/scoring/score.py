@@ -11,13 +11,13 @@ Per micro-batch (packed varlen, no padding; packing.py says which tokens go wher
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from seedfast.context.sample import StepSample, check_samples
 from seedfast.model.decoder import Decoder
-from seedfast.ops import linear_logprob
+from seedfast.ops import LinearLogprobOutput, linear_logprob
 from seedfast.scoring.packing import (
     Packed,
     pack_branches,
@@ -39,12 +39,19 @@ def _forward(model, packed: Packed, past=None, return_kv: bool = False, attn_bac
                  return_kv=return_kv, attn_backend=attn_backend)
 
 
+def head_logprob_op(model) -> Callable[..., LinearLogprobOutput]:
+    """The LM head's log-prob op: seedfast.ops.linear_logprob, or the vocabulary-parallel one a tensor-parallel
+    model carries (`model.head_ops`, set by dist/parallelize.py; docs/scaling.md, 'Tensor-parallel LM head')."""
+    ops = getattr(model, "head_ops", None)
+    return linear_logprob if ops is None else ops.linear_logprob
+
+
 def _head(model, hidden: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor,
           teacher_rows: torch.Tensor | None, temperature: float, with_entropy: bool):
     device = hidden.device
     teacher_hidden = hidden[teacher_rows.to(device)] if teacher_rows is not None else None
-    return linear_logprob(hidden[rows.to(device)], model.lm_head_weight, targets.to(device),
-                          teacher_hidden=teacher_hidden, temperature=temperature, with_entropy=with_entropy)
+    return head_logprob_op(model)(hidden[rows.to(device)], model.lm_head_weight, targets.to(device),
+                                  teacher_hidden=teacher_hidden, temperature=temperature, with_entropy=with_entropy)
 
 
 def _scatter_scores(samples: list[StepSample], parts, with_entropy: bool, with_teacher: bool) -> Scores:
