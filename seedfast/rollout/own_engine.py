@@ -9,7 +9,7 @@ All prompts are prefilled in one packed forward (identical prompts once); then e
 advances by one token per step. Both are the decoder's own (`Decoder.prefill` / `Decoder.decode` over a
 preallocated StaticKVCache from seedfast/model/kv.py), so the layer math exists once. Logits exist only for
 the last position of each sequence ([B, V] per step: sampling, not training); a tensor-parallel model samples
-from its vocabulary shards instead (Gumbel-max, docs/scaling.md 'Tensor parallel in train'). A sequence finishes
+from its vocabulary shards instead (Gumbel-max, docs/scaling.md 'Tensor-parallel LM head'). A sequence finishes
 when it emits a stop id (kept in its output) or reaches max_new_tokens.
 """
 
