@@ -127,7 +127,8 @@ def unsharded(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     finally:
         for m in mods:
             m.reshard()
-            m.set_reshard_after_forward(True, recurse=False)
+            if m is not model:  # FSDP2's root never reshards after forward: it stays that way
+                m.set_reshard_after_forward(True, recurse=False)
 
 
 def clip_sharded_grads(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:

@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.config import LossConfig
 from seedfast.dist.data import DataParallel, split_whole_groups
-from seedfast.dist.parallelize import apply_fsdp, fsdp_modules
+from seedfast.dist.parallelize import apply_fsdp, fsdp_modules, unsharded
 from seedfast.model.decoder import build_decoder
 from seedfast.runtime.optim import adamw
 from seedfast.train.update import UpdateBatch, grad_norm_and_clip, minibatch_loss_backward
@@ -54,7 +54,7 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _worker(rank, world, name, average, checkpointing=False):
+def _worker(rank, world, name, average, checkpointing=False, after_rollout=False):
     case = CASES[name]
     torch.manual_seed(0)
     model = build_decoder(make_config("qwen2"), dtype=torch.float32, seed=3)  # tied embeddings, q/k/v bias
@@ -67,6 +67,10 @@ def _worker(rank, world, name, average, checkpointing=False):
     if average:
         for unit in fsdp_modules(model):  # FSDP2's default: the mean over ranks
             unit.set_gradient_divide_factor(float(world))
+    if after_rollout:  # as in a run: generation under unsharded() comes before the update
+        with unsharded(model):
+            ids = torch.as_tensor(samples[0].prompt_ids)
+            model(ids, torch.tensor([0, len(ids)], dtype=torch.int32))
     costs = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
     mine = split_whole_groups(samples, [s.group_id for s in samples], costs, rank, world)
     assert 0 < len(mine) < len(samples)
@@ -104,3 +108,10 @@ def test_two_rank_fsdp_update_with_activation_checkpointing_equals_one_process_w
 
 def test_fsdp_default_averaging_would_scale_the_learning_rate_by_one_over_world():
     run_on_ranks(2, _worker, "grpo", True)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_two_rank_fsdp_update_after_a_rollout_equals_one_process(name):
+    """A rollout under unsharded() must leave FSDP2's root as it found it: a root that reshards after forward hands
+    the loss an LM head still sharded over the data-parallel ranks."""
+    run_on_ranks(2, _worker, name, False, False, True)
