@@ -128,13 +128,16 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
 _TEACHER_MEANS = ("gate_mean", "opd_term")  # means over teacher-valid tokens (ops/token_loss.py metric_means)
 
 
-def _head_loss(weight: torch.Tensor):
-    """fused_loss, or its tensor-parallel twin when the LM head is split over the vocabulary (dist.tp > 1)."""
-    if type(weight).__name__ == "DTensor":
-        from seedfast.dist.vocab_head import is_vocab_parallel, tp_fused_loss
+def _head_loss(model: torch.nn.Module):
+    """fused_loss, or its tensor-parallel twin on a model whose LM head dist's apply_tp split over the vocabulary
+    (it sets `model.head_ops`). Any other sharded head here is a bug: FSDP2 left it sharded after the forward."""
+    if getattr(model, "head_ops", None) is not None:
+        from seedfast.dist.vocab_head import tp_fused_loss
 
-        if is_vocab_parallel(weight):
-            return tp_fused_loss
+        return tp_fused_loss
+    if type(model.lm_head_weight).__name__ == "DTensor":
+        raise RuntimeError("the LM head reached the loss still sharded over the data-parallel ranks (an FSDP2 root "
+                           "resharded after forward); the root must keep its parameters gathered until backward")
     return fused_loss
 
 
@@ -194,7 +197,7 @@ def _micro_batch(model, batch: UpdateBatch, index: list[int], group: list[int] |
         teacher_mask = _gather(batch.teacher_mask, batch, micro).to(device)
     else:
         teacher_logprob = teacher_mask = None
-    loss, metrics, logprob = _head_loss(model.lm_head_weight)(
+    loss, metrics, logprob = _head_loss(model)(
         rows, model.lm_head_weight, packed.targets,
         token_weights=w.to(device),
         advantages=_gather(batch.advantages, batch, micro).to(device),
