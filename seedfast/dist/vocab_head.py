@@ -27,7 +27,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from seedfast.ops import LinearLogprobOutput, get_backend
 from seedfast.ops.token_loss import metric_means, needs_entropy
-from seedfast.ops.validate import check_loss_options, check_per_token
+from seedfast.ops.fused_loss import loss_inputs
 from seedfast.ops.vocab_parallel import vocab_parallel_logprob
 
 NOISE_TILE = 8192  # Gumbel noise is drawn in tiles of this many vocabulary entries, in order
@@ -102,27 +102,15 @@ def tp_fused_loss(hidden: torch.Tensor, weight: DTensor, targets: torch.Tensor, 
         raise ValueError(f"{func}: temperature must be > 0, got {temperature}")
     targets = targets.long()
     n, device = hidden.shape[0], hidden.device
-    per_token = {
-        "old_logprob": check_per_token(func, "old_logprob", old_logprob, n, device, required=False),
-        "ref_logprob": check_per_token(func, "ref_logprob", ref_logprob, n, device, required=False),
-        "teacher_logprob": check_per_token(func, "teacher_logprob", teacher_logprob, n, device, required=False),
-        "teacher_mask": check_per_token(func, "teacher_mask", teacher_mask, n, device, floating=False,
-                                        required=False),
-        "advantages": check_per_token(func, "advantages", advantages, n, device),
-        "token_weights": check_per_token(func, "token_weights", token_weights, n, device),
-    }
-    check_loss_options(func, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
-                       kl_kind=kl_kind, entropy_coef=entropy_coef, opd_coef=opd_coef, opd_beta=opd_beta,
-                       gate=gate, has_ref=ref_logprob is not None, has_teacher=teacher_logprob is not None)
     valid = targets != ignore_index
     if bool(((targets < 0) & valid).any()) or bool((targets >= weight.shape[0]).any()):
         raise ValueError(f"{func}: targets must lie in [0, {weight.shape[0]}) or be ignore_index={ignore_index}")
+    per_token, options = loss_inputs(
+        func, targets, ignore_index, n, device, token_weights=token_weights, advantages=advantages,
+        old_logprob=old_logprob, ref_logprob=ref_logprob, teacher_logprob=teacher_logprob, teacher_mask=teacher_mask,
+        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef, kl_kind=kl_kind,
+        entropy_coef=entropy_coef, opd_coef=opd_coef, opd_beta=opd_beta, gate=gate)
     impl = get_backend(backend, device)
-    per_token["token_weights"] = torch.where(valid, token_weights.detach().float(), 0.0)
-    options = {"clip_low": float(clip_low), "clip_high": float(clip_high),
-               "dual_clip": None if dual_clip is None else float(dual_clip), "kl_coef": float(kl_coef),
-               "kl_kind": kl_kind, "entropy_coef": float(entropy_coef), "opd_coef": float(opd_coef),
-               "opd_beta": float(opd_beta), "gate": gate}
     out = tp_linear_logprob(hidden, weight, targets, temperature=temperature,
                             with_entropy=needs_entropy(entropy_coef, opd_coef, gate), ignore_index=ignore_index,
                             backend=impl)

@@ -59,6 +59,34 @@ class _FusedLoss(torch.autograd.Function):
                 grad_weight if ctx.needs_input_grad[1] else None, *(None,) * 7)
 
 
+def loss_inputs(func: str, targets: torch.Tensor, ignore_index: int, n: int, device: torch.device, *,
+                token_weights: torch.Tensor, advantages: torch.Tensor, old_logprob: torch.Tensor | None,
+                ref_logprob: torch.Tensor | None, teacher_logprob: torch.Tensor | None,
+                teacher_mask: torch.Tensor | None, clip_low: float, clip_high: float, dual_clip: float | None,
+                kl_coef: float, kl_kind: str, entropy_coef: float, opd_coef: float, opd_beta: float,
+                gate: str) -> tuple[dict, dict]:
+    """(per-token inputs, loss options) of fused_loss and its tensor-parallel twin (dist/vocab_head.py), checked
+    with errors naming `func` and the tensor; token weights are 0 where the target is ignore_index."""
+    per_token = {
+        "old_logprob": check_per_token(func, "old_logprob", old_logprob, n, device, required=False),
+        "ref_logprob": check_per_token(func, "ref_logprob", ref_logprob, n, device, required=False),
+        "teacher_logprob": check_per_token(func, "teacher_logprob", teacher_logprob, n, device, required=False),
+        "teacher_mask": check_per_token(func, "teacher_mask", teacher_mask, n, device, floating=False,
+                                        required=False),
+        "advantages": check_per_token(func, "advantages", advantages, n, device),
+        "token_weights": check_per_token(func, "token_weights", token_weights, n, device),
+    }
+    check_loss_options(func, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
+                       kl_kind=kl_kind, entropy_coef=entropy_coef, opd_coef=opd_coef, opd_beta=opd_beta,
+                       gate=gate, has_ref=ref_logprob is not None, has_teacher=teacher_logprob is not None)
+    per_token["token_weights"] = torch.where(targets == ignore_index, 0.0, token_weights.detach().float())
+    options = {"clip_low": float(clip_low), "clip_high": float(clip_high),
+               "dual_clip": None if dual_clip is None else float(dual_clip), "kl_coef": float(kl_coef),
+               "kl_kind": kl_kind, "entropy_coef": float(entropy_coef), "opd_coef": float(opd_coef),
+               "opd_beta": float(opd_beta), "gate": gate}
+    return per_token, options
+
+
 def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                token_weights: torch.Tensor, advantages: torch.Tensor, old_logprob: torch.Tensor | None,
                ref_logprob: torch.Tensor | None = None, teacher_logprob: torch.Tensor | None = None,
@@ -85,24 +113,12 @@ def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
     func = "fused_loss"
     targets = check_linear_inputs(func, hidden, weight, targets, None, temperature, ignore_index)
     n, device = hidden.shape[0], hidden.device
-    per_token = {
-        "old_logprob": check_per_token(func, "old_logprob", old_logprob, n, device, required=False),
-        "ref_logprob": check_per_token(func, "ref_logprob", ref_logprob, n, device, required=False),
-        "teacher_logprob": check_per_token(func, "teacher_logprob", teacher_logprob, n, device, required=False),
-        "teacher_mask": check_per_token(func, "teacher_mask", teacher_mask, n, device, floating=False,
-                                        required=False),
-        "advantages": check_per_token(func, "advantages", advantages, n, device),
-        "token_weights": check_per_token(func, "token_weights", token_weights, n, device),
-    }
-    check_loss_options(func, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
-                       kl_kind=kl_kind, entropy_coef=entropy_coef, opd_coef=opd_coef, opd_beta=opd_beta,
-                       gate=gate, has_ref=ref_logprob is not None, has_teacher=teacher_logprob is not None)
+    per_token, options = loss_inputs(
+        func, targets, ignore_index, n, device, token_weights=token_weights, advantages=advantages,
+        old_logprob=old_logprob, ref_logprob=ref_logprob, teacher_logprob=teacher_logprob, teacher_mask=teacher_mask,
+        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef, kl_kind=kl_kind,
+        entropy_coef=entropy_coef, opd_coef=opd_coef, opd_beta=opd_beta, gate=gate)
     impl = get_backend(backend, device)
-    per_token["token_weights"] = torch.where(targets == ignore_index, 0.0, token_weights.detach().float())
-    options = {"clip_low": float(clip_low), "clip_high": float(clip_high),
-               "dual_clip": None if dual_clip is None else float(dual_clip), "kl_coef": float(kl_coef),
-               "kl_kind": kl_kind, "entropy_coef": float(entropy_coef), "opd_coef": float(opd_coef),
-               "opd_beta": float(opd_beta), "gate": gate}
     temperature = float(temperature)
 
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
