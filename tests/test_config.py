@@ -319,10 +319,19 @@ def test_schema_is_plain_dataclasses():
                for f in dataclasses.fields(Config))
 
 
-@pytest.mark.parametrize("command", ["train", "eval", "demo", "sft"])
+@pytest.mark.parametrize("command", ["eval", "demo", "sft"])
 def test_vllm_is_refused_where_nothing_would_use_it(command):
     with pytest.raises(ConfigError, match=f"rollout.engine=vllm: `seedfast {command}` samples with the own engine"):
         load_config(None, ["model.path=/m", "rollout.engine=vllm"], command=command)
     collect = load_config(None, ["model.path=/m", "rollout.engine=vllm", "skill.collect_analyzer=oracle"],
                           command="collect")
     assert collect.rollout.engine == "vllm"
+    train = load_config(None, ["model.path=/m", "rollout.engine=vllm"], command="train")
+    assert train.rollout.engine == "vllm" and train.rollout.sync_bucket_mb == 512
+
+
+def test_fsdp_mixed_precision_needs_fsdp():
+    with pytest.raises(ConfigError, match="dist.param_dtype / dist.reduce_dtype are FSDP2's mixed precision"):
+        load_config(None, ["dist.reduce_dtype=fp32"])
+    cfg = load_config(None, ["dist.strategy=fsdp", "dist.param_dtype=bf16", "dist.reduce_dtype=fp32"])
+    assert (cfg.dist.param_dtype, cfg.dist.reduce_dtype) == ("bf16", "fp32")

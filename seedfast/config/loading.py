@@ -344,10 +344,12 @@ def validate(cfg: Config, command: str | None = None) -> Config:
         raise ConfigError(f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} is below the longest "
                           f"sample (rollout.max_prompt_length + skill.max_skill_tokens + "
                           f"rollout.max_response_tokens = {sample_max})")
-    if cfg.rollout.engine == "vllm" and command not in (None, "collect", "config"):
+    if cfg.rollout.engine == "vllm" and command not in (None, "collect", "train", "config"):
         raise ConfigError(f"rollout.engine=vllm: `seedfast {command}` samples with the own engine (vLLM serves "
-                          "`seedfast collect` only: the RL loop has no weight sync to a vLLM server yet); "
-                          "set rollout.engine=own")
+                          "`seedfast collect` and the rollouts of `seedfast train`); set rollout.engine=own")
+    if cfg.dist.strategy == "none" and (cfg.dist.param_dtype or cfg.dist.reduce_dtype):
+        raise ConfigError("dist.param_dtype / dist.reduce_dtype are FSDP2's mixed precision: they need "
+                          "dist.strategy=fsdp (model.dtype sets a one-process run's dtype)")
     if len(set(cfg.demo.algorithms)) != len(cfg.demo.algorithms) or not cfg.demo.algorithms:
         raise ConfigError(f"demo.algorithms: expected distinct algorithms, got {format_value(cfg.demo.algorithms)}")
 

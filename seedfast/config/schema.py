@@ -143,6 +143,11 @@ class RolloutConfig:
     gpu_memory_utilization: float = opt(0.5, "vLLM only: share of GPU memory for weights and KV cache",
                                         gt=0, le=1)
     tensor_parallel: int = opt(1, "vLLM only: tensor-parallel size of the rollout engine", ge=1)
+    sync_bucket_mb: int = opt(512, "vLLM in the RL loop: after every update the policy's weights are gathered one "
+                                   "tensor at a time and pushed to the engine in buckets of about this many MiB",
+                              ge=1)
+    vllm_sleep: bool = opt(True, "vLLM in the RL loop: the colocated engine sleeps during the update (its weights "
+                                 "and KV cache freed) and wakes before the weight push")
 
 
 @dataclass
@@ -251,10 +256,16 @@ class DistConfig:
         "none", "none = one process on one device; fsdp = FSDP2 (fully_shard) over the torchrun processes "
                 "(docs/scaling.md)")
     dp_shard: int | None = opt(None, "ranks the parameters are sharded over (FSDP2); null = WORLD_SIZE / tp", ge=1)
-    tp: int = opt(1, "tensor-parallel degree (column/row-parallel blocks, vocabulary-parallel head); `seedfast "
-                     "plan` plans it, `seedfast train` does not run it yet", ge=1)
+    tp: int = opt(1, "tensor-parallel degree (column/row-parallel attention and MLP, vocabulary-parallel "
+                     "embedding and LM head); tp consecutive ranks form a group (one node's GPUs)", ge=1)
     activation_checkpointing: bool = opt(False, "recompute each decoder block in backward instead of keeping its "
                                                 "activations (any strategy; `seedfast plan` shows both)")
+    param_dtype: Literal["fp32", "bf16", "fp16"] | None = opt(
+        None, "dist.strategy=fsdp: dtype FSDP2 gathers the parameters in for forward and backward (mixed "
+              "precision over model.dtype master weights, e.g. model.dtype=fp32 + bf16); null = model.dtype")
+    reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = opt(
+        None, "dist.strategy=fsdp: dtype gradients are reduced in across ranks; null = the gathered parameters' "
+              "dtype")
 
 
 @dataclass
