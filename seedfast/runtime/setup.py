@@ -26,6 +26,10 @@ from seedfast.runtime.optim import adamw, lr_at
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+# the commands that run over torchrun's processes with dist.strategy=fsdp (docs/scaling.md)
+SHARDED_COMMANDS = ("train", "sft", "eval")
+
+
 def require_one_process(command: str) -> None:
     """Training runs in one process on one device: refuse a launch under torchrun with several processes, which
     would otherwise train N unsynchronized copies."""
@@ -47,13 +51,8 @@ def start_processes(cfg: Config, command: str) -> Any:
     mesh_shape(cfg.dist, env.world)  # a ConfigError naming dist.* when the ranks do not fit
     if cfg.dist.strategy == "none":
         return env
-    if command != "train":
+    if command not in SHARDED_COMMANDS:
         raise ConfigError(f"dist.strategy=fsdp: `seedfast {command}` runs in one process; set dist.strategy=none")
-    if cfg.dist.tp > 1:
-        raise ConfigError(f"dist.tp={cfg.dist.tp}: `seedfast train` shards with FSDP2 only for now (the sampler and "
-                          "the scoring pass run tensor parallel, tests/dist/test_tp_train.py, but the update after "
-                          "a gathered phase reads a resharded LM head: docs/scaling.md); `seedfast plan` plans "
-                          "tensor parallel runs; set dist.tp=1")
     if cfg.algorithm == "grsd":
         raise ConfigError("algorithm=grsd with dist.strategy=fsdp: the reflection update is not sharded yet; "
                           "set dist.strategy=none")
@@ -79,7 +78,10 @@ def shard_policy(cfg: Config, model: torch.nn.Module, device: torch.device) -> A
         raise ConfigError(f"rollout.tasks_per_batch={cfg.rollout.tasks_per_batch} is smaller than the "
                           f"{shape.dp_shard} data-parallel ranks: every rank rolls out whole tasks")
     mesh = build_mesh(shape, device)
-    parallelize_decoder(model, mesh, activation_checkpointing=cfg.dist.activation_checkpointing)
+    d = cfg.dist
+    parallelize_decoder(model, mesh, activation_checkpointing=d.activation_checkpointing,
+                        param_dtype=DTYPES[d.param_dtype] if d.param_dtype else None,
+                        reduce_dtype=DTYPES[d.reduce_dtype] if d.reduce_dtype else None)
     return DataParallel.from_mesh(mesh)
 
 
