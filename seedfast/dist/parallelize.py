@@ -21,10 +21,8 @@ world size.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -72,11 +70,6 @@ def apply_tp(model: Decoder, tp_mesh: DeviceMesh) -> Decoder:
     model.tp_mesh = tp_mesh
     # scoring and the own sampler read their LM-head ops from here (they may not import dist)
     model.head_ops = HEAD_OPS
-    # a past KV (the SEED teacher on the update forward's prefix) holds this rank's n_kv_heads / tp heads: the
-    # decoder's check of it sees the rank's count (the model's config, which the HF export writes, stays global)
-    local = SimpleNamespace(config=copy.copy(model.config))
-    local.config.num_key_value_heads = model.config.num_key_value_heads // tp
-    model._check_past = lambda past, batch, embed: Decoder._check_past(local, past, batch, embed)
     return model
 
 
