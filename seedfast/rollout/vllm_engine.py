@@ -3,19 +3,24 @@
     engine = VLLMEngine("runs/x/hf", dtype="bf16", gpu_memory_utilization=0.5)
     gens = engine.generate_full(prompt_ids, max_new_tokens=512, temperature=1.0, top_p=1.0, stop_ids=[eos])
     engine.load_weights(model.state_dict())     # after each update: HF names, the trainer's tensors
+    engine.push_weights(buckets)                # or bucket by bucket ([(name, tensor)] lists, dist/weight_push.py)
 
 vLLM is imported only when an engine is built (`pip install seedfast[gpu]`). Weights travel to vLLM's
-worker through a worker extension (CUDA IPC handles for CUDA tensors, pickled copies otherwise) and go
-through the model's own `load_weights`, which maps HF names onto vLLM's fused layers. After a sync the
-prefix cache is reset (its KV was computed with the old weights) and a few tensors are read back and
-compared, so a sync that silently did nothing raises instead of skewing training (docs/pitfalls.md, 'Weight sync
-that silently does nothing').
+worker through a worker extension (CUDA IPC handles for CUDA tensors when the worker is another process, the
+tensors themselves when it runs in this one, pickled copies for CPU tensors) and go through the model's own
+`load_weights`, which maps HF names onto vLLM's fused layers. After a sync the prefix cache is reset (its KV was
+computed with the old weights), and checksums of the tensors vLLM keeps under their HF names (embeddings, o_proj,
+down_proj, norms, LM head), taken as each passed by, are compared with vLLM's copy, so a sync that silently did
+nothing raises instead of skewing training (docs/pitfalls.md, 'Weight sync that silently does nothing').
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,9 +29,12 @@ from seedfast.rollout.engine import Generation
 from seedfast.rollout.sampling import check_sampling_args
 
 EXTENSION = "seedfast.rollout.vllm_engine.WeightSyncExtension"
-# tensors vLLM keeps under their HF names (not fused), read back to check a weight sync
-_CHECK_NAMES = ("model.embed_tokens.weight", "model.norm.weight", "model.layers.0.self_attn.o_proj.weight",
-                "model.layers.0.mlp.down_proj.weight")
+# tensors vLLM keeps under their HF names (not fused into qkv_proj / gate_up_proj), summed as they are pushed and
+# read back to check a weight sync
+# float64 sums of the same values in another order agree far closer than this (relative to the sum of |x|), while
+# an RL update that moves a few elements by a bf16 step moves the sum by more
+_SUM_RTOL = 1e-9
+_CHECKED = re.compile(r"(^|\.)(embed_tokens|o_proj|down_proj|[a-z_]*norm|lm_head)\.weight$")
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
@@ -51,6 +59,7 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
+        enable_sleep_mode: bool = False,
         **llm_kwargs: Any,
     ) -> None:
         vllm = _require_vllm()
@@ -62,6 +71,10 @@ class VLLMEngine:
             llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         if "worker_extension_cls" not in engine_fields:
             raise ImportError("this vllm is too old for in-place weight updates (no worker_extension_cls)")
+        if enable_sleep_mode:  # LLM.sleep / LLM.wake_up(tags=...), for an engine colocated with training
+            if "enable_sleep_mode" not in engine_fields:
+                raise ImportError("this vllm is too old for sleep mode (no enable_sleep_mode)")
+            llm_kwargs["enable_sleep_mode"] = True
         self.llm = vllm.LLM(
             model=str(model_path),
             dtype=_DTYPES[dtype],
@@ -75,6 +88,11 @@ class VLLMEngine:
             **llm_kwargs,
         )
         self._vllm = vllm
+        self.torch_dtype = getattr(torch, _DTYPES[dtype])  # what vLLM's copy of a pushed tensor holds
+        # an executor that runs the worker in this process gets the tensors themselves (a CUDA IPC handle cannot be
+        # opened by the process that made it)
+        self.in_process = (llm_kwargs.get("distributed_executor_backend") == "external_launcher"
+                           or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0")
 
     def generate(
         self,
@@ -83,8 +101,9 @@ class VLLMEngine:
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop_ids: Sequence[int] = (),
+        seeds: Sequence[int] | None = None,
     ) -> list[list[int]]:
-        gens = self.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids)
+        gens = self.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, seeds)
         return [g.token_ids for g in gens]
 
     def generate_full(
@@ -94,7 +113,9 @@ class VLLMEngine:
         temperature: float = 1.0,
         top_p: float = 1.0,
         stop_ids: Sequence[int] = (),
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
+        """Completions of every prompt; `seeds` (one per prompt) seeds each request's own sampler."""
         check_sampling_args(temperature, top_p)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
@@ -102,52 +123,126 @@ class VLLMEngine:
         for i, prompt in enumerate(prompts):
             if not prompt["prompt_token_ids"]:
                 raise ValueError(f"prompt {i} is empty: generation needs at least one prompt token")
-        # no per-request seed: copies of one prompt (a GRPO group) must draw different samples; the engine's
-        # generator, seeded once, keeps runs reproducible
-        params = self._vllm.SamplingParams(
-            n=1, temperature=float(temperature), top_p=float(top_p), max_tokens=max_new_tokens,
-            stop_token_ids=list(stop_ids), logprobs=0, detokenize=False,
-        )
+        # without `seeds` no per-request seed: copies of one prompt (a GRPO group) must draw different samples; the
+        # engine's generator, seeded once, keeps runs reproducible. With `seeds`, give copies different seeds.
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"seeds must have one entry per prompt ({len(prompts)}), got {len(seeds)}")
+
+        def sampling(seed: int | None) -> Any:
+            return self._vllm.SamplingParams(
+                n=1, temperature=float(temperature), top_p=float(top_p), max_tokens=max_new_tokens,
+                stop_token_ids=list(stop_ids), logprobs=0, detokenize=False, seed=seed,
+            )
+
+        params = sampling(None) if seeds is None else [sampling(int(s)) for s in seeds]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [_generation(out.outputs[0]) for out in outputs]
 
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-                     chunk_bytes: int = 1 << 30, verify: bool = True) -> None:
+                     chunk_bytes: int = 1 << 30, verify: bool = True) -> dict[str, float]:
         """Copy HF-named tensors into vLLM's model, in chunks of about `chunk_bytes`."""
-        items = list(weights.items()) if isinstance(weights, Mapping) else list(weights)
-        chunk: list[tuple[str, Any]] = []
-        size = 0
-        for name, tensor in items:
-            chunk.append((name, _shareable(tensor)))
-            size += tensor.numel() * tensor.element_size()
-            if size >= chunk_bytes:
-                self.llm.collective_rpc("seedfast_load_weights", args=(chunk,))
-                chunk, size = [], 0
-        if chunk:
-            self.llm.collective_rpc("seedfast_load_weights", args=(chunk,))
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        return self.push_weights(_chunks(items, chunk_bytes), verify=verify)
+
+    def push_weights(self, buckets: Iterable[Sequence[tuple[str, torch.Tensor]]], verify: bool = True
+                     ) -> dict[str, float]:
+        """Copy buckets of HF-named tensors into vLLM's model, one bucket (one RPC) at a time, then reset the prefix
+        cache and (`verify`) compare checksums. Nothing of a bucket is kept after its RPC returned.
+
+        Returns {"bytes", "buckets", "tensors", "seconds"} of the push."""
+        start = time.perf_counter()
+        expected: dict[str, tuple[float, float, int]] = {}  # checked name -> _checksum of the trainer's tensor
+        n_bytes = n_buckets = n_tensors = 0
+        for bucket in buckets:
+            size, count = self._push_bucket(bucket, expected if verify else None)
+            n_bytes += size
+            n_tensors += count
+            n_buckets += count > 0
         self.llm.reset_prefix_cache()
         if verify:
-            self._verify(dict(items))
+            self._verify(expected)
+        return {"bytes": float(n_bytes), "buckets": float(n_buckets), "tensors": float(n_tensors),
+                "seconds": time.perf_counter() - start}
 
-    def _verify(self, expected: dict[str, torch.Tensor]) -> None:
-        names = [n for n in _CHECK_NAMES if n in expected]
-        for sums in self.llm.collective_rpc("seedfast_weight_sums", args=(names,)):
-            for name, value in sums.items():
-                want = float(expected[name].detach().float().sum())
-                if abs(value - want) > 1e-2 * (1.0 + abs(want)):
+    def _push_bucket(self, bucket: Sequence[tuple[str, torch.Tensor]],
+                     expected: dict[str, tuple[float, float, int]] | None
+                     ) -> tuple[int, int]:
+        """One RPC with the bucket's tensors (their checksums into `expected`); returns (bytes, tensors)."""
+        chunk = []
+        keep = []  # what an IPC handle points to stays alive until the worker has copied it
+        size = 0
+        for name, tensor in bucket:
+            if expected is not None and _CHECKED.search(name):
+                expected[name] = _checksum(tensor, self.torch_dtype)
+            kind, payload, held = _shareable(tensor, self.in_process)
+            chunk.append((name, (kind, payload)))
+            keep.append(held)
+            size += tensor.numel() * tensor.element_size()
+        if not chunk:
+            return 0, 0
+        for received in self.llm.collective_rpc("seedfast_load_weights", args=(chunk,)):
+            if received is not None and received != len(chunk):
+                raise RuntimeError(f"vLLM weight sync failed: a worker loaded {received} of {len(chunk)} tensors "
+                                   f"(the bucket starting at {chunk[0][0]})")
+        return size, len(chunk)
+
+    def _verify(self, expected: dict[str, tuple[float, float, int]]) -> None:
+        """Each checked tensor's sum in vLLM equals the trainer's (the tensor in the engine's dtype: the same values,
+        summed in float64 in another order): on every worker for a replicated tensor, summed over the workers for
+        one split by vLLM's tensor parallel (fewer elements on each)."""
+        if not expected:
+            return
+        reports = self.llm.collective_rpc("seedfast_weight_sums", args=(sorted(expected),))
+        found = 0
+        for name, (want, magnitude, numel) in sorted(expected.items()):
+            seen = [r[name] for r in reports if name in r]
+            if not seen:
+                continue
+            found += 1
+            if all(n == numel for _, n in seen):
+                values = [float(v) for v, _ in seen]
+            else:
+                values = [float(sum(v for v, _ in seen))]
+            for value in values:
+                if abs(value - want) > _SUM_RTOL * magnitude + 1e-30:
                     raise RuntimeError(
-                        f"vLLM weight sync failed: {name} sums to {value:.6g} in vLLM, {want:.6g} in the trainer "
-                        "(is the engine asleep, or the model's layout different?)"
+                        f"vLLM weight sync failed: {name} sums to {value!r} in vLLM, {want!r} in the trainer "
+                        "(did the tensor reach the engine? is the engine asleep, or the model's layout different?)"
                     )
+        if not found:
+            raise RuntimeError(f"vLLM weight sync cannot be verified: none of {sorted(expected)[:4]}... is a parameter "
+                               "of vLLM's model (a model whose names vLLM changes)")
 
 
-def _shareable(tensor: torch.Tensor) -> Any:
-    tensor = tensor.detach()
+def _checksum(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[float, float, int]:
+    """(sum, sum of |x|, numel) of the tensor as the engine holds it (cast to its dtype), accumulated in float64."""
+    t = tensor.detach().to(dtype)
+    return (float(torch.sum(t, dtype=torch.float64)), float(torch.sum(t.abs(), dtype=torch.float64)), t.numel())
+
+
+def _chunks(items: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    chunk: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in items:
+        chunk.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        if size >= chunk_bytes:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _shareable(tensor: torch.Tensor, in_process: bool = False) -> tuple[str, Any, torch.Tensor]:
+    """(kind, payload, the tensor to keep alive until the worker copied it)."""
+    tensor = tensor.detach().contiguous()
+    if in_process:
+        return "tensor", tensor, tensor
     if tensor.is_cuda:
         from torch.multiprocessing.reductions import reduce_tensor
 
-        return ("ipc", reduce_tensor(tensor.contiguous()))
-    return ("cpu", tensor.contiguous())
+        return "ipc", reduce_tensor(tensor), tensor
+    return "cpu", tensor, tensor
 
 
 def _generation(completion: Any) -> Generation:
@@ -161,7 +256,8 @@ def _generation(completion: Any) -> Generation:
 class WeightSyncExtension:
     """Mixed into vLLM's GPU worker (worker_extension_cls): receives weights, reports checksums."""
 
-    def seedfast_load_weights(self, chunk: list[tuple[str, tuple[str, Any]]]) -> None:
+    def seedfast_load_weights(self, chunk: list[tuple[str, tuple[str, Any]]]) -> int:
+        """Load one bucket; returns how many tensors it handed to the model's `load_weights`."""
         weights = []
         for name, (kind, payload) in chunk:
             if kind == "ipc":
@@ -172,8 +268,12 @@ class WeightSyncExtension:
             else:
                 weights.append((name, payload.to(self.device)))
         self.model_runner.model.load_weights(weights=weights)
-        torch.cuda.synchronize()
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize()
+        return len(weights)
 
-    def seedfast_weight_sums(self, names: list[str]) -> dict[str, float]:
+    def seedfast_weight_sums(self, names: list[str]) -> dict[str, tuple[float, int]]:
+        """(sum, numel) of this worker's copy of each named parameter it has (its shard under tensor parallel)."""
         params = dict(self.model_runner.model.named_parameters())
-        return {name: float(params[name].float().sum()) for name in names if name in params}
+        return {name: (float(torch.sum(params[name].detach(), dtype=torch.float64)), params[name].numel())
+                for name in names if name in params}

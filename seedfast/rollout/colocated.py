@@ -1,0 +1,190 @@
+"""The rollout engine of the RL loop (docs/scaling.md, 'vLLM in the RL loop'): the own sampler over the training
+model, or a vLLM engine colocated on this rank's GPU that gets the policy's weights pushed before each rollout.
+
+    rollout = build_rollout("vllm", policy, hf_dir, dtype="bf16", seed=cfg.run.seed, sleep=True)
+    # each step, with the weights as buckets of (HF name, full tensor) (dist/weight_push.py; lazy: unread by own)
+    rollout.begin_step(step_seed)
+    metrics |= rollout.before_rollout(buckets(hf_named_tensors(policy), 512 << 20))
+    result = run_agent_loop(rollout, ...)       # generate / generate_full: the engine protocol (rollout/engine.py)
+    metrics |= rollout.after_rollout()          # vLLM: sleeps (weights and KV cache freed) for the update
+
+`reads_policy` says whether generation reads the training model itself (own: the caller all-gathers a sharded
+policy around it, dist/parallelize.py `unsharded`) or a copy (vLLM: nothing to gather but the pushed buckets).
+Both seed their sampling from the step alone (`begin_step`), so a resumed run draws the same samples.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from seedfast.rollout.engine import Generation
+from seedfast.rollout.own_engine import Sampler
+
+Bucket = Sequence[tuple[str, torch.Tensor]]
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the RL loop drives: the engine protocol plus the per-step hooks."""
+
+    reads_policy: bool
+
+    def begin_step(self, seed: int) -> None: ...
+
+    def before_rollout(self, weights: Iterable[Bucket]) -> dict[str, float]: ...
+
+    def after_rollout(self) -> dict[str, float]: ...
+
+    def generate(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, stop_ids: Sequence[int] = ()) -> list[list[int]]: ...
+
+    def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int,
+                      temperature: float = 1.0, top_p: float = 1.0, stop_ids: Sequence[int] = ()
+                      ) -> list[Generation]: ...
+
+
+class OwnRollout:
+    """The own KV-cache `Sampler` over the training model: it reads the live weights, so there is nothing to sync;
+    each step draws from a generator seeded with the step's seed (a new Sampler, as the trainer always did)."""
+
+    reads_policy = True
+
+    def __init__(self, policy: torch.nn.Module, *, seed: int = 0, max_batch_sequences: int | None = None) -> None:
+        self.policy = policy
+        self.max_batch_sequences = max_batch_sequences
+        self.sampler = Sampler(policy, seed=seed, max_batch_sequences=max_batch_sequences)
+
+    def begin_step(self, seed: int) -> None:
+        self.sampler = Sampler(self.policy, seed=seed, max_batch_sequences=self.max_batch_sequences)
+
+    def before_rollout(self, weights: Iterable[Bucket] | None = None) -> dict[str, float]:
+        """Nothing: `weights` is never iterated (a lazy bucket generator then gathers nothing)."""
+        return {}
+
+    def after_rollout(self) -> dict[str, float]:
+        return {}
+
+    def generate(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, stop_ids: Sequence[int] = ()) -> list[list[int]]:
+        return self.sampler.generate(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids)
+
+    def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int,
+                      temperature: float = 1.0, top_p: float = 1.0, stop_ids: Sequence[int] = ()
+                      ) -> list[Generation]:
+        return self.sampler.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids)
+
+
+def request_seed(step_seed: int, call: int, index: int) -> int:
+    """The seed of request `index` of generate call `call` within a step: a function of those three alone (copies
+    of one prompt get different seeds; a resumed run the same ones)."""
+    x = (step_seed * 0x9E3779B1 + call * 0x85EBCA77 + index * 0xC2B2AE3D) & 0xFFFFFFFFFFFF
+    x ^= x >> 17
+    x = (x * 0x27D4EB2F) & 0xFFFFFFFFFFFF
+    return (x ^ (x >> 15)) % (2**31 - 1)
+
+
+class VLLMRollout:
+    """A `VLLMEngine` colocated on this rank's GPU (vllm_engine.py), synced before every rollout.
+
+    before_rollout(buckets): wake the weights (if asleep) -> push every bucket (one RPC each; checksums compared
+    at the end, prefix cache reset) -> wake the KV cache. after_rollout(): sleep (when `sleep`), freeing the KV
+    cache and the weights for the update. With `sleep_level` 1 vLLM keeps a CPU copy of the weights while asleep
+    (copied back on wake, then overwritten by the push); level 2 keeps none (less CPU memory and copying, but every
+    weight must then come from the push). Requests carry seeds from (step seed, call, index): `request_seed`.
+    """
+
+    reads_policy = False
+
+    def __init__(self, engine: Any, *, sleep: bool = True, sleep_level: int = 1, verify: bool = True,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level!r}")
+        self.engine = engine
+        self.sleep = sleep
+        self.sleep_level = sleep_level
+        self.verify = verify
+        self.clock = clock
+        self.asleep = False
+        self.step_seed: int | None = None
+        self.calls = 0
+
+    @property
+    def llm(self) -> Any:
+        return self.engine.llm
+
+    def begin_step(self, seed: int) -> None:
+        self.step_seed = int(seed)
+        self.calls = 0
+
+    def before_rollout(self, weights: Iterable[Bucket]) -> dict[str, float]:
+        """Wake, push the policy's weights (buckets of (HF name, full tensor)), wake the KV cache; `sync/` metrics."""
+        start = self.clock()
+        wake = 0.0
+        if self.asleep:  # weights first, so the push does not compete with the KV cache for memory
+            t = self.clock()
+            self.llm.wake_up(tags=["weights"])
+            wake += self.clock() - t
+        stats = self.engine.push_weights(weights, verify=self.verify)
+        if self.asleep:
+            t = self.clock()
+            self.llm.wake_up(tags=["kv_cache"])
+            wake += self.clock() - t
+            self.asleep = False
+        return {"sync/seconds": self.clock() - start, "sync/push_seconds": float(stats["seconds"]),
+                "sync/wake_seconds": wake, "sync/bytes": float(stats["bytes"]),
+                "sync/buckets": float(stats["buckets"]), "sync/tensors": float(stats["tensors"])}
+
+    def after_rollout(self) -> dict[str, float]:
+        """Sleep until the next push (when `sleep`): the update gets the engine's memory."""
+        if not self.sleep or self.asleep:
+            return {}
+        t = self.clock()
+        self.llm.sleep(level=self.sleep_level)
+        self.asleep = True
+        return {"sync/sleep_seconds": self.clock() - t}
+
+    def _seeds(self, n: int) -> list[int] | None:
+        if self.step_seed is None:
+            return None
+        seeds = [request_seed(self.step_seed, self.calls, i) for i in range(n)]
+        self.calls += 1
+        return seeds
+
+    def _check_awake(self) -> None:
+        if self.asleep:
+            raise RuntimeError("the vLLM rollout engine is asleep: generate between before_rollout and after_rollout")
+
+    def generate(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, stop_ids: Sequence[int] = ()) -> list[list[int]]:
+        gens = self.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids)
+        return [g.token_ids for g in gens]
+
+    def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int,
+                      temperature: float = 1.0, top_p: float = 1.0, stop_ids: Sequence[int] = ()
+                      ) -> list[Generation]:
+        self._check_awake()
+        return self.engine.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids,
+                                         seeds=self._seeds(len(prompt_token_lists)))
+
+
+def build_rollout(engine: str, policy: torch.nn.Module, model_path: str | Path | None = None, *, seed: int = 0,
+                  dtype: str = "bf16", gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
+                  sleep: bool = True, sleep_level: int = 1, **llm_kwargs: Any) -> OwnRollout | VLLMRollout:
+    """The RL loop's rollout engine: "own" over `policy`, or "vllm" loaded from the HF folder `model_path` (the
+    policy's weights: they are pushed before every rollout anyway) with sleep mode when `sleep`."""
+    if engine == "own":
+        return OwnRollout(policy, seed=seed)
+    if engine != "vllm":
+        raise ValueError(f"engine must be 'own' or 'vllm', got {engine!r}")
+    if model_path is None:
+        raise ValueError("a vLLM rollout engine needs the policy's HF folder (model_path)")
+    from seedfast.rollout.vllm_engine import VLLMEngine
+
+    vllm_engine = VLLMEngine(str(model_path), dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                             tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=sleep, **llm_kwargs)
+    return VLLMRollout(vllm_engine, sleep=sleep, sleep_level=sleep_level)

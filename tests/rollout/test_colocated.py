@@ -1,0 +1,358 @@
+"""The RL loop's rollout engines (rollout/colocated.py). On the CPU a fake `vllm` module stands in for vLLM: its
+LLM loads the HF folder into its own model copy, runs the real worker extension (WeightSyncExtension) for the
+weight push, generates with the own Sampler over its copy, and records sleep / wake_up / collective_rpc /
+reset_prefix_cache. A real vLLM engine is checked by the gpu test at the end."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from seedfast.config import ConfigError
+from seedfast.dist.weight_push import buckets, check_colocated, hf_named_tensors
+from seedfast.model import DecoderConfig, build_decoder, load_hf, save_hf
+from seedfast.rollout import vllm_engine
+from seedfast.rollout.colocated import OwnRollout, VLLMRollout, build_rollout, request_seed
+from seedfast.rollout.own_engine import Sampler
+
+VOCAB = 97
+
+
+def tiny_config(**overrides) -> DecoderConfig:
+    base = dict(model_type="qwen2", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    base.update(overrides)
+    return DecoderConfig(**base)
+
+
+# ---------------------------------------------------------------- the fake vllm module
+
+
+@dataclasses.dataclass
+class FakeEngineArgs:
+    worker_extension_cls: str = ""
+    enable_sleep_mode: bool = False
+    logprobs_mode: str = "raw_logprobs"
+
+
+@dataclasses.dataclass
+class FakeSamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop_token_ids: list = dataclasses.field(default_factory=list)
+    logprobs: int | None = None
+    detokenize: bool = True
+    seed: int | None = None
+
+
+class FakeModel:
+    """vLLM's model as its worker sees it: HF-named parameters and `load_weights`, over a seedfast Decoder."""
+
+    def __init__(self, decoder, drop: str | None = None):
+        self.decoder = decoder
+        self.drop = drop  # a tensor this model silently ignores (a broken name mapping)
+
+    def named_parameters(self):
+        return self.decoder.named_parameters()
+
+    def load_weights(self, weights):
+        params = dict(self.decoder.named_parameters())
+        with torch.no_grad():
+            for name, tensor in weights:
+                if name != self.drop:
+                    params[name].copy_(tensor)
+
+
+class FakeLLM:
+    def __init__(self, model, *, dtype="float32", seed=0, worker_extension_cls="", enable_sleep_mode=False, **kwargs):
+        assert worker_extension_cls == vllm_engine.EXTENSION
+        self.kwargs = kwargs
+        self.sleep_mode = enable_sleep_mode
+        self.decoder = load_hf(model, dtype=getattr(torch, dtype), attn_backend="sdpa")
+        self.worker = vllm_engine.WeightSyncExtension()
+        self.worker.device = torch.device("cpu")
+        self.worker.model_runner = SimpleNamespace(model=FakeModel(self.decoder))
+        self.asleep: set[str] = set()
+        self.calls: list[tuple] = []
+
+    def sleep(self, level=1):
+        assert self.sleep_mode, "sleep needs enable_sleep_mode=True"
+        self.calls.append(("sleep", level))
+        self.asleep = {"weights", "kv_cache"}
+        if level == 2:  # weights discarded: whatever the memory holds after wake_up
+            with torch.no_grad():
+                for p in self.decoder.parameters():
+                    p.fill_(float("nan"))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tuple(tags or ("weights", "kv_cache"))))
+        self.asleep -= set(tags or ("weights", "kv_cache"))
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        self.calls.append(("rpc", method))
+        assert "weights" not in self.asleep, "weights pushed into a sleeping engine"
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+
+    def reset_prefix_cache(self, device=None):
+        self.calls.append(("reset_prefix_cache",))
+        return True
+
+    def generate(self, prompts, params, use_tqdm=True):
+        assert not self.asleep, f"generate while {sorted(self.asleep)} asleep"
+        self.calls.append(("generate", len(prompts)))
+        ids = [p["prompt_token_ids"] for p in prompts]
+        per_request = params if isinstance(params, list) else [params] * len(prompts)
+        gens = []
+        for prompt, sp in zip(ids, per_request):
+            sampler = Sampler(self.decoder, seed=sp.seed if sp.seed is not None else 0)
+            gens += sampler.generate_full([prompt], sp.max_tokens, sp.temperature, sp.top_p, sp.stop_token_ids)
+        return [SimpleNamespace(outputs=[SimpleNamespace(
+            token_ids=g.token_ids, finish_reason=g.finish_reason,
+            logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(g.token_ids, g.logprobs)])]) for g in gens]
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    module = SimpleNamespace(LLM=FakeLLM, SamplingParams=FakeSamplingParams, EngineArgs=FakeEngineArgs)
+    monkeypatch.setattr(vllm_engine, "_require_vllm", lambda: module)
+    return module
+
+
+@pytest.fixture
+def policy_and_folder(tmp_path):
+    torch.manual_seed(0)
+    policy = build_decoder(tiny_config(), dtype=torch.float32, attn_backend="sdpa", seed=0)
+    folder = save_hf(policy, tmp_path / "hf")
+    return policy, folder
+
+
+def prompts():
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in (5, 9, 3)]
+
+
+def update(policy, seed):
+    """An update that changes what greedy decoding picks."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+
+
+def push(policy, bucket_bytes=4096):
+    return buckets(hf_named_tensors(policy), bucket_bytes)
+
+
+def weights_equal(llm, policy) -> bool:
+    theirs = llm.decoder.state_dict()
+    return all(torch.equal(theirs[n], t) for n, t in policy.state_dict().items())
+
+
+# ---------------------------------------------------------------- VLLMRollout over the fake
+
+
+def test_sync_order_wake_weights_push_wake_kv_generate_sleep(fake_vllm, policy_and_folder):
+    policy, folder = policy_and_folder
+    rollout = build_rollout("vllm", policy, folder, seed=0, dtype="fp32", sleep=True)
+    assert isinstance(rollout, VLLMRollout) and not rollout.reads_policy
+    llm = rollout.llm
+    assert llm.sleep_mode
+
+    for step in range(2):
+        rollout.begin_step(100 + step)
+        llm.calls.clear()
+        metrics = rollout.before_rollout(push(policy))
+        assert weights_equal(llm, policy)
+        rollout.generate(prompts(), 4, temperature=0.0)
+        metrics |= rollout.after_rollout()
+        n_buckets = int(metrics["sync/buckets"])
+        pushes = [("rpc", "seedfast_load_weights")] * n_buckets
+        synced = [*pushes, ("reset_prefix_cache",), ("rpc", "seedfast_weight_sums")]
+        woken = [("wake_up", ("weights",)), *synced, ("wake_up", ("kv_cache",))] if step else synced
+        assert llm.calls == [*woken, ("generate", 3), ("sleep", 1)]
+        assert n_buckets > 1
+        assert metrics["sync/bytes"] == sum(t.numel() * 4 for t in policy.state_dict().values())
+        assert metrics["sync/tensors"] == len(policy.state_dict())
+        for key in ("sync/seconds", "sync/push_seconds", "sync/wake_seconds", "sync/sleep_seconds"):
+            assert metrics[key] >= 0.0, key
+        update(policy, step)
+        assert not weights_equal(llm, policy)
+    with pytest.raises(RuntimeError, match="asleep"):
+        rollout.generate(prompts(), 2)
+
+
+def test_sleep_level_2_discards_weights_and_the_push_restores_every_one(fake_vllm, policy_and_folder):
+    policy, folder = policy_and_folder
+    rollout = build_rollout("vllm", policy, folder, dtype="fp32", sleep_level=2)
+    rollout.before_rollout(push(policy))
+    rollout.after_rollout()
+    assert torch.isnan(rollout.llm.decoder.model.norm.weight).all()
+    update(policy, 5)
+    rollout.before_rollout(push(policy))
+    assert weights_equal(rollout.llm, policy)
+
+
+def test_without_sleep_the_engine_stays_awake(fake_vllm, policy_and_folder):
+    policy, folder = policy_and_folder
+    rollout = build_rollout("vllm", policy, folder, dtype="fp32", sleep=False)
+    assert not rollout.llm.sleep_mode
+    rollout.before_rollout(push(policy))
+    assert rollout.after_rollout() == {}
+    rollout.generate(prompts(), 2)
+    assert not any(c[0] in ("sleep", "wake_up") for c in rollout.llm.calls)
+
+
+@pytest.mark.parametrize("change", ["update", "one_element"])
+def test_a_push_that_silently_drops_a_tensor_fails_the_verify_naming_it(fake_vllm, policy_and_folder, change):
+    policy, folder = policy_and_folder
+    rollout = build_rollout("vllm", policy, folder, dtype="fp32")
+    dropped = "model.layers.1.post_attention_layernorm.weight"
+    rollout.llm.worker.model_runner.model.drop = dropped
+    if change == "update":
+        update(policy, 1)
+    else:  # the smallest change: one element by about a bf16 step
+        with torch.no_grad():
+            policy.get_parameter(dropped)[3] += 2**-8
+    with pytest.raises(RuntimeError, match=rf"{dropped.replace('.', '[.]')} sums to"):
+        rollout.before_rollout(push(policy))
+
+
+def test_fp32_weights_into_a_bf16_engine_verify_exactly(fake_vllm, policy_and_folder):
+    """The checksum is taken on the tensor as the engine holds it (cast to its dtype)."""
+    policy, folder = policy_and_folder
+    rollout = build_rollout("vllm", policy, folder, dtype="bf16")
+    assert rollout.llm.decoder.model.norm.weight.dtype == torch.bfloat16
+    update(policy, 2)
+    rollout.before_rollout(push(policy))
+    theirs = rollout.llm.decoder.state_dict()
+    assert all(torch.equal(theirs[n], t.to(torch.bfloat16)) for n, t in policy.state_dict().items())
+
+
+def test_a_worker_that_loads_fewer_tensors_than_sent_fails(fake_vllm, policy_and_folder):
+    policy, folder = policy_and_folder
+    rollout = build_rollout("vllm", policy, folder, dtype="fp32")
+    load = rollout.llm.worker.seedfast_load_weights
+    rollout.llm.worker.seedfast_load_weights = lambda chunk: load(chunk[1:])
+    with pytest.raises(RuntimeError, match="loaded 0 of 1 tensors"):
+        rollout.before_rollout(push(policy, bucket_bytes=1))
+
+
+def test_stale_weights_change_generations_and_a_sync_makes_them_identical(fake_vllm, policy_and_folder):
+    """The copy engine (the fake's own model, fed only by the buckets) against the own sampler on the live policy:
+    skipping a sync after an update is visible in greedy tokens; a sync makes them identical."""
+    policy, folder = policy_and_folder
+    copy = build_rollout("vllm", policy, folder, dtype="fp32", sleep=False)
+    live = build_rollout("own", policy)
+    assert isinstance(live, OwnRollout) and live.reads_policy
+    copy.before_rollout(push(policy))
+    assert copy.generate(prompts(), 6, temperature=0.0) == live.generate(prompts(), 6, temperature=0.0)
+
+    update(policy, 3)
+    stale = copy.generate(prompts(), 6, temperature=0.0)  # no sync
+    fresh = live.generate(prompts(), 6, temperature=0.0)
+    assert stale != fresh
+    copy.before_rollout(push(policy))
+    synced = copy.generate_full(prompts(), 6, temperature=0.0)
+    assert [g.token_ids for g in synced] == fresh
+    ours = live.generate_full(prompts(), 6, temperature=0.0)
+    for a, b in zip(synced, ours):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
+
+
+def test_request_seeds_come_from_the_step_and_differ_across_copies(fake_vllm, policy_and_folder):
+    policy, folder = policy_and_folder
+    rollout = build_rollout("vllm", policy, folder, dtype="fp32", sleep=False)
+    rollout.before_rollout(push(policy))
+    group = [prompts()[0]] * 4  # a GRPO group: copies of one prompt
+
+    def step(seed):
+        rollout.begin_step(seed)
+        return rollout.generate(group, 8, temperature=1.0), rollout.generate(group, 8, temperature=1.0)
+
+    first, second = step(7)
+    assert len({tuple(g) for g in first}) > 1  # copies differ
+    assert first != second  # the second call of a step draws anew
+    assert step(7) == (first, second)  # a resumed run (same step seed) draws the same
+    assert step(8)[0] != first
+    assert request_seed(7, 0, 0) != request_seed(7, 0, 1) != request_seed(7, 1, 0)
+    assert all(0 <= request_seed(s, c, i) < 2**31 - 1 for s in (0, 2**31 - 2) for c in (0, 9) for i in (0, 999))
+
+
+# ---------------------------------------------------------------- OwnRollout and the checks
+
+
+def test_own_rollout_reads_the_live_weights_and_never_reads_the_buckets():
+    policy = build_decoder(tiny_config(), dtype=torch.float32, attn_backend="sdpa", seed=1)
+    rollout = build_rollout("own", policy, seed=3)
+
+    def untouchable():
+        raise AssertionError("the own engine must not gather the weights")
+        yield
+
+    rollout.begin_step(11)
+    assert rollout.before_rollout(untouchable()) == {}
+    got = rollout.generate_full(prompts(), 5, temperature=1.0)
+    assert rollout.after_rollout() == {}
+    want = Sampler(policy, seed=11).generate_full(prompts(), 5, temperature=1.0)  # what the trainer does per step
+    assert got == want
+
+
+def test_build_rollout_checks_its_arguments(policy_and_folder):
+    policy, _ = policy_and_folder
+    with pytest.raises(ValueError, match="engine must be"):
+        build_rollout("sglang", policy)
+    with pytest.raises(ValueError, match="HF folder"):
+        build_rollout("vllm", policy)
+    with pytest.raises(ValueError, match="sleep_level"):
+        VLLMRollout(object(), sleep_level=3)
+
+
+def test_check_colocated_names_the_key():
+    check_colocated(1, 2)
+    with pytest.raises(ConfigError, match=r"rollout\.tensor_parallel"):
+        check_colocated(4, 2)
+
+
+# ---------------------------------------------------------------- a real vLLM engine (GPU)
+
+
+@pytest.mark.gpu
+def test_real_vllm_rollout_generates_syncs_and_verifies(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("vllm")
+    cfg = DecoderConfig(model_type="qwen2", vocab_size=512, hidden_size=256, intermediate_size=512,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                        tie_word_embeddings=True, max_position_embeddings=1024)
+    policy = build_decoder(cfg, dtype=torch.float32, device="cuda", attn_backend="sdpa", seed=0)
+    with torch.no_grad():
+        policy.model.embed_tokens.weight.mul_(20.0)  # peaked distributions: bf16 rounding cannot flip argmax
+    policy = policy.to(torch.bfloat16)
+    folder = save_hf(policy, tmp_path / "hf")
+    rollout = build_rollout("vllm", policy, folder, dtype="bf16", gpu_memory_utilization=0.2, max_model_len=256,
+                            enforce_eager=True)
+    want = lambda: Sampler(policy).generate(prompts(), 4, temperature=0.0)  # noqa: E731
+    rollout.begin_step(0)
+    metrics = rollout.before_rollout(push(policy, 1 << 20))  # verifies checksums
+    assert metrics["sync/buckets"] > 1
+    before = rollout.generate(prompts(), 4, temperature=0.0)
+    assert [b[:2] for b in before] == [w[:2] for w in want()]
+    assert "sync/sleep_seconds" in rollout.after_rollout()
+
+    with torch.no_grad():
+        perm = torch.randperm(512, generator=torch.Generator().manual_seed(1)).to("cuda")
+        policy.model.embed_tokens.weight.copy_(policy.model.embed_tokens.weight[perm])
+        policy.model.norm.weight.mul_(1.5)
+    rollout.begin_step(1)
+    rollout.before_rollout(push(policy, 1 << 20))  # wakes weights, pushes, verifies, wakes the KV cache
+    after = rollout.generate(prompts(), 4, temperature=0.0)
+    assert after != before
+    assert [a[:2] for a in after] == [w[:2] for w in want()]
+    sampled = rollout.generate([prompts()[0]] * 4, 8, temperature=1.0)
+    assert len({tuple(s) for s in sampled}) > 1  # per-request seeds differ across copies of one prompt
+    rollout.after_rollout()
