@@ -53,9 +53,6 @@ def start_processes(cfg: Config, command: str) -> Any:
         return env
     if command not in SHARDED_COMMANDS:
         raise ConfigError(f"dist.strategy=fsdp: `seedfast {command}` runs in one process; set dist.strategy=none")
-    if cfg.algorithm == "grsd":
-        raise ConfigError("algorithm=grsd with dist.strategy=fsdp: the reflection update is not sharded yet; "
-                          "set dist.strategy=none")
     return init_process_group(device_of(cfg), env)
 
 

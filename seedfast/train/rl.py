@@ -46,6 +46,7 @@ from seedfast.scoring import score, score_reference
 from seedfast.train.batch import build_samples
 from seedfast.train.evaluate import evaluate
 from seedfast.train.privileged import Privileged, make_judge, privileged_text
+from seedfast.train.reflection import reflection_update
 from seedfast.train.step_plan import plan_step
 from seedfast.train.update import (
     UpdateBatch,
@@ -202,7 +203,8 @@ class Trainer:
         with timer.phase("update"):
             metrics.update(self._update(batch, use_opd=use_opd))
             if plan.reflection_update and privileged is not None and privileged.reflections is not None:
-                metrics.update(self._reflection_update(privileged, group_of))
+                metrics.update(reflection_update(cfg, self.policy, self.optimizer, privileged.reflections,
+                                                 group_of, self.dp))
         self.scheduler.step()
 
         n_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
@@ -264,33 +266,6 @@ class Trainer:
             raise FloatingPointError(
                 f"{self.bad_steps} non-finite updates in a row (trainer.max_bad_steps={cfg.trainer.max_bad_steps})")
         return out
-
-    def _reflection_update(self, privileged: Privileged, group_of: list[int]) -> dict[str, float]:
-        """GRSD stage A: PPO-clip on the reflection tokens with judge-normalized advantages, weight α
-        (docs/algorithms.md, 'GRSD')."""
-        refl = privileged.reflections
-        keep = [i for i, ids in enumerate(refl.response_ids) if ids]
-        if not keep:
-            return {}
-        scores_t = torch.tensor([refl.scores[i] for i in keep], dtype=torch.float32)
-        adv = grsd_math.reflection_advantages(scores_t, [group_of[i] for i in keep])
-        if not bool((adv != 0).any()):
-            return {"grsd/reflection_loss": 0.0}
-        samples = [StepSample(prompt_ids=refl.prompt_ids[i], response_ids=refl.response_ids[i], sample_id=("refl", i))
-                   for i in keep]
-        old = score(self.policy, samples, token_budget=self.cfg.trainer.micro_batch_tokens,
-                    temperature=self.cfg.rollout.temperature).logprob
-        batch = UpdateBatch(samples, adv, old, loss_scale=self.cfg.grsd.reflection_coef)
-        loss_cfg = self.cfg.loss.__class__(**{**self.cfg.loss.__dict__, "kl_coef": 0.0, "entropy_coef": 0.0,
-                                               "opd_coef": 0.0})
-        self.optimizer.zero_grad(set_to_none=True)
-        loss, _ = minibatch_loss_backward(self.policy, batch, list(range(len(samples))), loss_cfg, use_kl=False,
-                                          use_opd=False, temperature=self.cfg.rollout.temperature,
-                                          token_budget=self.cfg.trainer.micro_batch_tokens)
-        norm = grad_norm_and_clip(self.policy, self.cfg.optim.grad_clip)
-        if math.isfinite(loss) and math.isfinite(norm):
-            self.optimizer.step()
-        return {"grsd/reflection_loss": loss}
 
     # ------------------------------------------------------------------ the run
 

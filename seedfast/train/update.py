@@ -101,9 +101,7 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
     costs = [(len(batch.samples[i].prompt_ids) + len(batch.samples[i].response_ids) - 1,) for i in index]
     groups = split_by_budget(costs, token_budget, [batch.samples[i].describe(i) for i in index])
     padding = 0
-    if dp is not None:
-        if not batch.samples:
-            raise ValueError("minibatch_loss_backward: every data-parallel rank needs at least one sample")
+    if dp is not None:  # a rank without samples (fewer samples than ranks) runs padding micro-batches only
         padding = int(dp.max([len(groups)])[0]) - len(groups)
     device = model.lm_head_weight.device
     total_loss, sums, weight_sum = 0.0, {}, 0.0
@@ -172,9 +170,13 @@ def _micro_batch(model, batch: UpdateBatch, index: list[int], group: list[int] |
                  device: torch.device, sums: dict[str, float]) -> tuple[float, float] | None:
     """Forward + backward of one micro-batch; adds its metrics to `sums`, returns (loss, weight sum). group None
     is a padding micro-batch of a data-parallel rank with fewer micro-batches than the busiest: the rank's first
-    sample at weight 0 (it contributes nothing, but runs the collectives), and it returns None."""
+    sample at weight 0 (it contributes nothing, but runs the collectives), or a one-token stand-in on a rank with
+    no sample at all; it returns None."""
     padding = group is None
-    micro = [index[g] for g in group] if group is not None else [index[0] if index else 0]
+    if padding and not index:
+        batch, micro = _STAND_IN, [0]
+    else:
+        micro = [index[g] for g in group] if group is not None else [index[0]]
     micro_samples = [batch.samples[i] for i in micro]
     packed = pack_single(micro_samples).to(device)
     out = model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids,
@@ -233,6 +235,12 @@ def _micro_batch(model, batch: UpdateBatch, index: list[int], group: list[int] |
     if twsum:
         sums["_teacher_weight"] = sums.get("_teacher_weight", 0.0) + twsum
     return float(loss.detach()), wsum
+
+
+# the padding micro-batch of a data-parallel rank that has no sample of its own (weight 0, no teacher)
+_STAND_IN = UpdateBatch([StepSample(prompt_ids=[0], response_ids=[0], teacher_valid=False)], torch.zeros(1),
+                        None, ref_logprob=torch.zeros(1), teacher_logprob=torch.zeros(1),
+                        teacher_mask=torch.zeros(1, dtype=torch.bool))
 
 
 def rollout_gap_metrics(sums: dict[str, float]) -> dict[str, float]:
