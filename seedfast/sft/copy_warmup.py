@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from seedfast.sft.examples import SFTExample
-from seedfast.sft.loop import pack, token_logprobs
+from seedfast.sft.loop import Sharding, clip_grads, step_loss_backward
 
 
 def copy_example(rng: random.Random, token_ids: Sequence[int], length: int, gap: int, source: str) -> SFTExample:
@@ -51,26 +51,28 @@ def copy_examples(token_ids: Sequence[int], tokens: int, *, seed: int = 0, lengt
 
 def copy_warmup(model: torch.nn.Module, token_ids: Sequence[int], steps: int, *, lr: float = 2e-3,
                 batch_tokens: int = 2048, seed: int = 0,
-                log_fn: Callable[[dict[str, Any]], None] | None = None) -> float | None:
+                log_fn: Callable[[dict[str, Any]], None] | None = None,
+                sharding: Sharding | None = None) -> float | None:
     """`steps` AdamW steps of the copy task on `model` (a seedfast Decoder), each on fresh examples of about
     `batch_tokens` tokens; returns the last loss (mean NLL of the repeated tokens), None when steps is 0. The
-    optimizer is local: SFT starts its own afterwards."""
+    optimizer is local: SFT starts its own afterwards.
+
+    With `sharding` (the model sharded, as SFT runs after it), every rank draws the same examples and trains on
+    its share of each step, its loss the share of the global mean (sft/loop.py), so the warm-up equals the
+    one-process warm-up and the ranks end with the same weights."""
     if steps <= 0:
         return None
-    device = model.lm_head_weight.device
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     was_training = model.training
     model.train()
     loss_value = None
     try:
         for step in range(steps):
-            batch = pack(copy_examples(token_ids, batch_tokens, seed=seed * 1_000_003 + step), device)
-            loss = -token_logprobs(model, batch).mean()
+            examples = copy_examples(token_ids, batch_tokens, seed=seed * 1_000_003 + step)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            loss_value = step_loss_backward(model, examples, range(len(examples)), sharding=sharding).loss
+            clip_grads(model, 1.0, sharding)
             optimizer.step()
-            loss_value = float(loss.detach())
             if log_fn is not None:
                 log_fn({"event": "copy_warmup", "step": step + 1, "loss": loss_value})
     finally:

@@ -5,6 +5,12 @@
 No padding and no [tokens x vocab] logits: the decoder runs over the packed batch, and only the hidden
 rows that predict a loss token go through the streamed LM head. Deterministic given the seed (the
 shuffle and everything else; the model's own kernels permitting).
+
+Sharded (`sharding`, built by app/sft.py over torchrun's processes, docs/scaling.md): every rank plans the same
+steps, trains on its share of each step's examples (whole examples, balanced by tokens) and its loss is its share
+of the GLOBAL token-weighted mean (the weight sum all-reduced), so with FSDP2's gradients summed across ranks
+(divide factor 1) one optimizer step on N ranks is the one-process step. A rank with no example in a step runs
+one at weight 0, so that every rank issues the same collectives.
 """
 
 from __future__ import annotations
@@ -22,6 +28,24 @@ from seedfast.model.packing import make_cu_seqlens
 from seedfast.ops import linear_logprob
 from seedfast.runtime.optim import decoupled_adamw, lr_at
 from seedfast.sft.examples import EXAMPLE_KINDS, SFTExample
+
+
+@dataclass
+class Sharding:
+    """How SFT runs over data-parallel ranks. app/sft.py builds it from seedfast/dist/ (sft/ does not import dist:
+    tests/test_import_direction.py), so the loop gets dist's rules as plain callables."""
+
+    dp: Any  # dist/data.py DataParallel: rank, size, sum(values), max(values) over the data-parallel ranks
+    assign: Callable[[Sequence[float], int], list[int]]  # dist/data.py assign_groups: the rank of each example
+    clip: Callable[[list[torch.nn.Parameter], float], torch.Tensor]  # dist/parallelize.py clip_sharded_grads
+    shard: Callable[[torch.nn.Module], torch.nn.Module] | None = None  # parallelize_decoder over the mesh
+    full_state: Callable[[torch.nn.Module], dict[str, torch.Tensor]] | None = None  # gathered on rank 0
+    is_main: bool = True  # global rank 0: the one process that writes
+
+    def share(self, index: Sequence[int], lengths: Sequence[int]) -> list[int]:
+        """This rank's examples of a step's `index` (whole examples, balanced by token count)."""
+        owners = self.assign([lengths[i] for i in index], self.dp.size)
+        return [i for i, r in zip(index, owners) if r == self.dp.rank]
 
 
 @dataclass
@@ -103,14 +127,17 @@ def pack(examples: Sequence[SFTExample], device: torch.device | str) -> PackedBa
                        torch.tensor(answer, dtype=torch.bool, device=device))
 
 
-def batch_loss(logprob: torch.Tensor, batch: PackedBatch, prompt_weight: float = 1.0) -> torch.Tensor:
+def batch_loss(logprob: torch.Tensor, batch: PackedBatch, prompt_weight: float = 1.0,
+               total_weight: float | None = None) -> torch.Tensor:
     """Weighted mean NLL of the batch's loss tokens: answer tokens weigh 1, prompt tokens `prompt_weight`.
 
     With the loss on prompt tokens too (a model learning the language from scratch), the few answer tokens
     of a step are ~3% of the loss; a weight below 1 keeps the prompt's language signal while the actions
-    still drive the gradient."""
+    still drive the gradient. `total_weight` (default: this batch's weight sum) is the denominator: on N ranks
+    the step's global weight sum, so the ranks' losses add up to the one-process loss (docs/scaling.md)."""
     weights = torch.where(batch.row_is_answer, 1.0, prompt_weight).to(logprob.dtype)
-    return -(logprob * weights).sum() / weights.sum().clamp_min(1e-12)
+    total = weights.sum().clamp_min(1e-12) if total_weight is None else max(total_weight, 1e-12)
+    return -(logprob * weights).sum() / total
 
 
 def token_logprobs(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
@@ -123,10 +150,70 @@ def token_logprobs(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
 
 
 def _loss_by_kind(logprob: torch.Tensor, kinds: torch.Tensor) -> dict[str, float]:
+    sums, counts = _kind_sums(logprob, kinds)
+    return _kind_means(sums, counts)
+
+
+def _kind_sums(logprob: torch.Tensor, kinds: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per example kind: the summed NLL and the token count (added over ranks before the means)."""
     sums = torch.zeros(len(EXAMPLE_KINDS), dtype=torch.float64)
     sums.index_add_(0, kinds.cpu(), -logprob.double().cpu())
     counts = torch.bincount(kinds.cpu(), minlength=len(EXAMPLE_KINDS))
-    return {f"loss/{k}": float(sums[i] / counts[i]) for i, k in enumerate(EXAMPLE_KINDS) if counts[i]}
+    return sums.tolist(), [float(c) for c in counts.tolist()]
+
+
+def _kind_means(sums: Sequence[float], counts: Sequence[float]) -> dict[str, float]:
+    return {f"loss/{k}": sums[i] / counts[i] for i, k in enumerate(EXAMPLE_KINDS) if counts[i]}
+
+
+@dataclass
+class StepResult:
+    """One optimizer step's loss and counts over all ranks."""
+
+    loss: float
+    tokens: int  # run through the model (padding excluded)
+    loss_tokens: int
+    by_kind: dict[str, float]
+
+
+def step_loss_backward(model: torch.nn.Module, examples: Sequence[SFTExample], index: Sequence[int],
+                       prompt_weight: float = 1.0, sharding: Sharding | None = None,
+                       autocast: Any = None) -> StepResult:
+    """Forward and backward of one optimizer step's examples `index` (gradients accumulate in the parameters).
+
+    With `sharding`, this rank's share of them, its loss the share of the global weighted mean; a rank with no
+    example runs the step's first one at weight 0 (same collectives on every rank). The result is global."""
+    device = model.lm_head_weight.device
+    mine = list(index) if sharding is None else sharding.share(index, [len(e.input_ids) for e in examples])
+    batch = pack([examples[i] for i in (mine or list(index)[:1])], device)
+    with autocast if autocast is not None else nullcontext():
+        logprob = token_logprobs(model, batch)
+    total = None
+    if sharding is not None:
+        local = torch.where(batch.row_is_answer, 1.0, prompt_weight).sum() if mine else torch.zeros(())
+        total = sharding.dp.sum([float(local.double())])[0]
+    loss = batch_loss(logprob, batch, prompt_weight, total)
+    if not mine:
+        loss = loss * 0.0
+    loss.backward()
+    sums, counts = _kind_sums(logprob.detach().float(), batch.row_kind) if mine else (
+        [0.0] * len(EXAMPLE_KINDS), [0.0] * len(EXAMPLE_KINDS))
+    values = [float(loss.detach()), float(batch.input_ids.numel() if mine else 0),
+              float(batch.rows.numel() if mine else 0), *sums, *counts]
+    if sharding is not None:
+        values = sharding.dp.sum(values)
+    k = len(EXAMPLE_KINDS)
+    return StepResult(values[0], int(values[1]), int(values[2]), _kind_means(values[3:3 + k], values[3 + k:]))
+
+
+def clip_grads(model: torch.nn.Module, max_norm: float | None, sharding: Sharding | None = None) -> float:
+    """The global gradient 2-norm before clipping to `max_norm` (None: no clipping); sharded gradients through
+    `sharding.clip` (dist/parallelize.py clip_sharded_grads)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    limit = max_norm if max_norm is not None else math.inf
+    if sharding is not None:
+        return float(sharding.clip(params, limit))
+    return float(torch.nn.utils.clip_grad_norm_(params, limit))
 
 
 @torch.no_grad()
@@ -153,24 +240,28 @@ def evaluate_loss(model: torch.nn.Module, examples: Sequence[SFTExample],
 def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, *, seed: int = 0,
               max_seconds: float | None = None, log_fn: Callable[[dict[str, Any]], None] | None = None,
               progress: bool = False, schedule: str | None = None, grad_clip: float | None = 1.0,
-              autocast_dtype: torch.dtype | None = None) -> SFTStats:
+              autocast_dtype: torch.dtype | None = None, sharding: Sharding | None = None) -> SFTStats:
     """Fine-tune `model` (a seedfast Decoder) on `examples` with cfg (seedfast.config.SFTConfig).
 
     cfg.epochs passes, each a seeded shuffle packed into batches of at most cfg.batch_tokens tokens, one
     AdamW step per batch (lr with cfg.warmup_steps and `schedule`, default cfg.schedule if the config has
     it, else cosine), gradient norm clipped to `grad_clip`. Stops between steps once `max_seconds`
     (default cfg.max_seconds) have passed. `log_fn` gets one metrics dict per step.
+
+    With `sharding` (a model sharded by sharding.shard; every rank passes the same examples and seed), each
+    rank trains on its share of every step (module docstring); the stats and logged metrics are global, and
+    the ranks stop on the time budget together (the slowest rank's clock decides).
     """
     schedule = schedule or getattr(cfg, "schedule", "cosine")
     max_seconds = cfg.max_seconds if max_seconds is None else max_seconds
     device = model.lm_head_weight.device
-    check_examples(examples, model.lm_head_weight.shape[0], cfg.batch_tokens)
+    check_examples(examples, model.lm_head_weight.shape[0], cfg.batch_tokens)  # a DTensor's shape is global
     plan = plan_batches([len(e.input_ids) for e in examples], cfg.batch_tokens, cfg.epochs, seed)
     per_epoch = [sum(e == epoch for e, _ in plan) for epoch in range(cfg.epochs)]
     place = [i - sum(per_epoch[:e]) + 1 for i, (e, _) in enumerate(plan)]  # steps done in its epoch, incl.
     optimizer = decoupled_adamw(model, cfg.lr, cfg.weight_decay)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    autocast = nullcontext() if autocast_dtype is None else torch.autocast(device.type, dtype=autocast_dtype)
+    autocast = None if autocast_dtype is None else torch.autocast(device.type, dtype=autocast_dtype)
+    prompt_weight = getattr(cfg, "prompt_loss_weight", 1.0)
     stats = SFTStats(0, 0.0, 0, 0, None, None, 0.0, False)
     bar = _progress_bar(len(plan)) if progress else None
     was_training = model.training
@@ -178,34 +269,31 @@ def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, 
     start = time.perf_counter()
     try:
         for step, (epoch, index) in enumerate(plan):
-            if max_seconds is not None and time.perf_counter() - start >= max_seconds:
-                stats.stopped_by_time = True
-                break
+            if max_seconds is not None:
+                over = float(time.perf_counter() - start >= max_seconds)
+                if (sharding.dp.max([over])[0] if sharding is not None else over) > 0:
+                    stats.stopped_by_time = True
+                    break
             lr = lr_at(step, len(plan), cfg.lr, cfg.warmup_steps, schedule)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            batch = pack([examples[i] for i in index], device)
-            with autocast:
-                logprob = token_logprobs(model, batch)
-            loss = batch_loss(logprob, batch, getattr(cfg, "prompt_loss_weight", 1.0))
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else math.inf)
+            result = step_loss_backward(model, examples, index, prompt_weight, sharding, autocast)
+            norm = clip_grads(model, grad_clip, sharding)
             optimizer.step()
 
-            value = float(loss.detach())
+            value = result.loss
             stats.steps, stats.last_loss = step + 1, value
             stats.first_loss = value if stats.first_loss is None else stats.first_loss
-            stats.tokens += int(batch.input_ids.numel())
-            stats.loss_tokens += int(batch.rows.numel())
+            stats.tokens += result.tokens
+            stats.loss_tokens += result.loss_tokens
             stats.epochs = epoch + place[step] / per_epoch[epoch]
             stats.elapsed_s = time.perf_counter() - start
             if log_fn is not None:
                 log_fn({"step": step + 1, "epoch": round(stats.epochs, 4), "loss": value, "lr": lr,
-                        "grad_norm": float(norm), "tokens": int(batch.input_ids.numel()),
-                        "loss_tokens": int(batch.rows.numel()), "elapsed_s": round(stats.elapsed_s, 3),
-                        "tokens_per_s": round(stats.tokens / max(stats.elapsed_s, 1e-9), 1),
-                        **_loss_by_kind(logprob.detach().float(), batch.row_kind)})
+                        "grad_norm": norm, "tokens": result.tokens, "loss_tokens": result.loss_tokens,
+                        "elapsed_s": round(stats.elapsed_s, 3),
+                        "tokens_per_s": round(stats.tokens / max(stats.elapsed_s, 1e-9), 1), **result.by_kind})
             if bar is not None:
                 bar[0].update(bar[1], advance=1, description=f"sft loss {value:.3f}")
     finally:

@@ -19,6 +19,7 @@ import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +32,15 @@ from seedfast.model.tokenizer import load_tokenizer, render_chat, save_tokenizer
 from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, PromptStyle, Turn, user_parts
 from seedfast.sft import examples as sft_data
 from seedfast.sft.copy_warmup import copy_warmup
-from seedfast.sft.loop import SFTStats, evaluate_loss, train_sft  # noqa: F401 (re-exported)
+from seedfast.sft.loop import SFTStats, Sharding, evaluate_loss, train_sft  # noqa: F401 (re-exported)
 from seedfast.sft.rename import renamed_copies, textworld_object_names
 from seedfast.sft.replay import GameReplays, replay_games
 from seedfast.skills.analyzers import oracle_answer
 from seedfast.skills.prompts import build_analyzer_messages
 
-__all__ = ["build_tiny", "evaluate_loss", "initial_policy", "main", "pairs_path", "save_policy", "sft_examples",
-           "tokenizer_corpus", "train_sft"]
+__all__ = ["SFTStart", "Sharding", "build_tiny", "evaluate_loss", "initial_model", "initial_policy",
+           "initial_tokenizer", "main", "pairs_path", "save_policy", "sft_examples", "sft_start", "tokenizer_corpus",
+           "train_sft"]
 
 SFT_DIR, METRICS_NAME, TOKENIZER_DIR = "sft", "sft_metrics.jsonl", "tokenizer"
 NO_DATA = ("no SFT data: set sft.data to a JSONL of (messages -> answer) pairs, run `seedfast collect` "
@@ -169,6 +171,12 @@ def initial_policy(cfg: Config, corpus: Sequence[str]) -> tuple[torch.nn.Module,
     """(fp32 model, tokenizer): model.path with model.tokenizer (default: the same folder); or a tiny
     decoder whose tokenizer is model.tokenizer or <run_dir>/tokenizer if one is there, else trained on
     `corpus` and saved to <run_dir>/tokenizer."""
+    tokenizer = initial_tokenizer(cfg, corpus)
+    return initial_model(cfg, tokenizer), tokenizer
+
+
+def initial_tokenizer(cfg: Config, corpus: Sequence[str]) -> Any:
+    """The tokenizer of `initial_policy` (a tiny model's trained on `corpus` and saved when there is none)."""
     tok_dir = Path(cfg.model.tokenizer) if cfg.model.tokenizer else None
     if cfg.model.path:
         path = Path(cfg.model.path)
@@ -177,16 +185,25 @@ def initial_policy(cfg: Config, corpus: Sequence[str]) -> tuple[torch.nn.Module,
         tok_dir = tok_dir or path
         if not (tok_dir / "tokenizer_config.json").is_file():
             raise ConfigError(f"no tokenizer in {str(tok_dir)!r}: set model.tokenizer to a tokenizer folder")
-        return load_hf(path, dtype=torch.float32, attn_backend=cfg.model.attn_backend), load_tokenizer(tok_dir)
+        return load_tokenizer(tok_dir)
     tok_dir = tok_dir or cfg.run_dir / TOKENIZER_DIR
-    have = (tok_dir / "tokenizer_config.json").is_file()
-    if not have and not corpus:
+    if (tok_dir / "tokenizer_config.json").is_file():
+        return load_tokenizer(tok_dir)
+    if not corpus:
         raise ConfigError("a tiny model needs text to train its tokenizer on: set sft.behaviour_cloning=true "
                           "or give sft.data")
-    model, tokenizer = build_tiny(cfg, corpus, load_tokenizer(tok_dir) if have else None)
-    if not have:
-        _write_folder(tok_dir, lambda tmp: save_tokenizer(tokenizer, tmp))
-    return model, tokenizer
+    tiny = cfg.model.tiny
+    tokenizer = train_tokenizer(list(corpus), vocab_size=tiny.bpe_vocab_size, min_frequency=tiny.bpe_min_frequency)
+    _write_folder(tok_dir, lambda tmp: save_tokenizer(tokenizer, tmp))
+    return tokenizer
+
+
+def initial_model(cfg: Config, tokenizer: Any) -> torch.nn.Module:
+    """The fp32 model of `initial_policy`: model.path, or the tiny decoder for `tokenizer` (initialized with
+    run.seed: the same weights in every process)."""
+    if cfg.model.path:
+        return load_hf(Path(cfg.model.path), dtype=torch.float32, attn_backend=cfg.model.attn_backend)
+    return build_tiny(cfg, (), tokenizer)[0]
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -211,9 +228,12 @@ def _write_folder(final: Path, write: Callable[[Path], Any]) -> Path:
     return final
 
 
-def save_policy(model: torch.nn.Module, tokenizer: Any, out: str | Path, dtype: torch.dtype) -> Path:
-    """An HF folder (weights cast to `dtype`, config.json, tokenizer) written whole, then renamed to `out`."""
-    state = {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+def save_policy(model: torch.nn.Module, tokenizer: Any, out: str | Path, dtype: torch.dtype,
+                state: dict[str, torch.Tensor] | None = None) -> Path:
+    """An HF folder (weights cast to `dtype`, config.json, tokenizer) written whole, then renamed to `out`.
+    `state` (default: the model's state dict) is e.g. the full state gathered from a sharded model."""
+    state = model.state_dict() if state is None else state
+    state = {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in state.items()}
 
     def write(tmp: Path) -> None:
         weights = save_hf(model, tmp / "hf", state_dict=state)
@@ -238,18 +258,20 @@ class JsonlLog:
             f.write(json.dumps(row) + "\n")
 
 
-def main(cfg: Config, **_flags: Any) -> int:
-    """Entry point of `seedfast sft CONFIG`."""
-    from seedfast.runtime.setup import DTYPES, device_of, require_one_process
+@dataclass
+class SFTStart:
+    """What SFT starts from: the same on every rank of a sharded run."""
 
-    require_one_process("sft")
-    torch.manual_seed(cfg.run.seed)
-    device = device_of(cfg)
-    pairs_file = pairs_path(cfg)
-    if pairs_file is None and not cfg.sft.behaviour_cloning:
-        raise ConfigError(NO_DATA)
-    if cfg.model.path and not (Path(cfg.model.path) / "config.json").is_file():
-        raise ConfigError(f"model.path={cfg.model.path!r} is not an HF model folder (no config.json)")
+    model: torch.nn.Module  # fp32, on the run's device, not yet sharded
+    tokenizer: Any
+    examples: list[sft_data.SFTExample]
+    counts: dict[str, Any]
+    games: int
+
+
+def _data_and_tokenizer(cfg: Config, pairs_file: Path | None) -> tuple[Any, list, dict[str, Any], int]:
+    """(tokenizer, examples, counts, games): the walkthrough replays, the tokenizer (a tiny model's trained on
+    their text and written to <run_dir>/tokenizer) and the examples."""
     replays = walkthrough_replays(cfg) if cfg.sft.behaviour_cloning else []
     corpus: list[str] = []
     if not cfg.model.path:
@@ -260,21 +282,100 @@ def main(cfg: Config, **_flags: Any) -> int:
         shown = replays if cfg.sft.rename_names == "textworld" else [
             g for g in replays if "renamed" not in g.success.meta]
         corpus = tokenizer_corpus(shown, pairs, prompt_style(cfg), cfg.skill.skill_mode)
-    model, tokenizer = initial_policy(cfg, corpus)
+    tokenizer = initial_tokenizer(cfg, corpus)
     examples, counts = sft_examples(cfg, tokenizer, replays, pairs_file)
-    model.to(device)
+    return tokenizer, examples, counts, len(replays)
 
-    log = JsonlLog(cfg.run_dir / METRICS_NAME)
-    log({"event": "data", "games": len(replays), **counts})
+
+def _from_rank0(make: Callable[[], Any]) -> Any:
+    """make() on rank 0, its result sent to every rank (pickled); an error on rank 0 ends every rank."""
+    import torch.distributed as dist
+
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", make())
+        except Exception as err:
+            box[0] = ("error", f"{type(err).__name__}: {err}")
+            dist.broadcast_object_list(box, src=0)
+            raise
+    dist.broadcast_object_list(box, src=0)
+    status, value = box[0]
+    if status == "error":
+        raise RuntimeError(f"rank 0 failed to prepare the SFT data: {value}")
+    return value
+
+
+def sft_start(cfg: Config, device: torch.device, sharding: Sharding | None = None) -> SFTStart:
+    """The examples, tokenizer and initial model of `seedfast sft`.
+
+    Sharded (a started process group), rank 0 alone replays the games, trains and writes the tokenizer and
+    builds the examples, and sends them to the others (one source: nothing depends on each process hashing or
+    iterating alike); every rank then builds the model, and a from-scratch model's weights are overwritten by
+    rank 0's (a broadcast), so the ranks start from the same weights whatever their devices' initializers do
+    (tests/dist/test_sft_sharded.py). A model.path policy is read from the same files by every rank."""
+    pairs_file = pairs_path(cfg)
+    if pairs_file is None and not cfg.sft.behaviour_cloning:
+        raise ConfigError(NO_DATA)
+    if cfg.model.path and not (Path(cfg.model.path) / "config.json").is_file():
+        raise ConfigError(f"model.path={cfg.model.path!r} is not an HF model folder (no config.json)")
+    if sharding is None:
+        tokenizer, examples, counts, games = _data_and_tokenizer(cfg, pairs_file)
+    else:
+        tokenizer, examples, counts, games = _from_rank0(lambda: _data_and_tokenizer(cfg, pairs_file))
+    model = initial_model(cfg, tokenizer).to(device)
+    if sharding is not None and not cfg.model.path:
+        import torch.distributed as dist
+
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(t.data, src=0)
+    return SFTStart(model, tokenizer, examples, counts, games)
+
+
+def main(cfg: Config, sharding: Sharding | None = None, **_flags: Any) -> int:
+    """Entry point of `seedfast sft CONFIG`: one process, or (with `sharding`, built by app/sft.py under torchrun)
+    one rank of a sharded run: the same steps, each rank training on its share; rank 0 alone writes the metrics
+    and the output folder (gathered from every rank)."""
+    from seedfast.runtime.setup import DTYPES, device_of, require_one_process
+
+    if sharding is None:
+        require_one_process("sft")
+    torch.manual_seed(cfg.run.seed)
+    device = device_of(cfg)
+    start = sft_start(cfg, device, sharding)
+    model, tokenizer, examples, counts = start.model, start.tokenizer, start.examples, start.counts
+    if sharding is not None and sharding.shard is not None:
+        model = sharding.shard(model)
+    is_main = sharding is None or sharding.is_main
+
+    log = JsonlLog(cfg.run_dir / METRICS_NAME) if is_main else None
+    if log is not None:
+        log({"event": "data", "games": start.games, **counts})
     if cfg.sft.copy_warmup_steps:
-        last = copy_warmup(model, ordinary_ids(tokenizer), cfg.sft.copy_warmup_steps, lr=cfg.sft.lr, seed=cfg.run.seed)
-        log({"event": "copy_warmup", "steps": cfg.sft.copy_warmup_steps, "loss": last})
+        last = copy_warmup(model, ordinary_ids(tokenizer), cfg.sft.copy_warmup_steps, lr=cfg.sft.lr,
+                           seed=cfg.run.seed, sharding=sharding)
+        if log is not None:
+            log({"event": "copy_warmup", "steps": cfg.sft.copy_warmup_steps, "loss": last})
     autocast = DTYPES[cfg.model.dtype] if device.type == "cuda" and cfg.model.dtype != "fp32" else None
     stats: SFTStats = train_sft(model, examples, cfg.sft, seed=cfg.run.seed, log_fn=log,
-                                progress=cfg.log.progress and sys.stderr.isatty(), autocast_dtype=autocast)
-    out = save_policy(model.cpu(), tokenizer, cfg.run_dir / SFT_DIR, DTYPES[cfg.model.dtype])
-    log({"event": "done", **vars(stats), "out": str(out)})
-    losses = f"loss {stats.first_loss:.3f} -> {stats.last_loss:.3f}" if stats.steps else "no step"
-    print(f"sft: {stats.steps} steps ({stats.epochs:.2f} epochs, {stats.elapsed_s:.0f} s) on "
-          f"{counts['examples']} examples, {losses}; saved {out}")
+                                progress=is_main and cfg.log.progress and sys.stderr.isatty(),
+                                autocast_dtype=autocast, sharding=sharding)
+    out = cfg.run_dir / SFT_DIR
+    if sharding is None:
+        save_policy(model.cpu(), tokenizer, out, DTYPES[cfg.model.dtype])
+    else:
+        import torch.distributed as dist
+
+        if sharding.full_state is None:
+            raise ValueError("main: a sharded run needs sharding.full_state to gather the weights")
+        state = sharding.full_state(model)  # a collective: every rank gathers, rank 0 holds the result
+        if is_main:
+            save_policy(model, tokenizer, out, DTYPES[cfg.model.dtype], state=state)
+        dist.barrier()  # no rank ends before the folder is in place
+    if log is not None:
+        log({"event": "done", **vars(stats), "out": str(out)})
+        losses = f"loss {stats.first_loss:.3f} -> {stats.last_loss:.3f}" if stats.steps else "no step"
+        print(f"sft: {stats.steps} steps ({stats.epochs:.2f} epochs, {stats.elapsed_s:.0f} s) on "
+              f"{counts['examples']} examples, {losses}; saved {out}")
     return 0
