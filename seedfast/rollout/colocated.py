@@ -15,6 +15,7 @@ Both seed their sampling from the step alone (`begin_step`), so a resumed run dr
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -95,19 +96,23 @@ class VLLMRollout:
     at the end, prefix cache reset) -> wake the KV cache. after_rollout(): sleep (when `sleep`), freeing the KV
     cache and the weights for the update. With `sleep_level` 1 vLLM keeps a CPU copy of the weights while asleep
     (copied back on wake, then overwritten by the push); level 2 keeps none (less CPU memory and copying, but every
-    weight must then come from the push). Requests carry seeds from (step seed, call, index): `request_seed`.
+    weight must then come from the push). With `seed_requests` every request carries a seed from (step seed,
+    generate call, index), `request_seed`: copies of one prompt differ and a resumed run draws the same (up to vLLM's
+    batch-dependent numerics); vLLM draws seeded requests' noise one request at a time (a small kernel per request
+    and token), so `seed_requests=False` leaves sampling to the engine's generator, seeded once.
     """
 
     reads_policy = False
 
     def __init__(self, engine: Any, *, sleep: bool = True, sleep_level: int = 1, verify: bool = True,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 seed_requests: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level!r}")
         self.engine = engine
         self.sleep = sleep
         self.sleep_level = sleep_level
         self.verify = verify
+        self.seed_requests = seed_requests
         self.clock = clock
         self.asleep = False
         self.step_seed: int | None = None
@@ -149,7 +154,7 @@ class VLLMRollout:
         return {"sync/sleep_seconds": self.clock() - t}
 
     def _seeds(self, n: int) -> list[int] | None:
-        if self.step_seed is None:
+        if self.step_seed is None or not self.seed_requests:
             return None
         seeds = [request_seed(self.step_seed, self.calls, i) for i in range(n)]
         self.calls += 1
@@ -174,9 +179,13 @@ class VLLMRollout:
 
 def build_rollout(engine: str, policy: torch.nn.Module, model_path: str | Path | None = None, *, seed: int = 0,
                   dtype: str = "bf16", gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                  sleep: bool = True, sleep_level: int = 1, **llm_kwargs: Any) -> OwnRollout | VLLMRollout:
+                  sleep: bool = True, sleep_level: int = 1, seed_requests: bool = True, **llm_kwargs: Any
+                  ) -> OwnRollout | VLLMRollout:
     """The RL loop's rollout engine: "own" over `policy`, or "vllm" loaded from the HF folder `model_path` (the
-    policy's weights: they are pushed before every rollout anyway) with sleep mode when `sleep`."""
+    policy's weights: they are pushed before every rollout anyway) with sleep mode when `sleep`.
+
+    Under torchrun (WORLD_SIZE > 1) vLLM runs inside each rank's process on the rank's GPU, over the launcher's
+    process group (distributed_executor_backend="external_launcher", as TRL's and verl's colocated modes do)."""
     if engine == "own":
         return OwnRollout(policy, seed=seed)
     if engine != "vllm":
@@ -185,6 +194,8 @@ def build_rollout(engine: str, policy: torch.nn.Module, model_path: str | Path |
         raise ValueError("a vLLM rollout engine needs the policy's HF folder (model_path)")
     from seedfast.rollout.vllm_engine import VLLMEngine
 
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        llm_kwargs.setdefault("distributed_executor_backend", "external_launcher")
     vllm_engine = VLLMEngine(str(model_path), dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                              tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=sleep, **llm_kwargs)
-    return VLLMRollout(vllm_engine, sleep=sleep, sleep_level=sleep_level)
+    return VLLMRollout(vllm_engine, sleep=sleep, sleep_level=sleep_level, seed_requests=seed_requests)

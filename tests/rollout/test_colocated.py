@@ -233,6 +233,23 @@ def test_fp32_weights_into_a_bf16_engine_verify_exactly(fake_vllm, policy_and_fo
     assert all(torch.equal(theirs[n], t.to(torch.bfloat16)) for n, t in policy.state_dict().items())
 
 
+def test_under_torchrun_vllm_runs_in_the_rank_and_gets_the_tensors_themselves(fake_vllm, policy_and_folder,
+                                                                              monkeypatch):
+    policy, folder = policy_and_folder
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    rollout = build_rollout("vllm", policy, folder, dtype="fp32")
+    assert rollout.llm.kwargs["distributed_executor_backend"] == "external_launcher"
+    assert rollout.engine.in_process
+    seen = []
+    load = rollout.llm.worker.seedfast_load_weights
+    rollout.llm.worker.seedfast_load_weights = lambda chunk: seen.extend(k for _, (k, _) in chunk) or load(chunk)
+    update(policy, 4)
+    rollout.before_rollout(push(policy))
+    assert set(seen) == {"tensor"} and weights_equal(rollout.llm, policy)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert build_rollout("vllm", policy, folder, dtype="fp32").llm.kwargs.get("distributed_executor_backend") is None
+
+
 def test_a_worker_that_loads_fewer_tensors_than_sent_fails(fake_vllm, policy_and_folder):
     policy, folder = policy_and_folder
     rollout = build_rollout("vllm", policy, folder, dtype="fp32")
@@ -280,6 +297,12 @@ def test_request_seeds_come_from_the_step_and_differ_across_copies(fake_vllm, po
     assert step(7) == (first, second)  # a resumed run (same step seed) draws the same
     assert step(8)[0] != first
     assert request_seed(7, 0, 0) != request_seed(7, 0, 1) != request_seed(7, 1, 0)
+    rollout.seed_requests = False  # the engine's own generator: no per-request seeds sent
+    rollout.begin_step(7)
+    calls = []
+    rollout.engine.generate_full = lambda *args, seeds=None: calls.append(seeds) or []
+    rollout.generate(group, 8)
+    assert calls == [None]
     assert all(0 <= request_seed(s, c, i) < 2**31 - 1 for s in (0, 2**31 - 2) for c in (0, 9) for i in (0, 999))
 
 
