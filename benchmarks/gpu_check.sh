@@ -2,10 +2,12 @@
 # One short GPU window: the CUDA tests (pytest -m gpu), FSDP2 on a 1-rank mesh (one SEED and one GRPO update equal
 # the plain update, tests/dist/test_fsdp_one_device.py), the RL step at the random-init Qwen2.5-1.5B shape (SEED vs
 # GRPO: tokens/s, MFU, peak memory; benchmarks/step_gpu.py), the kernel microbenchmarks and one RL update side by
-# side with the reference recipe (benchmarks/peers.py, Qwen2.5-1.5B shape, bf16). Typically ~11 minutes on one GPU
-# (the time limits add up to 16), no network, installs nothing.
+# side with the reference recipe (benchmarks/peers.py, Qwen2.5-1.5B shape, bf16). No network, installs nothing.
+# The whole script stays inside BUDGET_S seconds (default 540: one 10-minute device command with room to copy the
+# results back): each step's time limit is its own or what is left of the budget, whichever is smaller, and a step
+# with under 20 s left is skipped and reported as such.
 #
-#   benchmarks/gpu_check.sh OUT_DIR          (from anywhere; PYTHON=/path/to/python to pick the interpreter)
+#   benchmarks/gpu_check.sh OUT_DIR          (from anywhere; PYTHON=/path/to/python, BUDGET_S=seconds)
 #
 # Writes OUT_DIR/{env.txt, gemm_reference.json, nvidia-smi.txt, pytest_gpu.xml (JUnit), pytest_gpu.log,
 # fsdp_1gpu.log, step_gpu.log, step_gpu.json, kernels.log, kernels.json, kernels.png, peers.log, peers_cuda.json,
@@ -27,6 +29,14 @@ sys.path.insert(0, '$REPO')"
 py() { local code=$1; shift; "$PY" -c "$BOOT
 $code" "$@"; }
 export PYTHONDONTWRITEBYTECODE=1
+BUDGET_S=${BUDGET_S:-540}
+MIN_STEP_S=${MIN_STEP_S:-20}
+T0=$(date +%s)
+# limit SECONDS: the step's own limit, or what is left of the budget; 0 when under MIN_STEP_S are left (skip it)
+limit() { local left=$(( BUDGET_S - ($(date +%s) - T0) )); [ "$left" -lt "$MIN_STEP_S" ] && { echo 0; return; }
+  [ "$1" -lt "$left" ] && echo "$1" || echo "$left"; }
+# timed SECONDS cmd...: run under the budgeted limit; exit 125 = skipped for lack of budget, 124 = ran out of time
+timed() { local t; t=$(limit "$1"); shift; [ "$t" -eq 0 ] && return 125; timeout "$t" "$@"; }
 
 {
   date -u +"%Y-%m-%dT%H:%M:%SZ"
@@ -41,7 +51,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 # The reference the kernels are judged against: a cuBLAS bf16 GEMM of the logits shape (N=4096, d=4096,
 # V=152064), a device copy's bandwidth, and whether torch takes an fp32 C beside bf16 inputs in one cuBLAS call
 # (seedfast/ops/triton_backend.py, GEMM_F32_MODE: "addmm", else the slower "mm+add").
-timeout 60 "$PY" -c "$BOOT
+timed 40 "$PY" -c "$BOOT
 import json, torch, triton
 from seedfast.ops import triton_backend as tb
 out = {'torch': torch.__version__, 'cuda': torch.version.cuda, 'triton': triton.__version__}
@@ -69,7 +79,7 @@ json.dump(out, open(sys.argv[1], 'w'), indent=1)" "$OUT/gemm_reference.json" >> 
 
 status=0
 start=$(date +%s)
-timeout 240 "$PY" -c "$BOOT
+timed 150 "$PY" -c "$BOOT
 import pytest; sys.exit(pytest.main(sys.argv[1:]))" -m gpu tests -q -rs -p no:cacheprovider \
   --continue-on-collection-errors --ignore=tests/dist/test_fsdp_one_device.py --junitxml="$OUT/pytest_gpu.xml" \
   > "$OUT/pytest_gpu.log" 2>&1
@@ -79,7 +89,7 @@ tests_s=$(( $(date +%s) - start ))
 
 # FSDP2 on one GPU: a 1-rank nccl process group in the test process, one SEED and one GRPO update vs the plain one
 start=$(date +%s)
-timeout 90 "$PY" -c "$BOOT
+timed 45 "$PY" -c "$BOOT
 import pytest; sys.exit(pytest.main(sys.argv[1:]))" -m gpu tests/dist/test_fsdp_one_device.py -q -rs \
   -p no:cacheprovider > "$OUT/fsdp_1gpu.log" 2>&1
 fsdp_rc=$?
@@ -88,15 +98,15 @@ fsdp_s=$(( $(date +%s) - start ))
 
 # The RL step at the Qwen2.5-1.5B shape, random init, SEED vs GRPO (tokens/s, MFU, peak memory)
 start=$(date +%s)
-timeout 200 "$PY" benchmarks/step_gpu.py --shape qwen1.5b --device cuda --dtype bf16 --out "$OUT/step_gpu.json" \
+timed 100 "$PY" benchmarks/step_gpu.py --shape qwen1.5b --device cuda --dtype bf16 --out "$OUT/step_gpu.json" \
   > "$OUT/step_gpu.log" 2>&1
 step_rc=$?
 [ $step_rc -ne 0 ] && status=1
 step_s=$(( $(date +%s) - start ))
 
 start=$(date +%s)
-timeout 220 "$PY" -c "$BOOT
-import runpy; sys.argv = ['benchmarks/kernels.py']; runpy.run_path('benchmarks/kernels.py', run_name='__main__')" \
+timed 120 "$PY" -c "$BOOT
+import runpy; sys.argv = ['benchmarks/kernels.py', '--quick']; runpy.run_path('benchmarks/kernels.py', run_name='__main__')" \
   > "$OUT/kernels.log" 2>&1
 bench_rc=$?
 [ $bench_rc -ne 0 ] && status=1
@@ -107,7 +117,7 @@ cp benchmarks/results/kernels.json benchmarks/results/kernels.png "$OUT/" 2>/dev
 start=$(date +%s)
 BOOTDIR=$(mktemp -d)
 printf '%s\n' "$BOOT" > "$BOOTDIR/sitecustomize.py"
-PYTHONPATH="$BOOTDIR${PYTHONPATH:+:$PYTHONPATH}" timeout 180 "$PY" benchmarks/peers.py --shape qwen1.5b \
+PYTHONPATH="$BOOTDIR${PYTHONPATH:+:$PYTHONPATH}" timed 80 "$PY" benchmarks/peers.py --shape qwen1.5b \
   --device cuda --dtype bf16 --out "$OUT/peers_cuda.json" > "$OUT/peers.log" 2>&1
 peers_rc=$?
 [ $peers_rc -ne 0 ] && status=1
@@ -118,10 +128,11 @@ rm -rf "$BOOTDIR"
   echo "pytest -m gpu: exit $tests_rc in ${tests_s}s ($(tail -n 1 "$OUT/pytest_gpu.log"))"
   grep -E "^ERROR .*(collect|import)|^ERROR tests/" "$OUT/pytest_gpu.log" | sed 's/^/  collection: /' || true
   echo "FSDP2 on one GPU (tests/dist/test_fsdp_one_device.py): exit $fsdp_rc in ${fsdp_s}s ($(tail -n 1 "$OUT/fsdp_1gpu.log"))"
-  echo "benchmarks/step_gpu.py --shape qwen1.5b: exit $step_rc in ${step_s}s (124 = time limit)"
+  echo "benchmarks/step_gpu.py --shape qwen1.5b: exit $step_rc in ${step_s}s (124 = time limit, 125 = skipped: budget)"
   grep -E "^(grpo|seed) " "$OUT/step_gpu.log" | sed 's/^/  /' || true
   echo "gemm reference: $(tail -n 1 "$OUT/env.txt")"
-  echo "benchmarks/kernels.py: exit $bench_rc in ${bench_s}s (124 = time limit; kernels.json keeps finished shapes)"
-  echo "benchmarks/peers.py --device cuda: exit $peers_rc in ${peers_s}s (124 = time limit)"
+  echo "benchmarks/kernels.py --quick: exit $bench_rc in ${bench_s}s (124 = time limit, 125 = skipped; kernels.json keeps finished shapes)"
+  echo "benchmarks/peers.py --device cuda: exit $peers_rc in ${peers_s}s (124 = time limit, 125 = skipped)"
+  echo "total: $(( $(date +%s) - T0 ))s of a ${BUDGET_S}s budget"
 } | tee "$OUT/summary.txt"
 exit $status
