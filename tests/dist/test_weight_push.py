@@ -5,7 +5,10 @@ with one bucket alive at a time."""
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +19,10 @@ from seedfast.config import ConfigError
 from seedfast.dist.mesh import MESH_DIMS
 from seedfast.dist.parallelize import apply_fsdp, parallelize_decoder
 from seedfast.dist.weight_push import buckets, check_colocated, hf_named_tensors
+from seedfast.model import load_hf
 from seedfast.model.decoder import build_decoder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -59,6 +65,42 @@ def _tp_worker(rank, world):
     parallelize_decoder(model, init_device_mesh("cpu", (1, 2), mesh_dim_names=MESH_DIMS))
     _check_pushed(model, reference, 20_000)
     assert "lm_head.weight" in dict(hf_named_tensors(model))
+
+
+def _colocated_worker(rank, world, folder):
+    """The RL loop's sync on every rank: its own (fake) vLLM engine, fed by the rank's gathers of the sharded policy."""
+    from test_colocated import FakeEngineArgs, FakeLLM, FakeSamplingParams, prompts, update
+
+    from seedfast.rollout import vllm_engine
+    from seedfast.rollout.colocated import build_rollout
+    from seedfast.rollout.own_engine import Sampler
+
+    vllm_engine._require_vllm = lambda: SimpleNamespace(LLM=FakeLLM, SamplingParams=FakeSamplingParams,
+                                                        EngineArgs=FakeEngineArgs)
+    policy = load_hf(folder, dtype=torch.float32, attn_backend="sdpa")
+    reference = load_hf(folder, dtype=torch.float32, attn_backend="sdpa")
+    apply_fsdp(policy, init_device_mesh("cpu", (world,)))
+    rollout = build_rollout("vllm", policy, folder, dtype="fp32", seed=0)
+    for step in range(2):
+        update(reference, 10 + step)  # the update, on the sharded policy and on a one-process copy
+        with torch.no_grad():
+            for p, r in zip(policy.parameters(), reference.parameters()):
+                p.copy_(torch.distributed.tensor.distribute_tensor(r, p.device_mesh, p.placements))
+        rollout.begin_step(step)
+        metrics = rollout.before_rollout(buckets(hf_named_tensors(policy), 8192))
+        assert metrics["sync/buckets"] > 1
+        theirs = rollout.llm.decoder.state_dict()
+        assert all(torch.equal(theirs[n], t) for n, t in reference.state_dict().items())
+        got = rollout.generate(prompts(), 5, temperature=0.0)
+        assert got == Sampler(reference).generate(prompts(), 5, temperature=0.0)
+        rollout.after_rollout()
+
+
+def test_every_rank_syncs_its_own_colocated_engine(tmp_path):
+    from seedfast.model import save_hf
+
+    folder = save_hf(build_decoder(make_config("qwen2", vocab_size=97), dtype=torch.float32, seed=2), tmp_path / "hf")
+    run_on_ranks(2, _colocated_worker, str(folder))
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
