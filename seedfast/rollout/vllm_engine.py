@@ -151,7 +151,7 @@ class VLLMEngine:
 
         Returns {"bytes", "buckets", "tensors", "seconds"} of the push."""
         start = time.perf_counter()
-        expected: dict[str, tuple[float, float, int]] = {}  # checked name -> _checksum of the trainer's tensor
+        expected: dict[str, tuple[tuple[float, ...], float, int]] = {}  # checked name -> _checksum
         n_bytes = n_buckets = n_tensors = 0
         for bucket in buckets:
             size, count = self._push_bucket(bucket, expected if verify else None)
@@ -165,7 +165,7 @@ class VLLMEngine:
                 "seconds": time.perf_counter() - start}
 
     def _push_bucket(self, bucket: Sequence[tuple[str, torch.Tensor]],
-                     expected: dict[str, tuple[float, float, int]] | None
+                     expected: dict[str, tuple[tuple[float, ...], float, int]] | None
                      ) -> tuple[int, int]:
         """One RPC with the bucket's tensors (their checksums into `expected`); returns (bytes, tensors)."""
         chunk = []
@@ -186,7 +186,7 @@ class VLLMEngine:
                                    f"(the bucket starting at {chunk[0][0]})")
         return size, len(chunk)
 
-    def _verify(self, expected: dict[str, tuple[float, float, int]]) -> None:
+    def _verify(self, expected: dict[str, tuple[tuple[float, ...], float, int]]) -> None:
         """Each checked tensor's sum in vLLM equals the trainer's (the tensor in the engine's dtype: the same values,
         summed in float64 in another order): on every worker for a replicated tensor, summed over the workers for
         one split by vLLM's tensor parallel (fewer elements on each)."""
@@ -204,9 +204,9 @@ class VLLMEngine:
             else:
                 values = [float(sum(v for v, _ in seen))]
             for value in values:
-                if abs(value - want) > _SUM_RTOL * magnitude + 1e-30:
+                if all(abs(value - w) > _SUM_RTOL * magnitude + 1e-30 for w in want):
                     raise RuntimeError(
-                        f"vLLM weight sync failed: {name} sums to {value!r} in vLLM, {want!r} in the trainer "
+                        f"vLLM weight sync failed: {name} sums to {value!r} in vLLM, {want[0]!r} in the trainer "
                         "(did the tensor reach the engine? is the engine asleep, or the model's layout different?)"
                     )
         if not found:
@@ -214,10 +214,15 @@ class VLLMEngine:
                                "of vLLM's model (a model whose names vLLM changes)")
 
 
-def _checksum(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[float, float, int]:
-    """(sum, sum of |x|, numel) of the tensor as the engine holds it (cast to its dtype), accumulated in float64."""
-    t = tensor.detach().to(dtype)
-    return (float(torch.sum(t, dtype=torch.float64)), float(torch.sum(t.abs(), dtype=torch.float64)), t.numel())
+def _checksum(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[tuple[float, ...], float, int]:
+    """(sums, sum of |x|, numel) of the tensor accumulated in float64: the sums of its values cast to the engine's
+    dtype (what vLLM's copy of it holds) and, when that differs, as sent (a parameter vLLM keeps in another dtype)."""
+    t = tensor.detach()
+    cast = t.to(dtype)
+    sums = (float(torch.sum(cast, dtype=torch.float64)),)
+    if t.dtype != dtype:
+        sums += (float(torch.sum(t, dtype=torch.float64)),)
+    return sums, float(torch.sum(cast.abs(), dtype=torch.float64)), t.numel()
 
 
 def _chunks(items: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
