@@ -1,18 +1,42 @@
 """`seedfast eval RUN [--split train|eval]`: the run's exported policy (hf/, else its SFT output sft/) on the
-train or held-out games, one greedy-by-default trajectory per game (train/evaluate.py); writes eval_<split>.json."""
+train or held-out games, one greedy-by-default trajectory per game (train/evaluate.py); writes eval_<split>.json.
+
+One code path for 1 and N processes: under torchrun with dist.strategy=fsdp the games are split over the ranks
+(train/evaluate.py: fixed chunks, each with its own seed, counts added over the ranks), so N processes write the
+metrics one process writes. The policy is loaded WHOLE on every rank, no FSDP: evaluation only generates, and a
+7B policy in bf16 fits one GPU; every rank is then a data-parallel rank (dist.dp_shard and dist.tp do not shard
+it). Rank 0 alone prints and writes the JSON, atomically (docs/scaling.md).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from seedfast.config import Config, ConfigError
-from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, load_tasks
+from seedfast.dist.data import DataParallel
+from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, load_tasks, start_processes
 from seedfast.train.evaluate import evaluate
 
 
+def write_json_atomic(path: Path, data: Any) -> None:
+    """`data` as JSON in a temporary file beside `path`, then renamed over it: a reader sees the old file or the
+    new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def main(cfg: Config, split: str = "eval", **_: Any) -> int:
+    env = start_processes(cfg, "eval")  # one process, or this rank of torchrun's (docs/scaling.md)
     run_dir = Path(cfg.run_dir)
     path = next((p for p in (run_dir / "hf", run_dir / "sft") if (p / "config.json").is_file()), None)
     if path is None:
@@ -21,7 +45,9 @@ def main(cfg: Config, split: str = "eval", **_: Any) -> int:
     model = load_policy(cfg, path, device, trainable=False)
     tokenizer = load_run_tokenizer(cfg, path)
     tasks = load_tasks(cfg, "train" if split == "train" else "eval")
-    metrics = evaluate(cfg, model, tokenizer, tasks, seed=cfg.run.seed)
-    print(json.dumps(metrics, indent=1))
-    (run_dir / f"eval_{split}.json").write_text(json.dumps(metrics, indent=1))
+    dp = DataParallel(rank=env.rank, size=env.world)  # every process; the default group when there are several
+    metrics = evaluate(cfg, model, tokenizer, tasks, seed=cfg.run.seed, dp=dp)
+    if env.is_main:
+        print(json.dumps(metrics, indent=1))
+        write_json_atomic(run_dir / f"eval_{split}.json", metrics)
     return 0

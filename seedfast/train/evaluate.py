@@ -1,6 +1,11 @@
 """Evaluation on held-out games: success rate, reward, episode length, invalid-action rate.
 
 The `seedfast eval` command (seedfast/app/evaluate.py) runs `evaluate` on a run's exported policy.
+
+Split over data-parallel ranks (`dp`): the games are cut into chunks whose size does not depend on the number of
+ranks, chunk k is played with its own seed (chunk_seed) by rank k mod the ranks, and the counts are added over
+the ranks, so N ranks give exactly the metrics one process gets with `dp` of size 1 (docs/scaling.md). The policy
+is whole on every rank (no collective inside a chunk: a sharded policy is evaluated under dist's unsharded()).
 """
 
 from __future__ import annotations
@@ -15,11 +20,29 @@ from seedfast.rollout.agent_loop import Task, run_agent_loop
 from seedfast.rollout.own_engine import Sampler
 from seedfast.runtime.setup import agent_config, make_env_slots
 
+# games per chunk of a split evaluation when env.slots is 0 (all environments at once)
+EVAL_CHUNK_GAMES = 8
+
+
+def chunk_seed(seed: int, chunk: int) -> int:
+    """The sampling seed of chunk `chunk` of a split evaluation; chunk 0 plays with `seed` itself."""
+    return (seed + chunk * 7_919) % (2**31 - 1)
+
 
 def evaluate(cfg: Config, model: torch.nn.Module, tokenizer: Any, tasks: list[Task], *, seed: int,
-             temperature: float | None = None, envs: Any = None) -> dict[str, float]:
-    """One trajectory per task at the eval temperature (0 = greedy); returns eval/* metrics."""
+             temperature: float | None = None, envs: Any = None, dp: Any = None,
+             chunk_games: int | None = None) -> dict[str, float]:
+    """One trajectory per task at the eval temperature (0 = greedy); returns eval/* metrics.
+
+    Without `dp`, all games in one batch, sampled with `seed`. With `dp` (dist/data.py DataParallel, or anything
+    with rank, size and sum(values) over the ranks), the split evaluation of the module docstring: chunks of
+    `chunk_games` games (default env.slots, else EVAL_CHUNK_GAMES), the same metrics on every rank and for any
+    number of ranks; every rank must call it (the counts are all-reduced). `envs` (default: made here) must have
+    the same number of slots on every rank, as the slots cut a chunk into waves."""
     temperature = cfg.rollout.eval_temperature if temperature is None else temperature
+    if dp is not None:
+        return _evaluate_split(cfg, model, tokenizer, tasks, seed, temperature, envs, dp,
+                               chunk_games or cfg.env.slots or EVAL_CHUNK_GAMES)
     was_training = model.training
     model.eval()
     own_envs = envs is None
@@ -32,6 +55,36 @@ def evaluate(cfg: Config, model: torch.nn.Module, tokenizer: Any, tasks: list[Ta
             envs.close()
         model.train(was_training)
     return summarize(result.trajectories, result.stats.as_dict(), prefix="eval/")
+
+
+def _evaluate_split(cfg: Config, model: torch.nn.Module, tokenizer: Any, tasks: list[Task], seed: int,
+                    temperature: float, envs: Any, dp: Any, chunk_games: int) -> dict[str, float]:
+    if chunk_games < 1:
+        raise ValueError(f"chunk_games must be >= 1, got {chunk_games}")
+    chunks = [tasks[i:i + chunk_games] for i in range(0, len(tasks), chunk_games)]
+    mine = [k for k in range(len(chunks)) if k % dp.size == dp.rank]
+    # trajectories, wins, episode steps, invalid actions, agent-loop steps, environment errors
+    counts = [0.0] * 6
+    if mine:
+        was_training = model.training
+        model.eval()
+        own_envs = envs is None
+        envs = envs or make_env_slots(cfg, min(len(tasks), chunk_games))  # as many slots on every rank
+        try:
+            for k in mine:
+                result = run_agent_loop(Sampler(model, seed=chunk_seed(seed, k)), tokenizer, chunks[k], envs,
+                                        agent_config(cfg, n=1, temperature=temperature))
+                t, st = result.trajectories, result.stats
+                for i, v in enumerate((len(t), sum(x.won for x in t), sum(len(x.steps) for x in t),
+                                       st.invalid_actions, st.steps, st.env_errors)):
+                    counts[i] += v
+        finally:
+            if own_envs:
+                envs.close()
+            model.train(was_training)
+    n, won, steps, invalid, loop_steps, errors = dp.sum(counts)
+    return {"eval/success_rate": won / max(n, 1), "eval/episode_length": steps / max(n, 1),
+            "eval/invalid_rate": invalid / loop_steps if loop_steps else 0.0, "eval/env_errors": float(errors)}
 
 
 def summarize(trajectories: list, stats: dict[str, float], prefix: str) -> dict[str, float]:
