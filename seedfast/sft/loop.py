@@ -43,8 +43,8 @@ class Sharding:
     is_main: bool = True  # global rank 0: the one process that writes
 
     def share(self, index: Sequence[int], lengths: Sequence[int]) -> list[int]:
-        """This rank's examples of a step's `index` (whole examples, balanced by token count)."""
-        owners = self.assign([lengths[i] for i in index], self.dp.size)
+        """This rank's examples of a step's `index` (whole examples, balanced by their `lengths`, one each)."""
+        owners = self.assign(lengths, self.dp.size)
         return [i for i, r in zip(index, owners) if r == self.dp.rank]
 
 
@@ -184,7 +184,7 @@ def step_loss_backward(model: torch.nn.Module, examples: Sequence[SFTExample], i
     With `sharding`, this rank's share of them, its loss the share of the global weighted mean; a rank with no
     example runs the step's first one at weight 0 (same collectives on every rank). The result is global."""
     device = model.lm_head_weight.device
-    mine = list(index) if sharding is None else sharding.share(index, [len(e.input_ids) for e in examples])
+    mine = list(index) if sharding is None else sharding.share(index, [len(examples[i].input_ids) for i in index])
     batch = pack([examples[i] for i in (mine or list(index)[:1])], device)
     with autocast if autocast is not None else nullcontext():
         logprob = token_logprobs(model, batch)
