@@ -9,6 +9,7 @@ scheduler: a run killed at any moment and resumed reproduces the uninterrupted r
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -25,13 +26,15 @@ from seedfast.context.sample import StepSample
 from seedfast.dist.checkpoint import export_hf
 from seedfast.dist.data import DataParallel, balance_samples, global_means
 from seedfast.dist.parallelize import unsharded
+from seedfast.dist.weight_push import buckets, check_colocated, hf_named_tensors
 from seedfast.model import save_hf
 from seedfast.rollout.agent_loop import Task, run_agent_loop
-from seedfast.rollout.own_engine import Sampler
+from seedfast.rollout.colocated import build_rollout
 from seedfast.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from seedfast.runtime.metrics import MetricsLogger, NullLogger, truncate_metrics
 from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, mfu, parse_profile_steps
 from seedfast.runtime.setup import (
+    DTYPES,
     agent_config,
     device_of,
     load_policy,
@@ -115,6 +118,12 @@ class Trainer:
         n_slots = cfg.env.slots or cfg.rollout.tasks_per_batch * cfg.rollout.n
         self.envs = make_env_slots(cfg, n_slots)
         self.judge = make_judge(cfg) if cfg.algorithm == "grsd" else None
+        if cfg.rollout.engine == "vllm":  # one engine per rank, on the rank's GPU, fed the policy's weights
+            check_colocated(self.dp.world if self.dp is not None else 1, cfg.rollout.tensor_parallel)
+        self.engine = build_rollout(cfg.rollout.engine, self.policy, start, seed=cfg.run.seed, dtype=cfg.model.dtype,
+                                    gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                                    tensor_parallel_size=cfg.rollout.tensor_parallel, sleep=cfg.rollout.vllm_sleep)
+        self.sync_metrics: dict[str, float] = {}
         self.n_params = sum(p.numel() for p in self.policy.parameters())
         self.bad_steps = 0
         self.step = 0
@@ -134,17 +143,23 @@ class Trainer:
         if self.dp is not None:  # whole tasks, so a group never straddles ranks
             tasks = tasks[self.dp.rank::self.dp.size]
         self.policy.eval()
-        with timer.phase("rollout"), unsharded(self.policy):
-            return run_agent_loop(self._engine(step), self.tokenizer, tasks, self.envs,
+        self.engine.begin_step(step_seed(cfg.run.seed, step))
+        with timer.phase("sync"):  # vLLM: wake and push the weights (a collective per tensor); own: nothing
+            self.sync_metrics = self.engine.before_rollout(buckets(
+                hf_named_tensors(self.policy, dtype=DTYPES[cfg.model.dtype]), cfg.rollout.sync_bucket_mb << 20))
+        with timer.phase("rollout"), self._generating():
+            return run_agent_loop(self.engine, self.tokenizer, tasks, self.envs,
                                   agent_config(cfg, n=cfg.rollout.n, temperature=cfg.rollout.temperature))
 
-    def _engine(self, step: int) -> Sampler:
-        return Sampler(self.policy, seed=step_seed(self.cfg.run.seed, step))
+    def _generating(self) -> Any:
+        """The own engine generates with the policy itself: every FSDP2 unit gathered for the duration; vLLM
+        generates with its pushed copy."""
+        return unsharded(self.policy) if self.engine.reads_policy else contextlib.nullcontext()
 
     def learn(self, step: int, result: Any, timer: PhaseTimer) -> dict[str, float]:
         """Everything after the rollout: privileged text, samples, scoring, advantages, update."""
         cfg = self.cfg
-        engine = self._engine(step)
+        self.engine.begin_step(step_seed(cfg.run.seed, step))  # the analyzer draws as the trainer always did
         self.policy.eval()
         trajectories, records = result.trajectories, result.steps
         metrics: dict[str, float] = {f"rollout/{k}": float(v) for k, v in result.stats.as_dict().items()}
@@ -152,10 +167,12 @@ class Trainer:
         privileged: Privileged | None = None
         plan = self.plan
         if plan.privileged_text:
-            with timer.phase("analyze"), unsharded(self.policy):
-                privileged = privileged_text(cfg, trajectories, engine=engine, tokenizer=self.tokenizer,
+            with timer.phase("analyze"), self._generating():
+                privileged = privileged_text(cfg, trajectories, engine=self.engine, tokenizer=self.tokenizer,
                                              group_of=group_of, judge=self.judge)
             metrics.update(privileged.metrics)
+        with timer.phase("sync"):  # vLLM sleeps through scoring and the update (its memory is theirs)
+            metrics.update({**self.sync_metrics, **self.engine.after_rollout()})
         samples, sample_metrics = build_samples(cfg, records, privileged, self.tokenizer)
         metrics.update(sample_metrics)
         if not samples:
@@ -310,9 +327,9 @@ class Trainer:
                 metrics["time/step"] = time.perf_counter() - t0
                 last = step + 1 == cfg.trainer.steps
                 if (cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0) or last:
-                    with unsharded(self.policy):  # every rank plays the same games with the same seed
+                    with unsharded(self.policy):  # sharded: each data-parallel rank plays its chunks of games
                         metrics.update(evaluate(cfg, self.policy, self.tokenizer, self.eval_tasks,
-                                                seed=step_seed(cfg.run.seed, step) + 2))
+                                                seed=step_seed(cfg.run.seed, step) + 2, dp=self.dp))
                 window.after_step(step)
                 self.log.log(step, metrics)
                 history.append({"step": step, **metrics})

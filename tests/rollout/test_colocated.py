@@ -5,18 +5,20 @@ reset_prefix_cache. A real vLLM engine is checked by the gpu test at the end."""
 
 from __future__ import annotations
 
-import dataclasses
-from types import SimpleNamespace
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from seedfast.config import ConfigError
 from seedfast.dist.weight_push import buckets, check_colocated, hf_named_tensors
-from seedfast.model import DecoderConfig, build_decoder, load_hf, save_hf
-from seedfast.rollout import vllm_engine
+from seedfast.model import DecoderConfig, build_decoder, save_hf
 from seedfast.rollout.colocated import OwnRollout, VLLMRollout, build_rollout, request_seed
 from seedfast.rollout.own_engine import Sampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fake_vllm import install_fake_vllm  # noqa: E402
 
 VOCAB = 97
 
@@ -28,99 +30,9 @@ def tiny_config(**overrides) -> DecoderConfig:
     return DecoderConfig(**base)
 
 
-# ---------------------------------------------------------------- the fake vllm module
-
-
-@dataclasses.dataclass
-class FakeEngineArgs:
-    worker_extension_cls: str = ""
-    enable_sleep_mode: bool = False
-    logprobs_mode: str = "raw_logprobs"
-
-
-@dataclasses.dataclass
-class FakeSamplingParams:
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 16
-    stop_token_ids: list = dataclasses.field(default_factory=list)
-    logprobs: int | None = None
-    detokenize: bool = True
-    seed: int | None = None
-
-
-class FakeModel:
-    """vLLM's model as its worker sees it: HF-named parameters and `load_weights`, over a seedfast Decoder."""
-
-    def __init__(self, decoder, drop: str | None = None):
-        self.decoder = decoder
-        self.drop = drop  # a tensor this model silently ignores (a broken name mapping)
-
-    def named_parameters(self):
-        return self.decoder.named_parameters()
-
-    def load_weights(self, weights):
-        params = dict(self.decoder.named_parameters())
-        with torch.no_grad():
-            for name, tensor in weights:
-                if name != self.drop:
-                    params[name].copy_(tensor)
-
-
-class FakeLLM:
-    def __init__(self, model, *, dtype="float32", seed=0, worker_extension_cls="", enable_sleep_mode=False, **kwargs):
-        assert worker_extension_cls == vllm_engine.EXTENSION
-        self.kwargs = kwargs
-        self.sleep_mode = enable_sleep_mode
-        self.decoder = load_hf(model, dtype=getattr(torch, dtype), attn_backend="sdpa")
-        self.worker = vllm_engine.WeightSyncExtension()
-        self.worker.device = torch.device("cpu")
-        self.worker.model_runner = SimpleNamespace(model=FakeModel(self.decoder))
-        self.asleep: set[str] = set()
-        self.calls: list[tuple] = []
-
-    def sleep(self, level=1):
-        assert self.sleep_mode, "sleep needs enable_sleep_mode=True"
-        self.calls.append(("sleep", level))
-        self.asleep = {"weights", "kv_cache"}
-        if level == 2:  # weights discarded: whatever the memory holds after wake_up
-            with torch.no_grad():
-                for p in self.decoder.parameters():
-                    p.fill_(float("nan"))
-
-    def wake_up(self, tags=None):
-        self.calls.append(("wake_up", tuple(tags or ("weights", "kv_cache"))))
-        self.asleep -= set(tags or ("weights", "kv_cache"))
-
-    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        self.calls.append(("rpc", method))
-        assert "weights" not in self.asleep, "weights pushed into a sleeping engine"
-        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
-
-    def reset_prefix_cache(self, device=None):
-        self.calls.append(("reset_prefix_cache",))
-        return True
-
-    def generate(self, prompts, params, use_tqdm=True):
-        assert not self.asleep, f"generate while {sorted(self.asleep)} asleep"
-        self.calls.append(("generate", len(prompts)))
-        ids = [p["prompt_token_ids"] for p in prompts]
-        per_request = params if isinstance(params, list) else [params] * len(prompts)
-        gens = []
-        for prompt, sp in zip(ids, per_request):
-            sampler = Sampler(self.decoder, seed=sp.seed if sp.seed is not None else 0)
-            gens += sampler.generate_full([prompt], sp.max_tokens, sp.temperature, sp.top_p, sp.stop_token_ids)
-        return [SimpleNamespace(outputs=[SimpleNamespace(
-            token_ids=g.token_ids, finish_reason=g.finish_reason,
-            logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(g.token_ids, g.logprobs)])]) for g in gens]
-
-
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    module = SimpleNamespace(LLM=FakeLLM, SamplingParams=FakeSamplingParams, EngineArgs=FakeEngineArgs)
-    monkeypatch.setattr(vllm_engine, "_require_vllm", lambda: module)
-    return module
+    return install_fake_vllm(monkeypatch)
 
 
 @pytest.fixture
