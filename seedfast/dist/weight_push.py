@@ -1,4 +1,4 @@
-"""The policy's weights for a colocated rollout engine (vLLM in the RL loop, docs/scaling.md): gathered one tensor
+"""The policy's weights for a colocated rollout engine (docs/scaling.md, 'vLLM in the RL loop'): gathered one tensor
 at a time and grouped in buckets, so no GPU ever holds a second full copy of the model.
 
     for bucket in buckets(hf_named_tensors(policy, dtype=torch.bfloat16), 512 << 20):

@@ -1,4 +1,4 @@
-"""The rollout engine of the RL loop (docs/scaling.md): the own sampler over the training
+"""The rollout engine of the RL loop (docs/scaling.md, 'vLLM in the RL loop'): the own sampler over the training
 model, or a vLLM engine colocated on this rank's GPU that gets the policy's weights pushed before each rollout.
 
     rollout = build_rollout("vllm", policy, hf_dir, dtype="bf16", seed=cfg.run.seed, sleep=True)

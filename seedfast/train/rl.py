@@ -120,7 +120,9 @@ class Trainer:
         self.judge = make_judge(cfg) if cfg.algorithm == "grsd" else None
         if cfg.rollout.engine == "vllm":  # one engine per rank, on the rank's GPU, fed the policy's weights
             check_colocated(self.dp.world if self.dp is not None else 1, cfg.rollout.tensor_parallel)
-        self.engine = build_rollout(cfg.rollout.engine, self.policy, start, seed=cfg.run.seed, dtype=cfg.model.dtype,
+        # the engine computes in the dtype the update's forward does (FSDP2 mixed precision: dist.param_dtype)
+        self.rollout_dtype = cfg.dist.param_dtype or cfg.model.dtype
+        self.engine = build_rollout(cfg.rollout.engine, self.policy, start, seed=cfg.run.seed, dtype=self.rollout_dtype,
                                     gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                                     tensor_parallel_size=cfg.rollout.tensor_parallel, sleep=cfg.rollout.vllm_sleep)
         self.sync_metrics: dict[str, float] = {}
@@ -146,7 +148,7 @@ class Trainer:
         self.engine.begin_step(step_seed(cfg.run.seed, step))
         with timer.phase("sync"):  # vLLM: wake and push the weights (a collective per tensor); own: nothing
             self.sync_metrics = self.engine.before_rollout(buckets(
-                hf_named_tensors(self.policy, dtype=DTYPES[cfg.model.dtype]), cfg.rollout.sync_bucket_mb << 20))
+                hf_named_tensors(self.policy, dtype=DTYPES[self.rollout_dtype]), cfg.rollout.sync_bucket_mb << 20))
         with timer.phase("rollout"), self._generating():
             return run_agent_loop(self.engine, self.tokenizer, tasks, self.envs,
                                   agent_config(cfg, n=cfg.rollout.n, temperature=cfg.rollout.temperature))
