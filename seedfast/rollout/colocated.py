@@ -194,8 +194,10 @@ def build_rollout(engine: str, policy: torch.nn.Module, model_path: str | Path |
         raise ValueError("a vLLM rollout engine needs the policy's HF folder (model_path)")
     from seedfast.rollout.vllm_engine import VLLMEngine
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:  # one engine per trainer rank: vLLM's data-parallel replicas over torchrun's ranks
         llm_kwargs.setdefault("distributed_executor_backend", "external_launcher")
+        llm_kwargs.setdefault("data_parallel_size", world // tensor_parallel_size)
     vllm_engine = VLLMEngine(str(model_path), dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                              tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=sleep, **llm_kwargs)
     return VLLMRollout(vllm_engine, sleep=sleep, sleep_level=sleep_level, seed_requests=seed_requests)

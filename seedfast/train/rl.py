@@ -145,13 +145,19 @@ class Trainer:
         if self.dp is not None:  # whole tasks, so a group never straddles ranks
             tasks = tasks[self.dp.rank::self.dp.size]
         self.policy.eval()
-        self.engine.begin_step(step_seed(cfg.run.seed, step))
+        self.engine.begin_step(self._sampling_seed(step))
         with timer.phase("sync"):  # vLLM: wake and push the weights (a collective per tensor); own: nothing
             self.sync_metrics = self.engine.before_rollout(buckets(
                 hf_named_tensors(self.policy, dtype=DTYPES[self.rollout_dtype]), cfg.rollout.sync_bucket_mb << 20))
         with timer.phase("rollout"), self._generating():
             return run_agent_loop(self.engine, self.tokenizer, tasks, self.envs,
                                   agent_config(cfg, n=cfg.rollout.n, temperature=cfg.rollout.temperature))
+
+    def _sampling_seed(self, step: int) -> int:
+        """The step's sampling seed: (run.seed, step), and the data-parallel rank, whose tasks differ (tensor-parallel
+        peers share a rank: their samplers must draw alike)."""
+        seed = step_seed(self.cfg.run.seed, step)
+        return seed if self.dp is None or self.dp.rank == 0 else (seed + 104_729 * self.dp.rank) % (2**31 - 1)
 
     def _generating(self) -> Any:
         """The own engine generates with the policy itself: every FSDP2 unit gathered for the duration; vLLM
@@ -161,7 +167,7 @@ class Trainer:
     def learn(self, step: int, result: Any, timer: PhaseTimer) -> dict[str, float]:
         """Everything after the rollout: privileged text, samples, scoring, advantages, update."""
         cfg = self.cfg
-        self.engine.begin_step(step_seed(cfg.run.seed, step))  # the analyzer draws as the trainer always did
+        self.engine.begin_step(self._sampling_seed(step))  # the analyzer's draws start afresh from the step's seed
         self.policy.eval()
         trajectories, records = result.trajectories, result.steps
         metrics: dict[str, float] = {f"rollout/{k}": float(v) for k, v in result.stats.as_dict().items()}

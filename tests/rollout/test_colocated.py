@@ -151,6 +151,8 @@ def test_under_torchrun_vllm_runs_in_the_rank_and_gets_the_tensors_themselves(fa
     monkeypatch.setenv("WORLD_SIZE", "2")
     rollout = build_rollout("vllm", policy, folder, dtype="fp32")
     assert rollout.llm.kwargs["distributed_executor_backend"] == "external_launcher"
+    # each rank's engine is one of vLLM's data-parallel replicas: torchrun's world = tp x pp x dp for vLLM
+    assert rollout.llm.kwargs["data_parallel_size"] == 2
     assert rollout.engine.in_process
     seen = []
     load = rollout.llm.worker.seedfast_load_weights
