@@ -11,6 +11,7 @@ decoder whose BPE tokenizer is trained on the same game text (build_tiny).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -43,6 +44,7 @@ __all__ = ["SFTStart", "Sharding", "build_tiny", "evaluate_loss", "initial_model
            "train_sft"]
 
 SFT_DIR, METRICS_NAME, TOKENIZER_DIR = "sft", "sft_metrics.jsonl", "tokenizer"
+FINGERPRINT_NAME = "seedfast_corpus.sha256"  # beside a tokenizer trained here: what it was trained on
 NO_DATA = ("no SFT data: set sft.data to a JSONL of (messages -> answer) pairs, run `seedfast collect` "
            "first, or set sft.behaviour_cloning=true")
 
@@ -186,16 +188,39 @@ def initial_tokenizer(cfg: Config, corpus: Sequence[str]) -> Any:
         if not (tok_dir / "tokenizer_config.json").is_file():
             raise ConfigError(f"no tokenizer in {str(tok_dir)!r}: set model.tokenizer to a tokenizer folder")
         return load_tokenizer(tok_dir)
+    if tok_dir is not None and (tok_dir / "tokenizer_config.json").is_file():
+        return load_tokenizer(tok_dir)  # model.tokenizer: the user's choice, used as it is
     tok_dir = tok_dir or cfg.run_dir / TOKENIZER_DIR
+    tiny = cfg.model.tiny
+    fingerprint = corpus_fingerprint(corpus, tiny.bpe_vocab_size, tiny.bpe_min_frequency)
+    stamp = tok_dir / FINGERPRINT_NAME
     if (tok_dir / "tokenizer_config.json").is_file():
-        return load_tokenizer(tok_dir)
+        # this run's earlier tokenizer, kept only when trained on this very corpus with these settings: a run
+        # folder reused after the games, the prompts or the code changed would otherwise train on a stale one
+        if stamp.is_file() and stamp.read_text().strip() == fingerprint:
+            return load_tokenizer(tok_dir)
+        print(f"sft: {tok_dir} was trained on another corpus or with other settings: training a new tokenizer",
+              file=sys.stderr)
     if not corpus:
         raise ConfigError("a tiny model needs text to train its tokenizer on: set sft.behaviour_cloning=true "
                           "or give sft.data")
-    tiny = cfg.model.tiny
     tokenizer = train_tokenizer(list(corpus), vocab_size=tiny.bpe_vocab_size, min_frequency=tiny.bpe_min_frequency)
-    _write_folder(tok_dir, lambda tmp: save_tokenizer(tokenizer, tmp))
+
+    def write(tmp: Path) -> None:
+        save_tokenizer(tokenizer, tmp)
+        (tmp / FINGERPRINT_NAME).write_text(fingerprint + "\n")
+
+    _write_folder(tok_dir, write)
     return tokenizer
+
+
+def corpus_fingerprint(corpus: Sequence[str], vocab_size: int, min_frequency: int) -> str:
+    """sha256 of the tokenizer's training input: the settings and every text, length-prefixed."""
+    h = hashlib.sha256(f"bpe {vocab_size} {min_frequency}\n".encode())
+    for text in corpus:
+        data = text.encode()
+        h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
 
 
 def initial_model(cfg: Config, tokenizer: Any) -> torch.nn.Module:

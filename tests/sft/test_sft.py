@@ -276,3 +276,28 @@ def test_main_names_what_is_missing(overrides, train_games, tmp_path, override, 
     cfg = load_config(None, [*overrides(train_games, tmp_path), override.format(tmp=tmp_path)])
     with pytest.raises(ConfigError, match=message):
         sft.main(cfg)
+
+
+def test_a_run_folders_tokenizer_is_reused_only_for_the_same_corpus(tmp_path, capsys):
+    """A tokenizer left in <run_dir>/tokenizer by an earlier run is kept only when it was trained on the same
+    text with the same settings; otherwise (other games, prompts or code; a folder from before the fingerprint)
+    a new one is trained, so a reused run folder never trains on a stale vocabulary."""
+    cfg = load_config(None, [f"run.out_dir={tmp_path}", "run.name=t", "model.tiny.bpe_vocab_size=300"])
+    corpus = ["go north, go south, take the red key", "open the wooden door, go east"] * 20
+    first = sft.initial_tokenizer(cfg, corpus)
+    folder = cfg.run_dir / "tokenizer"
+    stamp = folder / sft.FINGERPRINT_NAME
+    written = stamp.stat().st_mtime_ns
+    again = sft.initial_tokenizer(cfg, corpus)
+    assert stamp.stat().st_mtime_ns == written and again.get_vocab() == first.get_vocab()  # reused
+    assert "training a new tokenizer" not in capsys.readouterr().err
+
+    other = ["insert the golden coin into the chest, take the lantern"] * 20
+    changed = sft.initial_tokenizer(cfg, other)
+    assert "another corpus" in capsys.readouterr().err
+    assert changed.get_vocab() != first.get_vocab()
+    assert stamp.read_text().strip() == sft.corpus_fingerprint(other, 300, cfg.model.tiny.bpe_min_frequency)
+
+    stamp.unlink()  # a tokenizer folder written before the fingerprint existed: not trusted
+    sft.initial_tokenizer(cfg, other)
+    assert stamp.is_file() and "another corpus" in capsys.readouterr().err
