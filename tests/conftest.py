@@ -4,6 +4,7 @@ red CI is a regression, never a new random draw; locally they keep exploring."""
 import os
 
 import pytest
+import torch
 from hypothesis import settings
 
 from seedfast.config import load_config
@@ -11,6 +12,18 @@ from seedfast.config import load_config
 settings.register_profile("ci", derandomize=True, deadline=None)
 if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
     settings.load_profile("ci")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread for the test, restored after it. Tiny matmuls gain nothing from threads, and under
+    `pytest -n 2` on 2 cores a second thread per worker only spins against the other worker (measured: 4x the CPU
+    time of the rollout tests); the distributed tests' ranks run one thread each (dist/dist_helpers.py), so a
+    one-process reference with one thread runs the same kernels."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 # A tiny real setup for the SFT, RL and app tests: generated TextWorld games and a from-scratch policy saved as

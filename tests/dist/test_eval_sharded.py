@@ -110,10 +110,4 @@ def test_seedfast_eval_on_two_ranks_writes_what_one_process_writes(overrides, ac
     assert sorted(p.name for p in run.iterdir()) == ["eval_train.json", "sft"]  # no temporary file left
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One thread here, as on each rank (dist_helpers.py): the same kernels, so the same sampled tokens."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py

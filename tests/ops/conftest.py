@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from seedfast.ops import tiles
 
@@ -19,10 +18,5 @@ def tile_config(request, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """These tests run many tiny matmuls; with 2 OpenMP threads per pytest-xdist worker on 2 cores,
-    thread barriers dominate their time. Restored after each test."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _one_thread(one_torch_thread):
+    """tests/conftest.py one_torch_thread, for every test here."""

@@ -11,13 +11,8 @@ from seedfast.rollout.prompts import DEFAULT_INSTRUCTIONS, DEFAULT_SYSTEM, UNPAR
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models gain nothing from intra-op threads, and under `pytest -n 2` on 2 cores extra threads only
-    spin against the other worker (measured: 4x the CPU time of these tests)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread):
+    """tests/conftest.py one_torch_thread, for every test here."""
 
 
 @pytest.fixture(scope="session")

@@ -35,13 +35,7 @@ class SFT:
         self.__dict__.update(kw)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: one intra-op thread is as fast alone and far faster beside other test workers."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
