@@ -31,11 +31,11 @@ SHARDED_COMMANDS = ("train", "sft", "eval")
 
 
 def require_one_process(command: str) -> None:
-    """Training runs in one process on one device: refuse a launch under torchrun with several processes, which
-    would otherwise train N unsynchronized copies."""
+    """A code path without a process group under torchrun with several processes would train N unsynchronized
+    copies: refuse it."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError(f"seedfast {command} runs in one process (one device); run it without torchrun "
-                          "(multi-GPU training is not implemented yet)")
+        raise ConfigError(f"seedfast {command}: this path runs in one process, but WORLD_SIZE="
+                          f"{os.environ['WORLD_SIZE']}; shard it with dist.strategy=fsdp (docs/scaling.md)")
 
 
 def start_processes(cfg: Config, command: str) -> Any:
