@@ -78,50 +78,34 @@ print(json.dumps(out))
 json.dump(out, open(sys.argv[1], 'w'), indent=1)" "$OUT/gemm_reference.json" >> "$OUT/env.txt" 2>&1
 
 status=0
-start=$(date +%s)
-timed 150 "$PY" -c "$BOOT
+# step NAME LOG SECONDS cmd...: run cmd under the budget (timed) into LOG; sets NAME_rc and NAME_s (its seconds)
+step() { local name=$1 log=$2 limit=$3 t0 rc; shift 3; t0=$(date +%s)
+  timed "$limit" "$@" > "$log" 2>&1; rc=$?
+  [ "$rc" -ne 0 ] && status=1
+  printf -v "${name}_rc" %s "$rc"; printf -v "${name}_s" %s "$(( $(date +%s) - t0 ))"; }
+
+step tests "$OUT/pytest_gpu.log" 150 "$PY" -c "$BOOT
 import pytest; sys.exit(pytest.main(sys.argv[1:]))" -m gpu tests -q -rs -p no:cacheprovider \
-  --continue-on-collection-errors --ignore=tests/dist/test_fsdp_one_device.py --junitxml="$OUT/pytest_gpu.xml" \
-  > "$OUT/pytest_gpu.log" 2>&1
-tests_rc=$?
-[ $tests_rc -ne 0 ] && status=1
-tests_s=$(( $(date +%s) - start ))
+  --continue-on-collection-errors --ignore=tests/dist/test_fsdp_one_device.py --junitxml="$OUT/pytest_gpu.xml"
 
 # FSDP2 on one GPU: a 1-rank nccl process group in the test process, one SEED and one GRPO update vs the plain one
-start=$(date +%s)
-timed 45 "$PY" -c "$BOOT
+step fsdp "$OUT/fsdp_1gpu.log" 45 "$PY" -c "$BOOT
 import pytest; sys.exit(pytest.main(sys.argv[1:]))" -m gpu tests/dist/test_fsdp_one_device.py -q -rs \
-  -p no:cacheprovider > "$OUT/fsdp_1gpu.log" 2>&1
-fsdp_rc=$?
-[ $fsdp_rc -ne 0 ] && status=1
-fsdp_s=$(( $(date +%s) - start ))
+  -p no:cacheprovider
 
 # The RL step at the Qwen2.5-1.5B shape, random init, SEED vs GRPO (tokens/s, MFU, peak memory)
-start=$(date +%s)
-timed 100 "$PY" benchmarks/step_gpu.py --shape qwen1.5b --device cuda --dtype bf16 --out "$OUT/step_gpu.json" \
-  > "$OUT/step_gpu.log" 2>&1
-step_rc=$?
-[ $step_rc -ne 0 ] && status=1
-step_s=$(( $(date +%s) - start ))
+step step "$OUT/step_gpu.log" 100 "$PY" benchmarks/step_gpu.py --shape qwen1.5b --device cuda --dtype bf16 \
+  --out "$OUT/step_gpu.json"
 
-start=$(date +%s)
-timed 120 "$PY" -c "$BOOT
-import runpy; sys.argv = ['benchmarks/kernels.py', '--quick']; runpy.run_path('benchmarks/kernels.py', run_name='__main__')" \
-  > "$OUT/kernels.log" 2>&1
-bench_rc=$?
-[ $bench_rc -ne 0 ] && status=1
-bench_s=$(( $(date +%s) - start ))
+step bench "$OUT/kernels.log" 120 "$PY" -c "$BOOT
+import runpy; sys.argv = ['benchmarks/kernels.py', '--quick']; runpy.run_path('benchmarks/kernels.py', run_name='__main__')"
 cp benchmarks/results/kernels.json benchmarks/results/kernels.png "$OUT/" 2>/dev/null
 
 # peers.py runs each recipe in a child process: the finder above reaches them as a sitecustomize on PYTHONPATH
-start=$(date +%s)
 BOOTDIR=$(mktemp -d)
 printf '%s\n' "$BOOT" > "$BOOTDIR/sitecustomize.py"
-PYTHONPATH="$BOOTDIR${PYTHONPATH:+:$PYTHONPATH}" timed 80 "$PY" benchmarks/peers.py --shape qwen1.5b \
-  --device cuda --dtype bf16 --out "$OUT/peers_cuda.json" > "$OUT/peers.log" 2>&1
-peers_rc=$?
-[ $peers_rc -ne 0 ] && status=1
-peers_s=$(( $(date +%s) - start ))
+step peers "$OUT/peers.log" 80 env PYTHONPATH="$BOOTDIR${PYTHONPATH:+:$PYTHONPATH}" "$PY" benchmarks/peers.py \
+  --shape qwen1.5b --device cuda --dtype bf16 --out "$OUT/peers_cuda.json"
 rm -rf "$BOOTDIR"
 
 {
