@@ -146,9 +146,11 @@ class Trainer:
             tasks = tasks[self.dp.rank::self.dp.size]
         self.policy.eval()
         self.engine.begin_step(self._sampling_seed(step))
-        with timer.phase("sync"):  # vLLM: wake and push the weights (a collective per tensor); own: nothing
-            self.sync_metrics = self.engine.before_rollout(buckets(
-                hf_named_tensors(self.policy, dtype=DTYPES[self.rollout_dtype]), cfg.rollout.sync_bucket_mb << 20))
+        # vLLM: wake and push the weights (a collective per tensor); the own engine reads the policy itself
+        weights = () if self.engine.reads_policy else buckets(
+            hf_named_tensors(self.policy, dtype=DTYPES[self.rollout_dtype]), cfg.rollout.sync_bucket_mb << 20)
+        with timer.phase("sync"):
+            self.sync_metrics = self.engine.before_rollout(weights)
         with timer.phase("rollout"), self._generating():
             return run_agent_loop(self.engine, self.tokenizer, tasks, self.envs,
                                   agent_config(cfg, n=cfg.rollout.n, temperature=cfg.rollout.temperature))
