@@ -195,8 +195,9 @@ def seedfast_update(policy, ref, optimizer, samples: list, hp: dict, use_opd: bo
 
     from seedfast.algo import advantage as adv_math
     from seedfast.config import LossConfig
+    from seedfast.runtime.optim import grad_norm_and_clip
     from seedfast.scoring import score_reference
-    from seedfast.train.update import UpdateBatch, grad_norm_and_clip, minibatch_loss_backward
+    from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
     loss_cfg = LossConfig()
     optimizer.zero_grad(set_to_none=True)

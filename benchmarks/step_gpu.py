@@ -93,8 +93,9 @@ def one_step(algo: str, policy, ref, optimizer, prompts: list[list[int]], batch:
     from seedfast.algo import advantage as adv_math
     from seedfast.config import LossConfig
     from seedfast.rollout.own_engine import Sampler
+    from seedfast.runtime.optim import grad_norm_and_clip
     from seedfast.scoring import StepSample, score_reference
-    from seedfast.train.update import UpdateBatch, grad_norm_and_clip, minibatch_loss_backward
+    from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
     n, loss_cfg = batch["trajectories"], LossConfig()
     sampler = Sampler(policy, seed=seed)

@@ -4,7 +4,7 @@ sft/run.py (main), whose policy, device and dtype come from runtime/setup.py.
 One code path for 1 and N processes: under torchrun with dist.strategy=fsdp (docs/scaling.md) this module starts
 the process group and hands sft/run.py the dist/ pieces as a `Sharding` (sft/ does not import dist): the model
 sharded with FSDP2 over the ("dp_shard", "tp") mesh, the data-parallel ranks' scalar reductions, dist's
-balanced split of each step's examples, the sharded gradient clipping, and the gathered state rank 0 writes.
+balanced split of each step's examples, and the gathered state rank 0 writes.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def sft_sharding(cfg: Config, device: torch.device) -> Sharding:
     from seedfast.dist.checkpoint import full_state_dict
     from seedfast.dist.data import DataParallel, assign_groups
     from seedfast.dist.mesh import build_mesh, mesh_shape
-    from seedfast.dist.parallelize import clip_sharded_grads, parallelize_decoder
+    from seedfast.dist.parallelize import parallelize_decoder
 
     shape = mesh_shape(cfg.dist, dist.get_world_size())
     if shape.tp > 1:
@@ -43,7 +43,7 @@ def sft_sharding(cfg: Config, device: torch.device) -> Sharding:
                                    param_dtype=DTYPES[d.param_dtype] if d.param_dtype else None,
                                    reduce_dtype=DTYPES[d.reduce_dtype] if d.reduce_dtype else None)
 
-    return Sharding(dp=DataParallel.from_mesh(mesh), assign=assign_groups, clip=clip_sharded_grads, shard=shard,
+    return Sharding(dp=DataParallel.from_mesh(mesh), assign=assign_groups, shard=shard,
                     full_state=full_state_dict, is_main=dist.get_rank() == 0)
 
 

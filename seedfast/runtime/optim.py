@@ -45,3 +45,17 @@ def decoupled_adamw(model: torch.nn.Module, lr: float, weight_decay: float) -> t
     rest = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
     return adamw([g for g in groups if g["params"]], lr=lr)
+
+
+def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:
+    """The global gradient 2-norm before clipping to `max_norm` (None: no clipping), for SFT and RL alike;
+    sharded (DTensor) gradients through dist/parallelize.py clip_sharded_grads."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    if any(type(p.grad).__name__ == "DTensor" for p in params):
+        from seedfast.dist.parallelize import clip_sharded_grads
+
+        return float(clip_sharded_grads(params, max_norm if max_norm is not None else math.inf))
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else math.inf)
+    return float(norm)

@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
+from seedfast.runtime.optim import grad_norm_and_clip
 from seedfast.sft.examples import SFTExample
-from seedfast.sft.loop import Sharding, clip_grads, step_loss_backward
+from seedfast.sft.loop import Sharding, step_loss_backward
 
 
 def copy_example(rng: random.Random, token_ids: Sequence[int], length: int, gap: int, source: str) -> SFTExample:
@@ -71,7 +72,7 @@ def copy_warmup(model: torch.nn.Module, token_ids: Sequence[int], steps: int, *,
             examples = copy_examples(token_ids, batch_tokens, seed=seed * 1_000_003 + step)
             optimizer.zero_grad(set_to_none=True)
             loss_value = step_loss_backward(model, examples, range(len(examples)), sharding=sharding).loss
-            clip_grads(model, 1.0, sharding)
+            grad_norm_and_clip(model, 1.0)
             optimizer.step()
             if log_fn is not None:
                 log_fn({"event": "copy_warmup", "step": step + 1, "loss": loss_value})

@@ -15,7 +15,6 @@ one at weight 0, so that every rank issues the same collectives.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
@@ -26,7 +25,7 @@ import torch
 
 from seedfast.model.packing import make_cu_seqlens
 from seedfast.ops import linear_logprob
-from seedfast.runtime.optim import decoupled_adamw, lr_at
+from seedfast.runtime.optim import decoupled_adamw, grad_norm_and_clip, lr_at
 from seedfast.sft.examples import EXAMPLE_KINDS, SFTExample
 
 
@@ -37,7 +36,6 @@ class Sharding:
 
     dp: Any  # dist/data.py DataParallel: rank, size, sum(values), max(values) over the data-parallel ranks
     assign: Callable[[Sequence[float], int], list[int]]  # dist/data.py assign_groups: the rank of each example
-    clip: Callable[[list[torch.nn.Parameter], float], torch.Tensor]  # dist/parallelize.py clip_sharded_grads
     shard: Callable[[torch.nn.Module], torch.nn.Module] | None = None  # parallelize_decoder over the mesh
     full_state: Callable[[torch.nn.Module], dict[str, torch.Tensor]] | None = None  # gathered on rank 0
     is_main: bool = True  # global rank 0: the one process that writes
@@ -206,16 +204,6 @@ def step_loss_backward(model: torch.nn.Module, examples: Sequence[SFTExample], i
     return StepResult(values[0], int(values[1]), int(values[2]), _kind_means(values[3:3 + k], values[3 + k:]))
 
 
-def clip_grads(model: torch.nn.Module, max_norm: float | None, sharding: Sharding | None = None) -> float:
-    """The global gradient 2-norm before clipping to `max_norm` (None: no clipping); sharded gradients through
-    `sharding.clip` (dist/parallelize.py clip_sharded_grads)."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    limit = max_norm if max_norm is not None else math.inf
-    if sharding is not None:
-        return float(sharding.clip(params, limit))
-    return float(torch.nn.utils.clip_grad_norm_(params, limit))
-
-
 @torch.no_grad()
 def evaluate_loss(model: torch.nn.Module, examples: Sequence[SFTExample],
                   batch_tokens: int) -> dict[str, float]:
@@ -279,7 +267,7 @@ def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, 
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
             result = step_loss_backward(model, examples, index, prompt_weight, sharding, autocast)
-            norm = clip_grads(model, grad_clip, sharding)
+            norm = grad_norm_and_clip(model, grad_clip)
             optimizer.step()
 
             value = result.loss

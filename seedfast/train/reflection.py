@@ -17,9 +17,10 @@ from seedfast.config import Config
 from seedfast.context.sample import StepSample
 from seedfast.dist.data import DataParallel, balance_samples
 from seedfast.dist.parallelize import unsharded
+from seedfast.runtime.optim import grad_norm_and_clip
 from seedfast.scoring import score
 from seedfast.train.privileged import Reflections
-from seedfast.train.update import UpdateBatch, grad_norm_and_clip, minibatch_loss_backward
+from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
 
 def reflection_update(cfg: Config, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -32,6 +32,7 @@ from seedfast.rollout.agent_loop import Task, run_agent_loop
 from seedfast.rollout.colocated import build_rollout
 from seedfast.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from seedfast.runtime.metrics import MetricsLogger, NullLogger, truncate_metrics
+from seedfast.runtime.optim import grad_norm_and_clip
 from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, mfu, parse_profile_steps
 from seedfast.runtime.setup import (
     DTYPES,
@@ -54,7 +55,6 @@ from seedfast.train.step_plan import plan_step
 from seedfast.train.update import (
     UpdateBatch,
     accumulate_rollout_gap,
-    grad_norm_and_clip,
     minibatch_loss_backward,
     rollout_gap_metrics,
 )

@@ -286,15 +286,3 @@ def teacher_gap_metrics(sums: dict[str, float]) -> dict[str, float]:
         if n:
             out[f"skill/teacher_gap_{name}"] = total / n
     return out
-
-
-def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:
-    params = [p for p in model.parameters() if p.grad is not None]
-    if not params:
-        return 0.0
-    if any(type(p.grad).__name__ == "DTensor" for p in params):
-        from seedfast.dist.parallelize import clip_sharded_grads
-
-        return float(clip_sharded_grads(params, max_norm if max_norm is not None else math.inf))
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else math.inf)
-    return float(norm)

@@ -16,7 +16,8 @@ from seedfast.dist.mesh import MESH_DIMS
 from seedfast.dist.parallelize import parallelize_decoder
 from seedfast.model.decoder import build_decoder
 from seedfast.runtime.optim import adamw
-from seedfast.train.update import UpdateBatch, grad_norm_and_clip, minibatch_loss_backward
+from seedfast.runtime.optim import grad_norm_and_clip
+from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
 LOSS = LossConfig(opd_coef=0.0, entropy_coef=0.01, kl_coef=0.0)
 

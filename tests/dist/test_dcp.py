@@ -22,7 +22,8 @@ from seedfast.model.decoder import build_decoder
 from seedfast.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from seedfast.runtime.optim import adamw
 from seedfast.scoring.packing import pack_single
-from seedfast.train.update import UpdateBatch, grad_norm_and_clip, minibatch_loss_backward
+from seedfast.runtime.optim import grad_norm_and_clip
+from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
 LOSS = LossConfig(opd_coef=0.0, entropy_coef=0.01, kl_coef=0.0)
 

@@ -17,7 +17,8 @@ from seedfast.dist.data import DataParallel, split_whole_groups
 from seedfast.dist.parallelize import apply_fsdp, fsdp_modules, unsharded
 from seedfast.model.decoder import build_decoder
 from seedfast.runtime.optim import adamw
-from seedfast.train.update import UpdateBatch, grad_norm_and_clip, minibatch_loss_backward
+from seedfast.runtime.optim import grad_norm_and_clip
+from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
 CASES = {
     # GRPO, on-policy (ℓold from the update's own forward)
