@@ -9,6 +9,8 @@ from contextlib import contextmanager
 
 import torch
 
+from seedfast.config import TrainerConfig
+
 
 def _cuda() -> bool:
     return torch.cuda.is_available()
@@ -39,33 +41,27 @@ class PhaseTimer:
         return {f"{prefix}{k}": v for k, v in self.seconds.items()}
 
 
-def parse_profile_steps(spec: str | None) -> tuple[int, int] | None:
-    """'5:7' -> (5, 7): profile steps 5 and 6 (start inclusive, stop exclusive)."""
-    if not spec:
-        return None
-    try:
-        a, b = (int(x) for x in spec.split(":"))
-    except ValueError as e:
-        raise ValueError(f"--profile-steps must look like A:B with integers A < B, got {spec!r}") from e
-    if not 0 <= a < b:
-        raise ValueError(f"--profile-steps must look like A:B with 0 <= A < B, got {spec!r}")
-    return a, b
+def parse_profile_steps(spec: str | None) -> range | None:
+    """'5:7' -> range(5, 8): steps 5, 6 and 7, both ends included, as `--profile-steps A:B` documents. The
+    config's own parser (TrainerConfig.profile_range), so what validates at load time is what runs."""
+    return TrainerConfig(profile_steps=spec or None).profile_range()
 
 
 class ProfileWindow:
-    """Brackets steps [A, B) with cudaProfilerStart/Stop; does nothing without CUDA."""
+    """Brackets the steps of `window` (A through B) with cudaProfilerStart/Stop; does nothing without CUDA.
+    A run resumed inside the window starts the capture at its first step."""
 
-    def __init__(self, window: tuple[int, int] | None):
+    def __init__(self, window: range | None):
         self.window = window
         self.active = False
 
     def before_step(self, step: int) -> None:
-        if self.window and _cuda() and step == self.window[0] and not self.active:
+        if self.window is not None and step in self.window and not self.active and _cuda():
             torch.cuda.cudart().cudaProfilerStart()
             self.active = True
 
     def after_step(self, step: int) -> None:
-        if self.active and step + 1 >= self.window[1]:
+        if self.active and self.window is not None and step >= self.window[-1]:
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStop()
             self.active = False
