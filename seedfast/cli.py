@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,18 +128,6 @@ def _resolve(name: str, args: argparse.Namespace) -> tuple[Config, dict[str, Any
     return cfg, flags
 
 
-def _implementation(command: Command) -> Callable[..., Any] | None:
-    """The command's main function, or None when its module is not written yet."""
-    try:
-        module = importlib.import_module(command.module)
-    except ModuleNotFoundError as e:
-        missing = e.name or ""
-        if command.module == missing or command.module.startswith(missing + "."):
-            return None
-        raise  # the module exists but one of its own imports is missing: show that error as it is
-    return getattr(module, command.attr, None)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     top = _top_parser()
@@ -159,11 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(cfg.to_yaml(), end="")
             return 0
         command = COMMANDS[name]
-        run = _implementation(command)
-        if run is None:
-            print(f"seedfast {name}: not available yet ({command.module}:{command.attr} is not written)",
-                  file=sys.stderr)
-            return 1
+        run = getattr(importlib.import_module(command.module), command.attr)
         return int(run(cfg, **flags) or 0)
     except ConfigError as e:
         print(f"seedfast {name}: config error: {e}", file=sys.stderr)
