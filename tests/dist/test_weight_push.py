@@ -8,7 +8,6 @@ import gc
 import sys
 import weakref
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -69,14 +68,13 @@ def _tp_worker(rank, world):
 
 def _colocated_worker(rank, world, folder):
     """The RL loop's sync on every rank: its own (fake) vLLM engine, fed by the rank's gathers of the sharded policy."""
-    from test_colocated import FakeEngineArgs, FakeLLM, FakeSamplingParams, prompts, update
+    from fake_vllm import fake_module, prompts, update
 
     from seedfast.rollout import vllm_engine
     from seedfast.rollout.colocated import build_rollout
     from seedfast.rollout.own_engine import Sampler
 
-    vllm_engine._require_vllm = lambda: SimpleNamespace(LLM=FakeLLM, SamplingParams=FakeSamplingParams,
-                                                        EngineArgs=FakeEngineArgs)
+    vllm_engine._require_vllm = fake_module
     policy = load_hf(folder, dtype=torch.float32, attn_backend="sdpa")
     reference = load_hf(folder, dtype=torch.float32, attn_backend="sdpa")
     apply_fsdp(policy, init_device_mesh("cpu", (world,)))

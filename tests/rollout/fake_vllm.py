@@ -1,7 +1,7 @@
 """A stand-in for the `vllm` module on the CPU (tests/rollout/test_colocated.py, tests/train/test_vllm_in_loop.py):
 its LLM loads the HF folder into its own model copy, runs the real worker extension (WeightSyncExtension) for the
 weight push, generates with the own Sampler over its copy, and records sleep / wake_up / collective_rpc /
-reset_prefix_cache."""
+reset_prefix_cache. Also the prompts and the update those tests (and tests/dist/test_weight_push.py) share."""
 
 from __future__ import annotations
 
@@ -100,8 +100,27 @@ class FakeLLM:
             logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(g.token_ids, g.logprobs)])]) for g in gens]
 
 
+def fake_module() -> SimpleNamespace:
+    """What `import vllm` gives vllm_engine, faked."""
+    return SimpleNamespace(LLM=FakeLLM, SamplingParams=FakeSamplingParams, EngineArgs=FakeEngineArgs)
+
+
 def install_fake_vllm(monkeypatch) -> SimpleNamespace:
     """vllm_engine builds its engines from the fake module for the rest of the test."""
-    module = SimpleNamespace(LLM=FakeLLM, SamplingParams=FakeSamplingParams, EngineArgs=FakeEngineArgs)
+    module = fake_module()
     monkeypatch.setattr(vllm_engine, "_require_vllm", lambda: module)
     return module
+
+
+def prompts(vocab: int = 97) -> list[list[int]]:
+    """Three fixed prompts of 5, 9 and 3 tokens below `vocab`."""
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (5, 9, 3)]
+
+
+def update(policy: torch.nn.Module, seed: int) -> None:
+    """An update that changes what greedy decoding picks."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.5)

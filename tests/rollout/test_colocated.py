@@ -18,9 +18,9 @@ from seedfast.rollout.colocated import OwnRollout, VLLMRollout, build_rollout, r
 from seedfast.rollout.own_engine import Sampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fake_vllm import install_fake_vllm  # noqa: E402
+from fake_vllm import install_fake_vllm, prompts, update  # noqa: E402
 
-VOCAB = 97
+VOCAB = 97  # fake_vllm.prompts' default vocabulary
 
 
 def tiny_config(**overrides) -> DecoderConfig:
@@ -41,19 +41,6 @@ def policy_and_folder(tmp_path):
     policy = build_decoder(tiny_config(), dtype=torch.float32, attn_backend="sdpa", seed=0)
     folder = save_hf(policy, tmp_path / "hf")
     return policy, folder
-
-
-def prompts():
-    gen = torch.Generator().manual_seed(0)
-    return [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in (5, 9, 3)]
-
-
-def update(policy, seed):
-    """An update that changes what greedy decoding picks."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in policy.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.5)
 
 
 def push(policy, bucket_bytes=4096):
