@@ -57,9 +57,10 @@ def group_index(group_ids: GroupIds, num_samples: int, device: torch.device | st
 
 
 def group_normalize(values: torch.Tensor, group_ids: GroupIds, valid: torch.Tensor | None = None,
-                    norm: str = "mean_std", eps: float = 1e-6) -> torch.Tensor:
+                    norm: str = "mean_std", eps: float = 1e-6, unbiased: bool = True) -> torch.Tensor:
     """Normalize `values [S]` within groups over the `valid` entries; 0 for invalid entries, for groups
-    with fewer than 2 valid entries and for groups whose valid entries are all equal. No NaN."""
+    with fewer than 2 valid entries and for groups whose valid entries are all equal. No NaN.
+    `unbiased`: the std divides by n − 1 (GRPO), else by n (the population std, `np.std`)."""
     func = "group_normalize"
     check_tensor(func, "values", values, floating=False)
     if values.dim() != 1:
@@ -80,7 +81,7 @@ def group_normalize(values: torch.Tensor, group_ids: GroupIds, valid: torch.Tens
     count = group_sum(w)
     mean = group_sum(v) / count.clamp_min(1)
     centered = torch.where(valid, v - mean[codes], 0.0)
-    std = (group_sum(centered.square()) / (count - 1).clamp_min(1)).sqrt()
+    std = (group_sum(centered.square()) / (count - int(unbiased)).clamp_min(1)).sqrt()
     # All-equal groups are detected exactly (max == min): their float mean need not equal the values.
     vmax = torch.full((num_groups,), -torch.inf, dtype=torch.float64, device=v.device)
     vmin = torch.full((num_groups,), torch.inf, dtype=torch.float64, device=v.device)

@@ -103,12 +103,13 @@ def modulate(advantages: torch.Tensor, delta: torch.Tensor, group_ids: GroupIds,
 
 
 def reflection_advantages(scores: torch.Tensor, group_ids: GroupIds, eps: float = 1e-6) -> torch.Tensor:
-    """Judge scores `[S]` normalized within group, (s − mean)/(std + ε) with unbiased std, over the
-    valid scores (NaN = invalid). 0 for invalid scores, groups with < 2 valid scores, zero variance."""
+    """Judge scores `[S]` normalized within group, (s − mean)/(std + ε) over the valid scores (NaN = unscored),
+    std the population std (÷ n, `np.std`) as in the GRSD reference code. 0 for unscored entries, groups with
+    < 2 valid scores, zero variance."""
     func = "grsd.reflection_advantages"
     _check_1d(func, "scores", scores)
     bad = torch.isinf(scores).nonzero()
     if bad.numel():
         i = int(bad[0])
         raise ValueError(f"{func}: scores[{i}] = {scores[i].item()} is infinite (use NaN for an invalid score)")
-    return group_normalize(scores, group_ids, ~torch.isnan(scores), "mean_std", eps)
+    return group_normalize(scores, group_ids, ~torch.isnan(scores), "mean_std", eps, unbiased=False)

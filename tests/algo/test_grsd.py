@@ -99,8 +99,13 @@ def test_reflection_advantages_by_hand():
     scores = _t(3.0, 1.0, nan, 2.0, 2.0, nan, 1.0, 1.0, 0.0)
     groups = ["a", "a", "a", "a", "b", "b", "c", "c", "d"]
     out = grsd.reflection_advantages(scores, groups, eps=0.0)
-    # group a: valid 3, 1, 2 -> mean 2, unbiased std 1; b: one valid score; c: zero variance; d: alone
-    torch.testing.assert_close(out, _t(1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+    # group a: valid 3, 1, 2 -> mean 2, population std sqrt((1 + 1 + 0) / 3) = sqrt(2/3) (the reference's
+    # np.std), so ±1 / sqrt(2/3) = ±sqrt(3/2); b: one valid score; c: zero variance; d: alone
+    r = 1.5 ** 0.5
+    torch.testing.assert_close(out, _t(r, -r, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+    # group of 4 scores 0, 0, 3, 3: mean 1.5, population std 1.5 -> exactly ±1 (unbiased would give ±0.866)
+    torch.testing.assert_close(grsd.reflection_advantages(_t(0.0, 0.0, 3.0, 3.0), [0] * 4, eps=0.0),
+                               _t(-1.0, -1.0, 1.0, 1.0))
 
 
 def test_grsd_rejects_bad_inputs():
