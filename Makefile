@@ -10,7 +10,7 @@ LOCK_NO_TORCH := $(VENV)/lock-no-torch.txt
 # wheel on disk (pip's find-links) or else the PyTorch CPU index, never as a multi-GB CUDA build.
 TORCH_CPU := $(shell sed -n 's/^\(torch==[^ ;\#]*\).*/\1/p' $(LOCK))
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
-EXTRAS := .[dev,envs,report]
+EXTRAS := .[dev,envs,report,real]
 
 .PHONY: install test lint demo clean lock
 

@@ -41,12 +41,17 @@ COMMANDS: dict[str, Command] = {
     "demo": Command("seedfast.app.demo", "main",
                     "CPU demo: games, tokenizer, tiny model SFT, SEED and GRPO, eval, report"),
 }
+# Commands that read no run config: their own arguments only; an implementation is `main(**args) -> int | None`.
+TOOLS: dict[str, Command] = {
+    "models": Command("seedfast.app.models", "main",
+                      "fetch a pretrained model into the local cache as an HF folder: models fetch smollm2-135m"),
+}
 SHOW_CONFIG = "config"
 ENV_KINDS = ("textworld", "alfworld")
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    commands = "\n".join(f"  {name:<9}{c.help}" for name, c in COMMANDS.items())
+    commands = "\n".join(f"  {name:<9}{c.help}" for name, c in {**COMMANDS, **TOOLS}.items())
     p = argparse.ArgumentParser(
         prog="seedfast",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -55,7 +60,7 @@ def _top_parser() -> argparse.ArgumentParser:
                "`seedfast <command> --help` lists every config option with its default.",
     )
     p.add_argument("--version", action="version", version=f"seedfast {__version__}")
-    p.add_argument("command", choices=[*COMMANDS, SHOW_CONFIG], metavar="command")
+    p.add_argument("command", choices=[*COMMANDS, *TOOLS, SHOW_CONFIG], metavar="command")
     p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
 
@@ -91,6 +96,25 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
     if name == "eval":
         p.add_argument("--split", choices=("train", "eval"), default="eval", help="games to evaluate on")
     return p
+
+
+def _models_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="seedfast models", description=TOOLS["models"].help,
+                                usage="seedfast models fetch NAME [--dir DIR] [--force] | seedfast models list")
+    p.add_argument("action", choices=("fetch", "list"))
+    p.add_argument("name", nargs="?", help="the model to fetch (`seedfast models list` names them)")
+    p.add_argument("--dir", dest="cache_dir", metavar="DIR", help="the cache folder; default .cache/models")
+    p.add_argument("--force", action="store_true", help="download and convert again even when cached")
+    return p
+
+
+def _run_models(argv: Sequence[str]) -> int:
+    args = _models_parser().parse_args(argv)
+    if args.action == "fetch" and not args.name:
+        print("seedfast models fetch: which model? (`seedfast models list` names them)", file=sys.stderr)
+        return 2
+    tool = TOOLS["models"]
+    return int(getattr(importlib.import_module(tool.module), tool.attr)(**vars(args)) or 0)
 
 
 def _split_items(name: str, items: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -136,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     ns = top.parse_args(argv)
     name = ns.command
+    if name == "models":
+        return _run_models(ns.rest)
     args = _command_parser(name).parse_intermixed_args(ns.rest)
     try:
         with warnings.catch_warnings(record=True) as caught:
