@@ -25,6 +25,7 @@ from seedfast.skills.analyzers import make_analyzer
 from seedfast.skills.chat_client import ChatClient
 from seedfast.skills.library import SkillLibrary
 from seedfast.skills.policy_text import chat_prompt_ids, generate_texts
+from seedfast.skills.result import teacher_texts
 
 
 @dataclass
@@ -34,8 +35,8 @@ class Reflections:
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]
     texts: list[str]
-    valid: list[bool]
-    scores: list[float]  # NaN where invalid or unscored
+    valid: list[bool]  # the reflection parses as numbered key points (guidance reads only those)
+    scores: list[float]  # the judge's; 0 for an empty reflection; NaN where the judge gave no score
 
 
 @dataclass
@@ -71,9 +72,7 @@ def _seed_skills(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, t
     episode: list[str | None] = [None] * len(trajectories)
     step: list[dict[int, str]] = [{} for _ in trajectories]
     for i, r in enumerate(results):
-        if r.valid:
-            episode[i] = r.skill if cfg.skill.skill_mode != "step_only" else None
-            step[i] = dict(r.step_skills) if cfg.skill.skill_mode != "episode_only" else {}
+        episode[i], step[i] = teacher_texts(r, cfg.skill.skill_mode)  # what SFT's bc_skill copies read too
     n = max(len(trajectories), 1)
     metrics = {"skill/parse_rate": sum(e is not None or bool(s) for e, s in zip(episode, step)) / n}
     for reason, count in reasons.items():
@@ -105,11 +104,7 @@ def _grsd_guidance(cfg: Config, trajectories: Sequence[Trajectory], engine: Any,
     texts = tokenizer.batch_decode([g.token_ids for g in gens], skip_special_tokens=True)
     parsed = [grsd_text.parse_reflection(t) for t in texts]
     valid = [p.valid for p in parsed]
-    try:
-        raw_scores = judge.score(list(trajectories), [p.text if p.valid else "" for p in parsed])
-    except Exception:  # a failing judge gives no reflection signal this step; counted below
-        raw_scores = [None] * len(trajectories)
-    scores = [float(s) if (s is not None and v) else float("nan") for s, v in zip(raw_scores, valid)]
+    scores = judge_reflections(judge, trajectories, texts)
     reflections = Reflections(prompts, [list(g.token_ids) for g in gens], texts, valid, scores)
     # stage B: guidance for groups with a success and a failure (greedy policy snapshot)
     groups: dict[int, list[int]] = {}
@@ -138,12 +133,29 @@ def _grsd_guidance(cfg: Config, trajectories: Sequence[Trajectory], engine: Any,
     n = max(len(trajectories), 1)
     metrics = {
         "grsd/reflection_valid_rate": sum(valid) / n,
+        "grsd/reflection_empty_rate": sum(not t.strip() for t in texts) / n,
         "grsd/judged_rate": sum(s == s for s in scores) / n,
         "grsd/contrast_groups": float(len(contrast)),
         "grsd/guidance_valid": float(n_valid),
         "skill/parse_rate": n_valid / max(len(contrast), 1),
     }
     return Privileged(episode, [{} for _ in trajectories], metrics, reflections)
+
+
+def judge_reflections(judge: Any, trajectories: Sequence[Trajectory], texts: Sequence[str]) -> list[float]:
+    """One score per reflection, as the GRSD reference does (docs/algorithms.md, 'GRSD'): the judge grades every
+    non-empty reflection as written, whatever its form; an empty one scores 0 without asking, and stays in its
+    group's normalization. NaN only where the judge gave no score (a failed request: no signal, not a 0)."""
+    written = [t.strip() for t in texts]
+    asked = [i for i, w in enumerate(written) if w]
+    try:
+        judged = judge.score([trajectories[i] for i in asked], [written[i] for i in asked]) if asked else []
+    except Exception:  # a failing judge gives no reflection signal this step; counted in grsd/judged_rate
+        judged = [None] * len(asked)
+    scores = [0.0] * len(texts)
+    for i, score in zip(asked, judged):
+        scores[i] = float("nan") if score is None else float(score)
+    return scores
 
 
 def _stop_ids(tokenizer: Any) -> list[int]:

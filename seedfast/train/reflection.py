@@ -30,8 +30,10 @@ def reflection_update(cfg: Config, policy: torch.nn.Module, optimizer: torch.opt
     n_kept = len(keep) if dp is None else int(dp.sum([len(keep)])[0])
     if not n_kept:
         return {}
-    scores = torch.tensor([reflections.scores[i] for i in keep], dtype=torch.float32)
-    adv = grsd_math.reflection_advantages(scores, [group_of[i] for i in keep])
+    # every reflection counts in its group's normalization, one with no token too (scored 0: docs/algorithms.md,
+    # 'GRSD'); only those with tokens take the loss
+    scores = torch.tensor(reflections.scores, dtype=torch.float32)
+    adv = grsd_math.reflection_advantages(scores, list(group_of))[torch.tensor(keep, dtype=torch.long)]
     signal = bool((adv != 0).any()) if dp is None else dp.max([float((adv != 0).any())])[0] > 0
     if not signal:
         return {"grsd/reflection_loss": 0.0}

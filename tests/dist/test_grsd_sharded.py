@@ -32,8 +32,8 @@ def _reflections(n_groups: int, per_group: int, vocab: int) -> tuple[Reflections
                for _ in range(n)]
     responses = [torch.randint(0, vocab, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
                  for _ in range(n)]
-    responses[1] = []  # an invalid reflection (nothing generated): left out of the loss
     scores = [float((i * 5) % 4) for i in range(n)]
+    responses[1], scores[1] = [], 0.0  # nothing generated: scored 0, in its group's normalization, not in the loss
     scores[2] = math.nan  # unscored: advantage 0, its tokens still counted
     return (Reflections(prompts, responses, [""] * n, [bool(r) for r in responses], scores),
             [i // per_group for i in range(n)])
