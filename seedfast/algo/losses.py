@@ -25,7 +25,7 @@ from .aggregation import AGG_MODES, Count, aggregate, aggregation_weights
 
 __all__ = [
     "AGG_MODES", "GATES", "KL_KINDS", "PolicyTerms",
-    "aggregate", "aggregation_weights", "gate", "kl_penalty", "opd_loss", "policy_loss", "policy_terms",
+    "aggregate", "aggregation_weights", "gate", "kl_penalty", "opd_loss", "policy_loss", "policy_terms", "soft_or",
     "total_loss",
 ]
 
@@ -195,7 +195,8 @@ def gate(logprob: torch.Tensor, teacher_logprob: torch.Tensor, beta: float = 5.0
          entropy: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token OPD gate g_t in (0, 1), detached (no gradient reaches any input).
 
-    Δ = sg[ℓskill − ℓθ];  gap: σ(β·Δ);  entropy: σ(β·sg[H]);  soft_or: σ(β·[1 − (1 − sg[H])(1 − Δ)]).
+    Δ = sg[ℓskill − ℓθ];  gap: σ(β·Δ);  entropy: σ(β·sg[H]);  soft_or: σ(β·[1 − (1 − Ĥ)(1 − Δ̂)]) with both
+    inputs in [0, 1): Ĥ = 1 − e^(−sg[H]), Δ̂ = 1 − e^(−max(Δ, 0)) (docs/algorithms.md, 'OPD gate').
     """
     func = "gate"
     check_option(func, "kind", kind, GATES)
@@ -219,7 +220,14 @@ def _gate_values(logprob: torch.Tensor, teacher_logprob: torch.Tensor, beta: flo
             return torch.sigmoid(beta * delta)
         if kind == "entropy":
             return torch.sigmoid(beta * entropy)
-        return torch.sigmoid(beta * (1.0 - (1.0 - entropy) * (1.0 - delta)))
+        return torch.sigmoid(beta * soft_or(entropy, delta))
+
+
+def soft_or(entropy: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """1 − (1 − Ĥ)(1 − Δ̂), Ĥ = 1 − e^(−H), Δ̂ = 1 − e^(−max(Δ, 0)): a probabilistic OR of two numbers in [0, 1),
+    so it never decreases when either input grows; the product is e^(−(H + max(Δ, 0))). Raw nats are not in
+    [0, 1] and made the plain product non-monotone (docs/algorithms.md, 'OPD gate')."""
+    return 1.0 - torch.exp(-(entropy.clamp_min(0.0) + delta.clamp_min(0.0)))
 
 
 def opd_loss(logprob: torch.Tensor, teacher_logprob: torch.Tensor, mask: torch.Tensor, beta: float = 5.0,

@@ -5,7 +5,8 @@ Per token t (all inputs [N] fp32; w_t are the aggregation weights, 0 for padding
     ρ      = exp(clamp(ℓθ - ℓold, ±20))     (as seedfast.algo.losses: no inf, no 0·inf in the gradient)
     pg     = max(-A·ρ, -A·clip(ρ, 1-ε_low, 1+ε_high));  for A < 0: min(pg, -A·c)     (dual clip)
     kl     = k1: ℓθ-ℓref | k2: ½(ℓθ-ℓref)² | low_var_kl: clamp(exp(r) - r - 1, -10, 10), r = ℓref-ℓθ
-    g      = σ(β·x), x = gap: ℓskill-ℓθ | entropy: H | soft_or: 1-(1-H)(1-(ℓskill-ℓθ))  (x is stop-grad)
+    g      = σ(β·x), x = gap: Δ | entropy: H | soft_or: 1-exp(-(max(H,0) + max(Δ,0)))   (Δ = ℓskill-ℓθ; x stop-grad)
+             (soft_or = 1-(1-Ĥ)(1-Δ̂), Ĥ = 1-e^-H, Δ̂ = 1-e^-max(Δ,0): seedfast.algo.losses.soft_or)
     opd    = m·g·(ℓskill - ℓθ)                                                         (m: teacher mask)
     L_t    = w·(pg + c_kl·kl - c_H·H) + λ_opd·w·opd
 and a_t = ∂L/∂ℓθ_t, b_t = ∂L/∂H_t = -c_H·w_t (the gate takes no gradient).
@@ -107,7 +108,7 @@ def token_loss_kernel(
             elif GATE == 1:
                 x = ent
             else:
-                x = 1.0 - (1.0 - ent) * (1.0 - gap)
+                x = 1.0 - tl.exp(-(tl.maximum(ent, 0.0) + tl.maximum(gap, 0.0)))
             gate = tl.sigmoid(opd_beta * x)
             m = tl.full([BLOCK], 1.0, tl.float32)
             if HAS_TMASK:

@@ -24,9 +24,33 @@ def test_entropy_and_soft_or_gates_by_hand():
     logprob, teacher, entropy = _t(-1.0, -2.0), _t(-0.5, -3.0), _t(0.3, 0.2)  # Δ = 0.5, -1.0
     g_entropy = losses.gate(logprob, teacher, beta=5.0, kind="entropy", entropy=entropy)
     torch.testing.assert_close(g_entropy, _t(_sigmoid(1.5), _sigmoid(1.0)))
-    # soft_or: σ(β·[1 − (1 − H)(1 − Δ)]):  1 − 0.7·0.5 = 0.65;  1 − 0.8·2 = −0.6
+    # soft_or: σ(β·[1 − (1 − Ĥ)(1 − Δ̂)]), Ĥ = 1 − e^−H, Δ̂ = 1 − e^−max(Δ, 0):
+    #   token 0: 1 − e^−0.3 · e^−0.5 = 1 − e^−0.8 = 0.550671;  token 1 (Δ < 0, Δ̂ = 0): 1 − e^−0.2 = 0.181269
     g_soft_or = losses.gate(logprob, teacher, beta=2.0, kind="soft_or", entropy=entropy)
-    torch.testing.assert_close(g_soft_or, _t(_sigmoid(1.3), _sigmoid(-1.2)))
+    torch.testing.assert_close(g_soft_or, _t(_sigmoid(2 * 0.5506710358827784), _sigmoid(2 * 0.18126924692201818)))
+
+
+# H = 2 nats, Δ = 0, 0.5, 1, 2, β = 5: σ(5·(1 − e^−2 · e^−Δ)), by hand. The raw product σ(5·[1 − (1 − H)(1 − Δ)])
+# fell from 1.00 to σ(0) = 0.50 over the same Δ: not an OR for inputs outside [0, 1].
+SOFT_OR_H2 = ((0.0, 0.9869176626015187), (0.5, 0.9899449566414819), (1.0, 0.9914315636104873),
+              (2.0, 0.9926699930069641))
+
+
+def test_soft_or_gate_with_entropy_in_nats_never_falls_as_the_gap_grows():
+    delta = _t(*(d for d, _ in SOFT_OR_H2))
+    g = losses.gate(torch.zeros_like(delta), delta, beta=5.0, kind="soft_or", entropy=torch.full_like(delta, 2.0))
+    torch.testing.assert_close(g, _t(*(v for _, v in SOFT_OR_H2)), rtol=0, atol=1e-12)
+    assert bool((g.diff() > 0).all())
+
+
+def test_soft_or_gate_is_monotone_in_each_input_and_between_the_inputs_own_gates():
+    h = torch.linspace(0.0, 8.0, 17, dtype=torch.float64)[:, None].expand(17, 23)
+    delta = torch.linspace(-4.0, 7.0, 23, dtype=torch.float64)[None, :].expand(17, 23)
+    g = losses.gate(torch.zeros_like(delta), delta, beta=5.0, kind="soft_or", entropy=h)
+    assert bool((g.diff(dim=0) >= 0).all()) and bool((g.diff(dim=1) >= 0).all())
+    # Δ ≤ 0 adds nothing to the OR (Δ̂ = 0); both inputs 0 gives σ(0); the OR stays below σ(β)
+    torch.testing.assert_close(g[:, delta[0] <= 0], g[:, delta[0] <= 0][:, :1].expand_as(g[:, delta[0] <= 0]))
+    assert g[0, 0].item() == 0.5 and bool((g < _sigmoid(5.0)).all())
 
 
 @pytest.mark.parametrize("gate", ["gap", "entropy", "soft_or"])

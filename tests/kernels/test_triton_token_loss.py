@@ -75,7 +75,8 @@ def reference(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teach
         m = on if teacher_mask is None else on & teacher_mask.bool()
         delta = (teacher - lp).detach()
         x = {"gap": lambda: delta, "entropy": lambda: ent.detach(),
-             "soft_or": lambda: 1 - (1 - ent.detach()) * (1 - delta)}[gate]()
+             "soft_or": lambda: 1 - (1 - (1 - torch.exp(-ent.detach().clamp_min(0))))
+                                    * (1 - (1 - torch.exp(-delta.clamp_min(0))))}[gate]()
         g = torch.sigmoid(opd_beta * x)
         opd = torch.where(m, g * (teacher - lp), 0.0)
         loss = loss + opd_coef * (w * opd).sum()
@@ -142,6 +143,18 @@ def test_hand_computed_cases():
     assert abs(float(loss) - (g * 1.5 + 3.0 - 1.2 - 1.1 + 10.0)) < 1e-5
     assert float(sums["clip_frac"]) == 1.0 and float(sums["kl"]) == pytest.approx(10.0)
     assert float(sums["ratio_max"]) == pytest.approx(math.exp(2), rel=1e-6) and b is None
+
+
+def test_soft_or_gate_with_entropy_in_nats_by_hand():
+    # H = 2 nats, Δ = 0, 0.5, 1, 2, β = 5: g = σ(5·(1 − e^−2 · e^−Δ)) (tests/algo/test_opd_loss.py); on-policy,
+    # A = 0 and only the OPD term: a = −g per token of weight 1
+    want = torch.tensor([0.9869176626015187, 0.9899449566414819, 0.9914315636104873, 0.9926699930069641])
+    lp = torch.full((4,), -3.0)
+    _, a, _, sums = tb.token_loss(lp, torch.full((4,), 2.0), None, None, lp + torch.tensor([0.0, 0.5, 1.0, 2.0]),
+                                  None, torch.zeros(4), torch.ones(4), dual_clip=None, opd_coef=1.0, opd_beta=5.0,
+                                  gate="soft_or")
+    assert_close(-a, want, 1e-6, "gate")
+    assert_close(sums["gate"], want.sum(), 1e-6, "gate sum")
 
 
 @pytest.mark.parametrize("n_programs", [1, 2, 7])

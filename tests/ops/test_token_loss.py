@@ -87,3 +87,17 @@ def test_metric_sums_merge_like_one_pass():
     assert merged.keys() == whole.keys()
     for key in whole:
         torch.testing.assert_close(merged[key], whole[key])
+
+
+def test_soft_or_gate_with_entropy_in_nats_by_hand():
+    # H = 2 nats, Δ = 0, 0.5, 1, 2, β = 5: g = σ(5·(1 − e^−2 · e^−Δ)) (tests/algo/test_opd_loss.py). On-policy
+    # with A = 0 and only the OPD term, a = ∂L/∂ℓθ = −g per token of weight 1 (the gate takes no gradient).
+    want = torch.tensor([0.9869176626015187, 0.9899449566414819, 0.9914315636104873, 0.9926699930069641])
+    lp = torch.full((4,), -3.0)
+    _, a, _, sums = token_loss(lp, torch.full((4,), 2.0), None, None, lp + torch.tensor([0.0, 0.5, 1.0, 2.0]),
+                               None, torch.zeros(4), torch.ones(4), clip_low=0.2, clip_high=0.2, dual_clip=None,
+                               kl_coef=0.0, kl_kind="k1", entropy_coef=0.0, opd_coef=1.0, opd_beta=5.0,
+                               gate="soft_or")
+    torch.testing.assert_close(-a, want)
+    torch.testing.assert_close(sums["gate"], want.sum())
+
