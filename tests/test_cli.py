@@ -187,10 +187,15 @@ def test_envs_make_alfworld_checks_the_data_and_generates_nothing(tmp_path, caps
     rc, _, err = run_cli(capsys, "envs", "make", "alfworld", "env.game_type=all", f"env.games_dir={tmp_path}")
     assert rc == 2 and "env.games_dir: ALFWorld data not found" in err
     for split, n in (("train", 3), ("valid_unseen", 2)):
-        for i in range(n):
-            game = tmp_path / "json_2.1.1" / split / f"pick_and_place_simple-Apple-None-Fridge-{i}" / "trial_1"
+        for task in [f"pick_and_place_simple-Apple-None-Fridge-{i}" for i in range(n)] + ["look_at_obj_in_light-X-1"]:
+            game = tmp_path / "json_2.1.1" / split / task / "trial_1"
             game.mkdir(parents=True)
             (game / "game.tw-pddl").write_text("{}")
-    rc, out, _ = run_cli(capsys, "envs", "make", "alfworld", "env.game_type=all", f"env.games_dir={tmp_path}",
-                         "env.n_train=null", "env.n_eval=null")
-    assert rc == 0 and "3 train, 2 eval" in out and not list(tmp_path.glob("*.z8"))
+    for game_type, counts in (("all", "4 train, 3 eval"), ("pick_and_place_simple", "3 train, 2 eval"),
+                              ("look_at_obj_in_light", "1 train, 1 eval")):
+        rc, out, _ = run_cli(capsys, "envs", "make", "alfworld", f"env.game_type={game_type}",
+                             f"env.games_dir={tmp_path}", "env.n_train=null", "env.n_eval=null")
+        assert rc == 0 and counts in out and not list(tmp_path.glob("*.z8")), game_type
+    rc, _, err = run_cli(capsys, "envs", "make", "alfworld", "env.game_type=pick_two_obj_and_place",
+                         f"env.games_dir={tmp_path}")
+    assert rc == 2 and "env.games_dir: no pick_two_obj_and_place games under" in err

@@ -176,6 +176,8 @@ def test_out_of_range_values_are_named(override, message):
     (["model.tiny.hidden=130"], "model.tiny.hidden=130 must be a multiple of model.tiny.heads=4"),
     (["rollout.engine=vllm"], "rollout.engine=vllm needs an HF model folder in model.path"),
     (["env.game_type=pick_two_obj"], "env.game_type: 'pick_two_obj' is not a textworld game type"),
+    (["env.kind=alfworld", "env.game_type=pick_two_obj"], "env.game_type: 'pick_two_obj' is not a alfworld game "
+                                                          "type; choose one of: all, pick_and_place_simple,"),
     (["env.levels=[0, 1]"], "env.levels: expected levels >= 1"),
     (["trainer.profile_steps=7:5"], "trainer.profile_steps: expected A:B"),
     (["trainer.micro_batch_tokens=1024"], "trainer.micro_batch_tokens=1024 is below the longest sample"),
@@ -191,8 +193,8 @@ def test_cross_field_rules_accept_the_fixed_settings():
     assert load("algorithm=sdar", "skill.library=skills.json").skill.library == "skills.json"
     assert load("algorithm=sdar", "skill.analyzer=oracle").algorithm == "sdar"
     assert load("algorithm=grsd", "grsd.judge=oracle").algorithm == "grsd"
-    c = load("env.kind=alfworld", "env.game_type=pick_two_obj", "env.n_train=null")
-    assert c.env.n_train is None
+    c = load("env.kind=alfworld", "env.game_type=pick_two_obj_and_place", "env.n_train=null")
+    assert c.env.n_train is None and c.env.game_type == "pick_two_obj_and_place"
 
 
 def test_collect_needs_the_endpoint_only_for_that_command():

@@ -18,12 +18,12 @@ def main(cfg: Config, **_flags: Any) -> int:
         from seedfast.envs.alfworld import list_alfworld_games
 
         try:
-            train = list_alfworld_games("train", e.games_dir)[: e.n_train]
-            held_out = list_alfworld_games("eval_out_of_distribution", e.games_dir)[: e.n_eval]
+            train = list_alfworld_games("train", e.games_dir, e.game_type)[: e.n_train]
+            held_out = list_alfworld_games("eval_out_of_distribution", e.games_dir, e.game_type)[: e.n_eval]
         except FileNotFoundError as err:
             raise ConfigError(f"env.games_dir: {err}") from err
         print(f"ALFWorld games are read from its data, not generated: {len(train)} train, {len(held_out)} eval "
-              f"(out of distribution) in {e.games_dir}")
+              f"(out of distribution) of task type {e.game_type} in {e.games_dir}")
         return 0
     from seedfast.envs.textworld_games import make_games
 

@@ -28,9 +28,10 @@ class ConfigWarning(UserWarning):
 
 Algorithm = Literal["grpo", "sdar", "seed", "grsd"]
 TEXTWORLD_GAME_TYPES = ("treasure_hunter", "coin_collector", "cooking")
+# ALFWorld's own names, the part of a game folder before the first '-' (envs/alfworld.py TASK_TYPES); 'all' = every one
 ALFWORLD_TASK_TYPES = (
-    "all", "pick_and_place", "pick_clean_then_place", "pick_heat_then_place",
-    "pick_cool_then_place", "look_at_obj", "pick_two_obj",
+    "all", "pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place",
 )
 
 

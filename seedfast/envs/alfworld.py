@@ -52,15 +52,23 @@ def task_type_of(game_file: str | os.PathLike) -> str:
     raise ValueError(f"game_file {str(game_file)!r} is not under an ALFWorld task folder ({TASK_TYPES})")
 
 
-def list_alfworld_games(split: str = "train", data_dir: str | os.PathLike | None = None) -> list[str]:
-    """Sorted `game.tw-pddl` paths of one split, without the movable/sliced tasks ALFWorld excludes."""
+def list_alfworld_games(split: str = "train", data_dir: str | os.PathLike | None = None,
+                        task_type: str = "all") -> list[str]:
+    """Sorted `game.tw-pddl` paths of one split, without the movable/sliced tasks ALFWorld excludes; only those of
+    `task_type` (one of TASK_TYPES: the game folder's name up to its first '-') unless it is 'all'."""
     if split not in ALFWORLD_SPLITS:
         raise ValueError(f"split {split!r} is not one of {tuple(ALFWORLD_SPLITS)}")
+    if task_type != "all" and task_type not in TASK_TYPES:
+        raise ValueError(f"task_type {task_type!r} is not 'all' or one of {TASK_TYPES}")
     root = alfworld_data_dir(data_dir) / "json_2.1.1" / ALFWORLD_SPLITS[split]
     games = [str(p) for p in sorted(root.glob("*/*/game.tw-pddl"))
              if "movable" not in str(p) and "Sliced" not in str(p)]
     if not games:
         raise FileNotFoundError(f"no game.tw-pddl files under {str(root)!r}: {_INSTALL_HINT}")
+    if task_type != "all":
+        games = [g for g in games if Path(g).parent.parent.name.split("-")[0] == task_type]
+        if not games:
+            raise FileNotFoundError(f"no {task_type} games under {str(root)!r}")
     return games
 
 
