@@ -9,11 +9,9 @@ import os
 
 import pytest
 import torch
-from dist_helpers import grouped_samples, make_config, run_on_ranks
+from dist_helpers import LargestTensor, grouped_samples, make_config, run_on_ranks
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.distributed.tensor import Shard, distribute_tensor
 
 from seedfast.config import LossConfig
 from seedfast.dist.mesh import MESH_DIMS
@@ -29,24 +27,6 @@ LOSS = LossConfig(opd_coef=0.0, entropy_coef=0.01, kl_coef=0.0)
 
 def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-class LargestTensor(TorchDispatchMode):
-    """The largest plain tensor any aten op produces (autograd's backward included); as
-    tests/ops/test_ops_memory.py."""
-
-    def __init__(self):
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            # a DTensor reports its global shape but stores its local shard, which its own ops produce as plain
-            # tensors (seen here too): count those
-            if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
-                self.numel = max(self.numel, t.numel())
-        return out
 
 
 def _model_case(family, tp_mesh):

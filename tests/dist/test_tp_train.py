@@ -11,15 +11,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from dist_helpers import grouped_samples, make_config, run_on_ranks
+from dist_helpers import LargestTensor, grouped_samples, make_config, run_on_ranks
 from test_fsdp_update import CASES, _full, _update
-from test_tp_head import LargestTensor
 from torch.distributed.device_mesh import init_device_mesh
 
+from seedfast.dist import vocab_head
 from seedfast.dist.data import DataParallel
 from seedfast.dist.mesh import MESH_DIMS
 from seedfast.dist.parallelize import parallelize_decoder
-from seedfast.dist import vocab_head
 from seedfast.dist.vocab_head import gumbel_noise, tp_sample_next
 from seedfast.model.decoder import build_decoder
 from seedfast.rollout.own_engine import Sampler
@@ -113,7 +112,7 @@ def _scoring_worker(rank, world):
     assert norm == pytest.approx(ref_norm, rel=1e-5)
     for k, v in ref_metrics.items():  # the teacher gaps are differences of log-probs of ~5: fp32 rounding ~1e-6
         assert metrics[k] == pytest.approx(v, rel=1e-5, abs=1e-6), (k, metrics[k], v)
-    for (n, p), (_, rp), (_, p0) in zip(model.named_parameters(), ref.named_parameters(), start.named_parameters()):
+    for (n, p), (_, rp) in zip(model.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(_full(p.detach()), rp.detach(), **TOL, msg=n)
     assert not torch.allclose(ref.lm_head_weight, start.lm_head_weight)
 

@@ -1,20 +1,26 @@
 """The training loss in one pass (triton_backend.fused_forward_backward, seedfast/kernels/fused_rows.py) under the
 interpreter, against fp64 references built from materialized log_softmax: the loss and a_t, b_t by the formulas
-of docs/algorithms.md (test_triton_token_loss.reference), the gradients by fp64 autograd of Σ a·ℓ + Σ b·H.
+of docs/algorithms.md (triton_reference.reference_token_loss), the gradients by fp64 autograd of Σ a·ℓ + Σ b·H.
 Adversarial inputs: odd V, all-negative logits, logits of magnitude 1e4, ignored targets, temperature, N = 0,
 bf16 (with the interpreter patch of conftest.py), several row blocks (the last one ragged), a frozen head."""
 
 import pytest
 import torch
-from test_triton_token_loss import reference as reference_loss
-from triton_reference import INTERPRETER, TOL, assert_close, reference_grads, reference_logprob
+from kernel_cases import D, N, V, all_negative_case, huge_case, random_case
+from triton_reference import (
+    INTERPRETER,
+    TOL,
+    assert_close,
+    reference_grads,
+    reference_logprob,
+    reference_token_loss,
+)
 
 from seedfast.ops import fused_loss
 from seedfast.ops import triton_backend as tb
 
 pytestmark = INTERPRETER
 
-N, D, V = 45, 32, 64 * 3 + 11  # V: 3 interpreter vocabulary tiles and a ragged one
 OPTIONS = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coef=0.1, kl_kind="low_var_kl", entropy_coef=0.03,
                opd_coef=0.5, opd_beta=5.0, gate="gap")
 
@@ -31,43 +37,11 @@ def _per_token(n, logprob_hint, seed=0):
     )
 
 
-def _random_case(dtype, seed=0, n=N, vocab=V):
-    g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(n, D, generator=g).to(dtype)
-    weight = (torch.randn(vocab, D, generator=g) / D**0.5 * 3).to(dtype)
-    targets = torch.randint(0, vocab, (n,), generator=g)
-    targets[[i for i in (3, 17, 40) if i < n]] = -100
-    return hidden, weight, targets
-
-
-def _all_negative_case(seed=2):
-    # Every logit in [-1100, -1000]: a running max started at 0 would underflow every exp.
-    g = torch.Generator().manual_seed(seed)
-    hidden = torch.ones(N, D)
-    level = -1000.0 - 100.0 * torch.rand(V, generator=g)
-    weight = level[:, None] / D + 0.01 * torch.randn(V, D, generator=g)
-    return hidden, weight, torch.randint(0, V, (N,), generator=g)
-
-
-def _huge_case(seed=6):
-    # Exact integer logits beyond ±3e3 with a clear winner per row: p is one-hot up to exp(-20) and
-    # p·(log p + H) must come out 0, not NaN.
-    g = torch.Generator().manual_seed(seed)
-    sign = torch.randint(0, 2, (D,), generator=g) * 2 - 1
-    levels = torch.randperm(V, generator=g)[:, None] - V // 2
-    weight = (levels * sign).float()
-    hidden = ((torch.randint(0, 2, (N, 1), generator=g) * 2 - 1) * sign).float()
-    assert float((hidden.double() @ weight.double().T).abs().max()) > 3e3
-    targets = torch.randint(0, V, (N,), generator=g)
-    targets[5] = -100
-    return hidden, weight, targets
-
-
 def _reference(hidden, weight, targets, per_token, temperature, options):
     """fp64 (loss, logprob, grad_hidden, grad_weight)."""
     lp, ent, _, _ = reference_logprob(hidden, weight, targets, None, temperature)
     w = torch.where(targets == -100, 0.0, per_token["token_weights"].double())
-    loss, a, b, _ = reference_loss(lp, ent, **{**per_token, "token_weights": w}, **options)
+    loss, a, b, _ = reference_token_loss(lp, ent, **{**per_token, "token_weights": w}, **options)
     gh, gw = reference_grads(hidden, weight, targets, a.detach(), None if b is None else b.detach(), temperature)
     return loss, lp, gh, gw
 
@@ -100,17 +74,17 @@ def _check(hidden, weight, targets, temperature=0.7, options=OPTIONS, rows=None,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [None, 16])  # one block of all rows; 3 blocks (16 + 16 + 13): dW accumulates
 def test_single_pass_matches_fp64(dtype, rows):
-    _check(*_random_case(dtype), rows=rows)
+    _check(*random_case(dtype), rows=rows)
 
 
 @pytest.mark.parametrize("gate,entropy_coef", [("entropy", 0.0), ("soft_or", 0.02), ("gap", 0.0)])
 def test_single_pass_loss_variants(gate, entropy_coef):
     # With the entropy only in the gate there is no b term (b = None); with gap and no entropy no H at all.
     options = {**OPTIONS, "gate": gate, "entropy_coef": entropy_coef}
-    _check(*_random_case(torch.float32, seed=3), temperature=1.3, options=options, rows=32)
+    _check(*random_case(torch.float32, seed=3), temperature=1.3, options=options, rows=32)
 
 
-@pytest.mark.parametrize("case", [_all_negative_case, _huge_case])
+@pytest.mark.parametrize("case", [all_negative_case, huge_case])
 def test_single_pass_extreme_logits(case):
     # fp32 logits of magnitude 1e3..1e4 carry an absolute rounding of ~1e-4..1e-3 (their ulp), which reaches the
     # log-probs and the loss: a tolerance of 1e-5 would test fp32's ulp, not the kernels.
@@ -118,7 +92,7 @@ def test_single_pass_extreme_logits(case):
 
 
 def test_single_pass_zero_tokens():
-    hidden, weight, targets = _random_case(torch.float32, n=0)
+    hidden, weight, targets = random_case(torch.float32, n=0)
     per_token = _per_token(0, torch.zeros(0))
     loss, sums, gh, gw, logprob = _run(hidden, weight, targets, per_token, 1.0, OPTIONS, None)
     assert float(loss) == 0.0 and logprob.shape == (0,) and gh.shape == (0, D)
@@ -127,7 +101,7 @@ def test_single_pass_zero_tokens():
 
 
 def test_single_pass_frozen_head_and_gradients_it_skips():
-    hidden, weight, targets = _random_case(torch.float32, seed=4)
+    hidden, weight, targets = random_case(torch.float32, seed=4)
     per_token = _per_token(N, torch.zeros(N))
     full = _run(hidden, weight, targets, per_token, 1.0, OPTIONS, 16)
     only_h = _run(hidden, weight, targets, per_token, 1.0, OPTIONS, 16, need=(True, False))
@@ -147,7 +121,7 @@ def test_fused_loss_uses_the_single_pass_and_agrees_with_the_torch_backend(monke
     monkeypatch.setattr(tb, "FUSED_MIN_ROWS", 0)
     results = {}
     for backend in ("torch", "triton"):
-        hidden, weight, targets = _random_case(torch.float32, seed=5)
+        hidden, weight, targets = random_case(torch.float32, seed=5)
         hidden.requires_grad_()
         weight.requires_grad_()
         per_token = _per_token(N, torch.full((N,), -5.0))

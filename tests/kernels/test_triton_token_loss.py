@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from triton_reference import INTERPRETER, assert_close
+from triton_reference import INTERPRETER, assert_close, reference_token_loss
 
 from seedfast.ops import chunked
 from seedfast.ops import triton_backend as tb
@@ -38,56 +38,6 @@ def _per_token(seed=0, n=N):
     return per_token
 
 
-def reference(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teacher_mask, advantages,
-              token_weights, *, clip_low, clip_high, dual_clip, kl_coef, kl_kind, entropy_coef, opd_coef,
-              opd_beta, gate):
-    """The loss of docs/algorithms.md per token in fp64, written out; a and b by autograd."""
-    w = token_weights.double()
-    on = w != 0
-    clean = lambda x: None if x is None else torch.where(on, x.double(), 0.0)  # noqa: E731
-    lp = clean(logprob).requires_grad_()
-    ent = None if entropy is None else clean(entropy).requires_grad_()
-    old, ref, teacher, adv = clean(old_logprob), clean(ref_logprob), clean(teacher_logprob), clean(advantages)
-    ratio = torch.exp((lp - old).clamp(-20, 20))
-    pg1, pg2 = -adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
-    pg = torch.maximum(pg1, pg2)
-    if dual_clip is not None:
-        pg = torch.where((adv < 0) & (pg > -adv * dual_clip), -adv * dual_clip, pg)
-    per = pg
-    sums = {"weight": w.sum(), "clip_frac": (w * (pg2 > pg1)).sum(),
-            "ratio_min": torch.where(on, ratio, math.inf).min(), "ratio_max": torch.where(on, ratio, -math.inf).max()}
-    if ref is not None:
-        diff = lp - ref
-        if kl_kind == "k1":
-            kl = diff
-        elif kl_kind == "k2":
-            kl = 0.5 * diff**2
-        else:
-            r = (-diff).clamp(-20, 20)
-            kl = (torch.exp(r) - r - 1).clamp(-10, 10)
-        per = per + kl_coef * kl
-        sums["kl"] = (w * kl).sum()
-    if ent is not None:
-        per = per - entropy_coef * ent
-        sums["entropy"] = (w * ent).sum()
-    loss = (w * per).sum()
-    if teacher is not None and (gate == "gap" or ent is not None):
-        m = on if teacher_mask is None else on & teacher_mask.bool()
-        delta = (teacher - lp).detach()
-        x = {"gap": lambda: delta, "entropy": lambda: ent.detach(),
-             "soft_or": lambda: 1 - (1 - (1 - torch.exp(-ent.detach().clamp_min(0))))
-                                    * (1 - (1 - torch.exp(-delta.clamp_min(0))))}[gate]()
-        g = torch.sigmoid(opd_beta * x)
-        opd = torch.where(m, g * (teacher - lp), 0.0)
-        loss = loss + opd_coef * (w * opd).sum()
-        sums.update(teacher_weight=(w * m).sum(), gate=(w * torch.where(m, g, 0.0)).sum(), opd_term=(w * opd).sum())
-    leaves = [lp] if ent is None else [lp, ent]
-    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-    a = grads[0]
-    b = grads[1] if ent is not None and entropy_coef != 0 else None
-    return loss.detach(), a, b, {k: v.detach() for k, v in sums.items()}
-
-
 def _compare(got, want):
     loss, a, b, sums = got
     ref_loss, ref_a, ref_b, ref_sums = want
@@ -109,7 +59,7 @@ def test_matches_spec_formulas(gate, kl_kind):
     options = {**OPTIONS, "gate": gate, "kl_kind": kl_kind}
     got = tb.token_loss(*per_token.values(), **options)
     assert bool(torch.isfinite(got[1]).all())
-    _compare(got, reference(*per_token.values(), **options))
+    _compare(got, reference_token_loss(*per_token.values(), **options))
 
 
 def test_minimal_terms_no_dual_clip():
@@ -119,7 +69,7 @@ def test_minimal_terms_no_dual_clip():
     options = {**OPTIONS, "dual_clip": None, "kl_coef": 0.0, "entropy_coef": 0.0, "opd_coef": 0.0}
     got = tb.token_loss(*per_token.values(), **options)
     assert got[2] is None and set(got[3]) == {"weight", "clip_frac", "ratio_min", "ratio_max"}
-    _compare(got, reference(*per_token.values(), **options))
+    _compare(got, reference_token_loss(*per_token.values(), **options))
 
 
 def test_hand_computed_cases():
@@ -161,7 +111,7 @@ def test_soft_or_gate_with_entropy_in_nats_by_hand():
 def test_program_count_does_not_change_results(n_programs):
     per_token = _per_token(seed=2)
     got = tb.token_loss(*per_token.values(), **OPTIONS, block=16, n_programs=n_programs)
-    _compare(got, reference(*per_token.values(), **OPTIONS))
+    _compare(got, reference_token_loss(*per_token.values(), **OPTIONS))
 
 
 @pytest.mark.parametrize("gate", ["gap", "soft_or"])

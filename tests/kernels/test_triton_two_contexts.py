@@ -1,11 +1,11 @@
 """The kernels that serve two contexts: linear_logprob with teacher_hidden runs the forward kernel with student and
 teacher rows on the same W tiles, then the two-pass backward for the student rows (the teacher takes no
 gradient). Through the public op and autograd, under the interpreter, against fp64 materialized log_softmax on
-the adversarial inputs of test_triton_single_pass.py: values of both contexts and the student's gradients."""
+the adversarial inputs of kernel_cases.py: values of both contexts and the student's gradients."""
 
 import pytest
 import torch
-from test_triton_single_pass import D, N, V, _all_negative_case, _huge_case, _random_case
+from kernel_cases import D, N, V, all_negative_case, huge_case, random_case
 from triton_reference import INTERPRETER, TOL, assert_close, reference_grads, reference_logprob
 
 from seedfast.ops import linear_logprob
@@ -22,12 +22,12 @@ def _teacher_for(hidden, seed):
 
 
 CASES = {
-    "odd V, bf16, T=0.7": (lambda: _random_case(torch.bfloat16, seed=11), 0.7, None),
-    "odd V, fp32, T=1.3": (lambda: _random_case(torch.float32, seed=12), 1.3, None),
+    "odd V, bf16, T=0.7": (lambda: random_case(torch.bfloat16, seed=11), 0.7, None),
+    "odd V, fp32, T=1.3": (lambda: random_case(torch.float32, seed=12), 1.3, None),
     # fp32 logits near -1000 carry ~3e-5 absolute rounding (half their ulp); in dH = Σ_v G_v·W_v it is multiplied
     # by |W_v| ~ 31 (the rows share an offset of -1000/D): ~1e-3 of the gradient's scale, fp32's limit here.
-    "all-negative logits": (_all_negative_case, 1.0, 1e-3),
-    "logits beyond 3e3": (_huge_case, 1.0, 2e-4),
+    "all-negative logits": (all_negative_case, 1.0, 1e-3),
+    "logits beyond 3e3": (huge_case, 1.0, 2e-4),
 }
 
 
@@ -56,7 +56,7 @@ def test_two_contexts_values_and_student_gradients(case):
 
 
 def test_two_contexts_zero_tokens():
-    hidden, weight, targets = _random_case(torch.float32, n=0)
+    hidden, weight, targets = random_case(torch.float32, n=0)
     h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     out = linear_logprob(h, w, targets, teacher_hidden=torch.zeros(0, D), with_entropy=True, backend="triton")
     assert out.logprob.shape == out.entropy.shape == out.teacher_logprob.shape == (0,)
