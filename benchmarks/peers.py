@@ -212,7 +212,7 @@ def seedfast_update(policy, ref, optimizer, samples: list, hp: dict, use_opd: bo
         loss, _ = minibatch_loss_backward(policy, batch, list(range(len(samples))), loss_cfg, use_kl=True,
                                           use_opd=use_opd, temperature=hp["temperature"], token_budget=TOKEN_BUDGET)
     with phase("optimizer"):
-        grad_norm_and_clip(policy, hp["grad_clip"])
+        grad_norm_and_clip(optimizer, hp["grad_clip"])
         optimizer.step()
     return loss
 

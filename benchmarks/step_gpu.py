@@ -122,7 +122,7 @@ def one_step(algo: str, policy, ref, optimizer, prompts: list[list[int]], batch:
         optimizer.zero_grad(set_to_none=True)
         loss, _ = minibatch_loss_backward(policy, update, list(range(len(samples))), loss_cfg, use_kl=True,
                                           use_opd=algo == "seed", temperature=1.0, token_budget=batch["budget"])
-        grad_norm_and_clip(policy, 1.0)
+        grad_norm_and_clip(optimizer, 1.0)
         optimizer.step()
         return loss
 

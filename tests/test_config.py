@@ -332,8 +332,11 @@ def test_vllm_is_refused_where_nothing_would_use_it(command):
     assert train.rollout.engine == "vllm" and train.rollout.sync_bucket_mb == 512
 
 
-def test_fsdp_mixed_precision_needs_fsdp():
-    with pytest.raises(ConfigError, match="dist.param_dtype / dist.reduce_dtype are FSDP2's mixed precision"):
-        load_config(None, ["dist.reduce_dtype=fp32"])
-    cfg = load_config(None, ["dist.strategy=fsdp", "dist.param_dtype=bf16", "dist.reduce_dtype=fp32"])
-    assert (cfg.dist.param_dtype, cfg.dist.reduce_dtype) == ("bf16", "fp32")
+def test_master_weights_are_fp32_unless_asked_and_then_a_warning():
+    cfg = load_config(None, ["model.dtype=bf16"])
+    assert (cfg.optim.master_dtype, cfg.dist.reduce_dtype) == ("fp32", "fp32")
+    with pytest.warns(ConfigWarning, match="optim.master_dtype=bf16: .* rounds away"):
+        load_config(None, ["model.dtype=bf16", "optim.master_dtype=bf16"])
+    for compute, master in (("fp32", "bf16"), ("bf16", "fp16"), ("fp16", "bf16")):
+        with pytest.raises(ConfigError, match=f"optim.master_dtype={master} with model.dtype={compute}"):
+            load_config(None, [f"model.dtype={compute}", f"optim.master_dtype={master}"])

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from seedfast.config import Config, ConfigError
-from seedfast.runtime.setup import DTYPES, device_of, start_processes
+from seedfast.runtime.setup import device_of, fsdp_precision, start_processes
 from seedfast.sft.loop import Sharding
 from seedfast.sft.run import main as run_sft
 
@@ -36,12 +36,10 @@ def sft_sharding(cfg: Config, device: torch.device) -> Sharding:
         raise ConfigError(f"dist.tp={shape.tp}: `seedfast sft` shards with FSDP2 only (its loss has no "
                           "vocabulary-parallel LM head); set dist.tp=1")
     mesh = build_mesh(shape, device)
-    d = cfg.dist
 
     def shard(model: torch.nn.Module) -> torch.nn.Module:
-        return parallelize_decoder(model, mesh, activation_checkpointing=d.activation_checkpointing,
-                                   param_dtype=DTYPES[d.param_dtype] if d.param_dtype else None,
-                                   reduce_dtype=DTYPES[d.reduce_dtype] if d.reduce_dtype else None)
+        return parallelize_decoder(model, mesh, activation_checkpointing=cfg.dist.activation_checkpointing,
+                                   **fsdp_precision(cfg))
 
     return Sharding(dp=DataParallel.from_mesh(mesh), assign=assign_groups, shard=shard,
                     full_state=full_state_dict, is_main=dist.get_rank() == 0)

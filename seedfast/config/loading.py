@@ -347,9 +347,13 @@ def validate(cfg: Config, command: str | None = None) -> Config:
     if cfg.rollout.engine == "vllm" and command not in (None, "collect", "train", "config"):
         raise ConfigError(f"rollout.engine=vllm: `seedfast {command}` samples with the own engine (vLLM serves "
                           "`seedfast collect` and the rollouts of `seedfast train`); set rollout.engine=own")
-    if cfg.dist.strategy == "none" and (cfg.dist.param_dtype or cfg.dist.reduce_dtype):
-        raise ConfigError("dist.param_dtype / dist.reduce_dtype are FSDP2's mixed precision: they need "
-                          "dist.strategy=fsdp (model.dtype sets a one-process run's dtype)")
+    if cfg.optim.master_dtype not in ("fp32", cfg.model.dtype):
+        raise ConfigError(f"optim.master_dtype={cfg.optim.master_dtype} with model.dtype={cfg.model.dtype}: master "
+                          "weights are fp32 or the compute dtype itself (docs/scaling.md, 'Precision')")
+    if cfg.optim.master_dtype != "fp32":
+        _warn(f"optim.master_dtype={cfg.optim.master_dtype}: the trained weights and AdamW states are "
+              f"{cfg.optim.master_dtype}, so an update much smaller than a weight's ulp (optim.lr={cfg.optim.lr:g}) "
+              "rounds away; the run warns with the share that does at its first step")
     if len(set(cfg.demo.algorithms)) != len(cfg.demo.algorithms) or not cfg.demo.algorithms:
         raise ConfigError(f"demo.algorithms: expected distinct algorithms, got {format_value(cfg.demo.algorithms)}")
 

@@ -99,7 +99,9 @@ class ModelConfig:
     path: str | None = opt(None, "HF model folder (config.json + safetensors); null = tiny decoder of model.tiny")
     tokenizer: str | None = opt(None, "tokenizer folder; null = model.path, or <run_dir>/tokenizer for tiny")
     ref_path: str | None = opt(None, "reference policy for the KL term; null = the policy the RL run starts from")
-    dtype: Literal["bf16", "fp16", "fp32"] = opt("bf16", "parameter and compute dtype")
+    dtype: Literal["bf16", "fp16", "fp32"] = opt(
+        "bf16", "compute dtype: forward and backward, rollout, the exported policy (the trained weights and AdamW "
+                "states are optim.master_dtype)")
     attn_backend: Literal["auto", "flash", "sdpa", "flex"] = opt(
         "auto", "attention kernel; auto = flash-attn varlen on CUDA when installed, else FlexAttention on CUDA, "
         "sdpa on CPU (flex has no backward on CPU)")
@@ -222,6 +224,9 @@ class OptimConfig:
     grad_clip: float | None = opt(1.0, "global gradient-norm clip; null = off", gt=0)
     betas: list[float] = opt([0.9, 0.999], "AdamW betas")
     eps: float = opt(1e-8, "AdamW epsilon", gt=0)
+    master_dtype: Literal["fp32", "bf16", "fp16"] = opt(
+        "fp32", "dtype of the trained (master) weights and AdamW states, RL and SFT; below fp32 an update of ~lr "
+                "rounds away (a warning measures how much: docs/scaling.md, 'Precision')")
     warmup_steps: int = opt(0, "linear warm-up updates", ge=0)
     schedule: Literal["constant", "cosine"] = opt("constant", "learning-rate schedule after warm-up")
     min_lr_ratio: float = opt(0.0, "cosine floor as a fraction of lr", ge=0, le=1)
@@ -261,12 +266,9 @@ class DistConfig:
                      "embedding and LM head); tp consecutive ranks form a group (one node's GPUs)", ge=1)
     activation_checkpointing: bool = opt(False, "recompute each decoder block in backward instead of keeping its "
                                                 "activations (any strategy; `seedfast plan` shows both)")
-    param_dtype: Literal["fp32", "bf16", "fp16"] | None = opt(
-        None, "dist.strategy=fsdp: dtype FSDP2 gathers the parameters in for forward and backward (mixed "
-              "precision over model.dtype master weights, e.g. model.dtype=fp32 + bf16); null = model.dtype")
-    reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = opt(
-        None, "dist.strategy=fsdp: dtype gradients are reduced in across ranks; null = the gathered parameters' "
-              "dtype")
+    reduce_dtype: Literal["fp32", "bf16", "fp16"] = opt(
+        "fp32", "dist.strategy=fsdp: dtype gradients are reduced in across ranks (FSDP2 gathers the parameters in "
+                "model.dtype over optim.master_dtype masters)")
 
 
 @dataclass

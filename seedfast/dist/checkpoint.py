@@ -71,12 +71,15 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def export_hf(model: torch.nn.Module, folder: str | Path) -> Path | None:
-    """The sharded policy as one HF folder (config.json + safetensors) that transformers loads: every rank takes
-    part in gathering the weights, rank 0 alone writes. Returns the folder on rank 0, None elsewhere."""
+def export_hf(model: torch.nn.Module, folder: str | Path, dtype: torch.dtype | None = None) -> Path | None:
+    """The sharded policy as one HF folder (config.json + safetensors) that transformers loads, its weights in
+    `dtype` (default: as trained): every rank takes part in gathering the weights, rank 0 alone writes. Returns the
+    folder on rank 0, None elsewhere."""
     from seedfast.model import save_hf
 
     state = full_state_dict(model)
+    if dtype is not None:
+        state = {k: v.to(dtype) for k, v in state.items()}
     rank, _ = rank_and_world()
     out = save_hf(model, folder, state_dict=state) if rank == 0 else None
     barrier()

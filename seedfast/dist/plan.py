@@ -5,9 +5,11 @@ torch's fake process group of N ranks (no GPU, no communication), and each rank'
 parameters themselves. What cannot be read off a parameter is counted from the model code (docs/scaling.md,
 'The memory plan'):
 
-    parameters, gradients     local elements of every sharded parameter x model.dtype bytes (rank 0 holds the
-                              largest shard: FSDP2 pads dim 0 to a multiple of dp_shard)
-    optimizer states          AdamW's exp_avg and exp_avg_sq, in the parameters' dtype: 2 x parameters
+    parameters, gradients     local elements of every sharded parameter x optim.master_dtype bytes: the master
+                              weights and their reduced gradients (fp32 unless asked; runtime/precision.py; rank 0
+                              holds the largest shard: FSDP2 pads dim 0 to a multiple of dp_shard)
+    optimizer states          AdamW's exp_avg and exp_avg_sq, in the masters' dtype: 2 x parameters
+    compute dtype             model.dtype: gathered units, activations, the KV cache and the rollout's weights
     activations               tensors autograd keeps per decoder block and token, at trainer.micro_batch_tokens,
                               with this rank's tensor-parallel shapes (flash attention: no T x T scores):
                                 4·d + (2·n_heads + 2·n_kv_heads)·head_dim/tp + 3·intermediate/tp  elements
@@ -19,11 +21,14 @@ parameters themselves. What cannot be read off a parameter is counted from the m
     logits avoided            [micro_batch_tokens x V/tp] fp32 logits and their gradient, which the fused
                               log-prob ops never form
     gathered units            a decoder block (two with prefetch) and the root (embeddings, final norm, LM head:
-                              gathered from its forward to the end of backward, with its unsharded gradient)
+                              gathered from its forward to the end of backward, with its unsharded gradient), in
+                              model.dtype; with a different dist.reduce_dtype, the root's unsharded gradient is cast
+                              to it for the reduce-scatter (the largest unit's copy counted)
     rollout                   generation runs on gathered weights (every unit, TP-local) beside the sharded
                               parameters and optimizer states, plus the KV cache
     train peak                parameters + gradients + optimizer states + activations (checkpointing) + the
-                              gathered units; an estimate before allocator fragmentation and temporaries
+                              gathered units + the reduce-scatter copy; an estimate before allocator fragmentation
+                              and temporaries
 """
 
 from __future__ import annotations
@@ -128,7 +133,9 @@ class MemoryPlan:
     world: int
     dp_shard: int
     tp: int
-    dtype: str
+    compute_dtype: str  # model.dtype
+    master_dtype: str  # optim.master_dtype
+    reduce_dtype: str  # dist.reduce_dtype
     micro_batch_tokens: int
     rollout_rows_per_rank: int
     rollout_tokens_per_row: int
@@ -141,7 +148,9 @@ class MemoryPlan:
 
     def table(self) -> str:
         lines = [f"{self.model}: {self.params_total / 1e9:.2f}B parameters on {self.world} GPUs "
-                 f"(dp_shard={self.dp_shard} x tp={self.tp}), {self.dtype}; per GPU:"]
+                 f"(dp_shard={self.dp_shard} x tp={self.tp}), {self.compute_dtype} compute over "
+                 f"{self.master_dtype} master weights and AdamW states, gradients reduced in {self.reduce_dtype}; "
+                 "per GPU:"]
         lines += [f"  {k:<34}{v:>10.2f} GiB" for k, v in self.gib.items()]
         return "\n".join(lines)
 
@@ -170,7 +179,9 @@ def memory_plan(cfg: Config, world: int) -> MemoryPlan:
         block = sum(_local_numel(p) for p in model.model.layers[0].parameters()) * shape.dp_shard
         in_layers = {id(p) for p in model.model.layers.parameters()}
         root = sum(_local_numel(p) for p in model.parameters() if id(p) not in in_layers) * shape.dp_shard
-    bytes_ = DTYPE_BYTES[cfg.model.dtype]
+    bytes_ = DTYPE_BYTES[cfg.model.dtype]  # what computes
+    master_bytes = DTYPE_BYTES[cfg.optim.master_dtype]
+    reduce_bytes = DTYPE_BYTES[cfg.dist.reduce_dtype] if cfg.dist.reduce_dtype != cfg.model.dtype else 0
     tokens = cfg.trainer.micro_batch_tokens
     per_block = activation_elements_per_token(arch, shape.tp) * tokens * bytes_
     layers = arch.num_hidden_layers
@@ -182,8 +193,9 @@ def memory_plan(cfg: Config, world: int) -> MemoryPlan:
     kv = rows * row_tokens * 2 * layers * (arch.num_key_value_heads // shape.tp) * arch.head_dim * bytes_
     vocab_local = math.ceil(arch.vocab_size / shape.tp)
     logits = tokens * vocab_local * 4
-    params = local * bytes_
+    params = local * master_bytes
     gathered = (root + block * layers) * bytes_  # generation runs on every unit gathered (TP-local)
+    reduce_copy = max(root, block) * reduce_bytes
     gib = {
         "parameters": params / GIB,
         "gradients": params / GIB,
@@ -192,7 +204,9 @@ def memory_plan(cfg: Config, world: int) -> MemoryPlan:
         "activations_checkpointing": act_ckpt / GIB,
         "gathered_block": block * bytes_ / GIB,
         "gathered_root_and_its_grad": 2 * root * bytes_ / GIB,
-        "train_peak_checkpointing": (4 * params + act_ckpt + 2 * block * bytes_ + 2 * root * bytes_) / GIB,
+        "reduce_scatter_copy": reduce_copy / GIB,
+        "train_peak_checkpointing": (4 * params + act_ckpt + 2 * block * bytes_ + 2 * root * bytes_
+                                     + reduce_copy) / GIB,
         "rollout_weights_gathered": gathered / GIB,
         "rollout_kv_cache": kv / GIB,
         "rollout_peak": (3 * params + gathered + kv) / GIB,
@@ -200,5 +214,6 @@ def memory_plan(cfg: Config, world: int) -> MemoryPlan:
         "logits_and_grad_avoided_fp32": 2 * logits / GIB,
     }
     return MemoryPlan(model=name, params_total=params_total, world=world, dp_shard=shape.dp_shard, tp=shape.tp,
-                      dtype=cfg.model.dtype, micro_batch_tokens=tokens, rollout_rows_per_rank=rows,
+                      compute_dtype=cfg.model.dtype, master_dtype=cfg.optim.master_dtype,
+                      reduce_dtype=cfg.dist.reduce_dtype, micro_batch_tokens=tokens, rollout_rows_per_rank=rows,
                       rollout_tokens_per_row=row_tokens, gib={k: round(v, 4) for k, v in gib.items()})

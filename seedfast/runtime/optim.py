@@ -47,10 +47,11 @@ def decoupled_adamw(model: torch.nn.Module, lr: float, weight_decay: float) -> t
     return adamw([g for g in groups if g["params"]], lr=lr)
 
 
-def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:
-    """The global gradient 2-norm before clipping to `max_norm` (None: no clipping), for SFT and RL alike;
-    sharded (DTensor) gradients through dist/parallelize.py clip_sharded_grads."""
-    params = [p for p in model.parameters() if p.grad is not None]
+def grad_norm_and_clip(optimizer: torch.optim.Optimizer, max_norm: float | None) -> float:
+    """The global 2-norm of the gradients `optimizer` will apply, before clipping them to `max_norm` (None: no
+    clipping), for SFT and RL alike: the master weights' gradients when there are master copies
+    (runtime/precision.py), sharded (DTensor) gradients through dist/parallelize.py clip_sharded_grads."""
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
     if not params:
         return 0.0
     if any(type(p.grad).__name__ == "DTensor" for p in params):

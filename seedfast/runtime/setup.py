@@ -21,10 +21,7 @@ from seedfast.model.tokenizer import load_tokenizer
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task
 from seedfast.rollout.prompts import PromptStyle
 from seedfast.runtime.optim import adamw, lr_at
-
-# model.dtype -> torch dtype: the one map (weights loaded for rollout and RL, SFT's autocast and export)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
+from seedfast.runtime.precision import DTYPES, MasterWeights, RoundingMonitor, precision_of
 
 # the commands that run over torchrun's processes with dist.strategy=fsdp (docs/scaling.md)
 SHARDED_COMMANDS = ("train", "sft", "eval")
@@ -75,11 +72,16 @@ def shard_policy(cfg: Config, model: torch.nn.Module, device: torch.device) -> A
         raise ConfigError(f"rollout.tasks_per_batch={cfg.rollout.tasks_per_batch} is smaller than the "
                           f"{shape.dp_shard} data-parallel ranks: every rank rolls out whole tasks")
     mesh = build_mesh(shape, device)
-    d = cfg.dist
-    parallelize_decoder(model, mesh, activation_checkpointing=d.activation_checkpointing,
-                        param_dtype=DTYPES[d.param_dtype] if d.param_dtype else None,
-                        reduce_dtype=DTYPES[d.reduce_dtype] if d.reduce_dtype else None)
+    parallelize_decoder(model, mesh, activation_checkpointing=cfg.dist.activation_checkpointing,
+                        **fsdp_precision(cfg))
     return DataParallel.from_mesh(mesh)
+
+
+def fsdp_precision(cfg: Config) -> dict[str, torch.dtype | None]:
+    """FSDP2's mixed precision over master weights in optim.master_dtype: gathered in model.dtype, gradients
+    reduced in dist.reduce_dtype (runtime/precision.py)."""
+    p = precision_of(cfg)
+    return {"param_dtype": p.compute if p.mixed else None, "reduce_dtype": p.reduce}
 
 
 def device_of(cfg: Config) -> torch.device:
@@ -125,15 +127,40 @@ def policy_path(cfg: Config) -> Path:
     )
 
 
-def load_policy(cfg: Config, path: Path, device: torch.device, trainable: bool = True) -> torch.nn.Module:
-    """The HF model at `path` in model.dtype on `device`, with model.attn_backend (the one place that sets it
-    on a loaded policy); frozen and in eval mode unless `trainable`."""
-    model = load_hf(path, dtype=DTYPES[cfg.model.dtype], device=device)
+def load_policy(cfg: Config, path: Path, device: torch.device, trainable: bool = True,
+                dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """The HF model at `path` in `dtype` (default model.dtype, the compute dtype) on `device`, with
+    model.attn_backend (the one place that sets it on a loaded policy); frozen and in eval mode unless
+    `trainable`. A policy to train comes from `trainable_policy`."""
+    model = load_hf(path, dtype=dtype or DTYPES[cfg.model.dtype], device=device)
     model.attn_backend = cfg.model.attn_backend
     model.train(trainable)
     for p in model.parameters():
         p.requires_grad_(trainable)
     return model
+
+
+def trainable_policy(cfg: Config, master: torch.nn.Module) -> tuple[torch.nn.Module, MasterWeights | None]:
+    """(the module that computes, its MasterWeights or None) for a policy `master` in optim.master_dtype: a
+    one-process run whose model.dtype is lower computes in a copy and steps the masters; otherwise (same dtype, or
+    dist.strategy=fsdp, where FSDP2 casts) `master` computes itself (runtime/precision.py)."""
+    p = precision_of(cfg)
+    if next(master.parameters()).dtype != p.master:
+        raise ValueError(f"trainable_policy: the policy is {next(master.parameters()).dtype}, optim.master_dtype "
+                         f"is {cfg.optim.master_dtype}")
+    if not p.mixed or cfg.dist.strategy != "none":
+        return master, None
+    masters = MasterWeights(master, p.compute)
+    return masters.compute, masters
+
+
+def load_trainable_policy(cfg: Config, path: Path, device: torch.device
+                          ) -> tuple[torch.nn.Module, torch.nn.Module, MasterWeights | None]:
+    """(the module that computes, the module the optimizer steps and checkpoints hold, MasterWeights or None) of
+    the HF policy at `path`: loaded in optim.master_dtype, then `trainable_policy`."""
+    trained = load_policy(cfg, path, device, dtype=precision_of(cfg).master)
+    policy, masters = trainable_policy(cfg, trained)
+    return policy, trained, masters
 
 
 def load_run_tokenizer(cfg: Config, path: Path) -> Any:
@@ -162,11 +189,12 @@ def build_engine(cfg: Config, path: Path, device: torch.device) -> Any:
     return Sampler(load_policy(cfg, path, device, trainable=False), seed=cfg.run.seed)
 
 
-def rl_optimizer(cfg: Config, model: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:
-    """The RL optimizer (AdamW over optim.*) and its schedule: optim.warmup_steps, then optim.schedule over
-    trainer.steps, as the factor runtime/optim.lr_at gives for lr = 1 (the one schedule, SFT's too)."""
+def rl_optimizer(cfg: Config, trained: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:
+    """The RL optimizer (AdamW over optim.*, stepping `trained`: the master weights) and its schedule:
+    optim.warmup_steps, then optim.schedule over trainer.steps, as the factor runtime/optim.lr_at gives for lr = 1
+    (the one schedule, SFT's too). Then `watch_precision`."""
     o = cfg.optim
-    optimizer = adamw([p for p in model.parameters() if p.requires_grad], lr=o.lr, weight_decay=o.weight_decay,
+    optimizer = adamw([p for p in trained.parameters() if p.requires_grad], lr=o.lr, weight_decay=o.weight_decay,
                       betas=tuple(o.betas), eps=o.eps)
     total = max(cfg.trainer.steps, 1)
 
@@ -174,6 +202,16 @@ def rl_optimizer(cfg: Config, model: torch.nn.Module) -> tuple[torch.optim.Optim
         return lr_at(step, total, 1.0, o.warmup_steps, o.schedule, o.min_lr_ratio)
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def watch_precision(cfg: Config, optimizer: torch.optim.Optimizer, masters: MasterWeights | None
+                    ) -> RoundingMonitor | None:
+    """Publish each step of `optimizer` to the module that computes (with `masters`); with low-precision masters
+    (optim.master_dtype bf16/fp16, asked for explicitly) return the RoundingMonitor that measures the updates that
+    round away (warning at the first step), else None."""
+    if masters is not None:
+        masters.attach(optimizer)
+    return RoundingMonitor(optimizer) if precision_of(cfg).low_precision_master else None
 
 
 def alfworld_game_id(game_file: str | os.PathLike) -> str:

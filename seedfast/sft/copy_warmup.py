@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from seedfast.runtime.optim import grad_norm_and_clip
+from seedfast.runtime.precision import MasterWeights
 from seedfast.sft.examples import SFTExample
 from seedfast.sft.loop import Sharding, step_loss_backward
 
@@ -53,17 +54,21 @@ def copy_examples(token_ids: Sequence[int], tokens: int, *, seed: int = 0, lengt
 def copy_warmup(model: torch.nn.Module, token_ids: Sequence[int], steps: int, *, lr: float = 2e-3,
                 batch_tokens: int = 2048, seed: int = 0,
                 log_fn: Callable[[dict[str, Any]], None] | None = None,
-                sharding: Sharding | None = None) -> float | None:
+                sharding: Sharding | None = None, masters: MasterWeights | None = None) -> float | None:
     """`steps` AdamW steps of the copy task on `model` (a seedfast Decoder), each on fresh examples of about
     `batch_tokens` tokens; returns the last loss (mean NLL of the repeated tokens), None when steps is 0. The
-    optimizer is local: SFT starts its own afterwards.
+    optimizer is local: SFT starts its own afterwards. With `masters` (runtime/precision.py), `model` is their
+    module that computes and the optimizer steps the master weights.
 
     With `sharding` (the model sharded, as SFT runs after it), every rank draws the same examples and trains on
     its share of each step, its loss the share of the global mean (sft/loop.py), so the warm-up equals the
     one-process warm-up and the ranks end with the same weights."""
     if steps <= 0:
         return None
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    trained = masters.master if masters is not None else model
+    optimizer = torch.optim.AdamW([p for p in trained.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    if masters is not None:
+        masters.attach(optimizer)
     was_training = model.training
     model.train()
     loss_value = None
@@ -72,7 +77,7 @@ def copy_warmup(model: torch.nn.Module, token_ids: Sequence[int], steps: int, *,
             examples = copy_examples(token_ids, batch_tokens, seed=seed * 1_000_003 + step)
             optimizer.zero_grad(set_to_none=True)
             loss_value = step_loss_backward(model, examples, range(len(examples)), sharding=sharding).loss
-            grad_norm_and_clip(model, 1.0)
+            grad_norm_and_clip(optimizer, 1.0)
             optimizer.step()
             if log_fn is not None:
                 log_fn({"event": "copy_warmup", "step": step + 1, "loss": loss_value})

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ import torch
 from seedfast.model.packing import make_cu_seqlens
 from seedfast.ops import linear_logprob
 from seedfast.runtime.optim import decoupled_adamw, grad_norm_and_clip, lr_at
+from seedfast.runtime.precision import MasterWeights
 from seedfast.sft.examples import EXAMPLE_KINDS, SFTExample
 
 
@@ -141,10 +141,7 @@ def batch_loss(logprob: torch.Tensor, batch: PackedBatch, prompt_weight: float =
 def token_logprobs(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
     """[N] log-probs of the batch's loss tokens (differentiable when grad is enabled)."""
     hidden = model(batch.input_ids, batch.cu_seqlens)[batch.rows]
-    weight = model.lm_head_weight
-    if weight.dtype != hidden.dtype:  # autocast: the fp32 master weight meets bf16 activations
-        weight = weight.to(hidden.dtype)
-    return linear_logprob(hidden, weight, batch.targets).logprob
+    return linear_logprob(hidden, model.lm_head_weight, batch.targets).logprob
 
 
 def _loss_by_kind(logprob: torch.Tensor, kinds: torch.Tensor) -> dict[str, float]:
@@ -175,8 +172,7 @@ class StepResult:
 
 
 def step_loss_backward(model: torch.nn.Module, examples: Sequence[SFTExample], index: Sequence[int],
-                       prompt_weight: float = 1.0, sharding: Sharding | None = None,
-                       autocast: Any = None) -> StepResult:
+                       prompt_weight: float = 1.0, sharding: Sharding | None = None) -> StepResult:
     """Forward and backward of one optimizer step's examples `index` (gradients accumulate in the parameters).
 
     With `sharding`, this rank's share of them, its loss the share of the global weighted mean; a rank with no
@@ -184,8 +180,7 @@ def step_loss_backward(model: torch.nn.Module, examples: Sequence[SFTExample], i
     device = model.lm_head_weight.device
     mine = list(index) if sharding is None else sharding.share(index, [len(examples[i].input_ids) for i in index])
     batch = pack([examples[i] for i in (mine or list(index)[:1])], device)
-    with autocast if autocast is not None else nullcontext():
-        logprob = token_logprobs(model, batch)
+    logprob = token_logprobs(model, batch)
     total = None
     if sharding is not None:
         local = torch.where(batch.row_is_answer, 1.0, prompt_weight).sum() if mine else torch.zeros(())
@@ -228,12 +223,13 @@ def evaluate_loss(model: torch.nn.Module, examples: Sequence[SFTExample],
 def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, *, seed: int = 0,
               max_seconds: float | None = None, log_fn: Callable[[dict[str, Any]], None] | None = None,
               progress: bool = False, schedule: str | None = None, grad_clip: float | None = 1.0,
-              autocast_dtype: torch.dtype | None = None, sharding: Sharding | None = None) -> SFTStats:
+              masters: MasterWeights | None = None, sharding: Sharding | None = None) -> SFTStats:
     """Fine-tune `model` (a seedfast Decoder) on `examples` with cfg (seedfast.config.SFTConfig).
 
     cfg.epochs passes, each a seeded shuffle packed into batches of at most cfg.batch_tokens tokens, one
     AdamW step per batch (lr with cfg.warmup_steps and `schedule`, default cfg.schedule if the config has
-    it, else cosine), gradient norm clipped to `grad_clip`. Stops between steps once `max_seconds`
+    it, else cosine), gradient norm clipped to `grad_clip`. With `masters` (runtime/precision.py), `model` is their
+    module that computes and the optimizer steps the master weights. Stops between steps once `max_seconds`
     (default cfg.max_seconds) have passed. `log_fn` gets one metrics dict per step.
 
     With `sharding` (a model sharded by sharding.shard; every rank passes the same examples and seed), each
@@ -242,13 +238,13 @@ def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, 
     """
     schedule = schedule or getattr(cfg, "schedule", "cosine")
     max_seconds = cfg.max_seconds if max_seconds is None else max_seconds
-    device = model.lm_head_weight.device
     check_examples(examples, model.lm_head_weight.shape[0], cfg.batch_tokens)  # a DTensor's shape is global
     plan = plan_batches([len(e.input_ids) for e in examples], cfg.batch_tokens, cfg.epochs, seed)
     per_epoch = [sum(e == epoch for e, _ in plan) for epoch in range(cfg.epochs)]
     place = [i - sum(per_epoch[:e]) + 1 for i, (e, _) in enumerate(plan)]  # steps done in its epoch, incl.
-    optimizer = decoupled_adamw(model, cfg.lr, cfg.weight_decay)
-    autocast = None if autocast_dtype is None else torch.autocast(device.type, dtype=autocast_dtype)
+    optimizer = decoupled_adamw(masters.master if masters is not None else model, cfg.lr, cfg.weight_decay)
+    if masters is not None:
+        masters.attach(optimizer)
     prompt_weight = getattr(cfg, "prompt_loss_weight", 1.0)
     stats = SFTStats(0, 0.0, 0, 0, None, None, 0.0, False)
     bar = _progress_bar(len(plan)) if progress else None
@@ -266,8 +262,8 @@ def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, 
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
-            result = step_loss_backward(model, examples, index, prompt_weight, sharding, autocast)
-            norm = grad_norm_and_clip(model, grad_clip)
+            result = step_loss_backward(model, examples, index, prompt_weight, sharding)
+            norm = grad_norm_and_clip(optimizer, grad_clip)
             optimizer.step()
 
             value = result.loss

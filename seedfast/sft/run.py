@@ -4,9 +4,9 @@
 
 Data (sft/examples.py): skill-writing pairs from sft.data (default: this run's collect output, when it exists);
 with sft.behaviour_cloning, every walkthrough step of the training games as the agent loop prompts it
-(+ oracle-skill copies with sft.skill_augment) and, when there is no pairs file, oracle skill-writing
-pairs on those walkthroughs and a few failed variants. The policy is model.path, or a from-scratch tiny
-decoder whose BPE tokenizer is trained on the same game text (build_tiny).
+(+ with sft.skill_augment, copies in the RL teacher's context holding the oracle analyzer's skills) and, when
+there is no pairs file, oracle skill-writing pairs on those walkthroughs and a few failed variants. The policy is
+model.path, or a from-scratch tiny decoder whose BPE tokenizer is trained on the same game text (build_tiny).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from seedfast.config import Config, ConfigError
-from seedfast.context.skill import oracle_plan, render_skill
+from seedfast.context.skill import render_skill
 from seedfast.model import DecoderConfig, build_decoder, load_hf, save_hf
 from seedfast.model.tokenizer import load_tokenizer, render_chat, save_tokenizer, train_tokenizer
 from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, PromptStyle, Turn, user_parts
@@ -36,12 +36,13 @@ from seedfast.sft.copy_warmup import copy_warmup
 from seedfast.sft.loop import SFTStats, Sharding, evaluate_loss, train_sft  # noqa: F401 (re-exported)
 from seedfast.sft.rename import renamed_copies, textworld_object_names
 from seedfast.sft.replay import GameReplays, replay_games
-from seedfast.skills.analyzers import oracle_answer
+from seedfast.skills.analyzers import OracleAnalyzer, oracle_answer
 from seedfast.skills.prompts import build_analyzer_messages
+from seedfast.skills.result import SkillResult
 
 __all__ = ["SFTStart", "Sharding", "build_tiny", "evaluate_loss", "initial_model", "initial_policy",
-           "initial_tokenizer", "main", "pairs_path", "save_policy", "sft_examples", "sft_start", "tokenizer_corpus",
-           "train_sft"]
+           "initial_tokenizer", "main", "pairs_path", "reader_skills", "save_policy", "sft_examples", "sft_start",
+           "tokenizer_corpus", "train_sft"]
 
 SFT_DIR, METRICS_NAME, TOKENIZER_DIR = "sft", "sft_metrics.jsonl", "tokenizer"
 FINGERPRINT_NAME = "seedfast_corpus.sha256"  # beside a tokenizer trained here: what it was trained on
@@ -98,7 +99,8 @@ def sft_examples(cfg: Config, tokenizer: Any, replays: Sequence[GameReplays],
             tokenizer, [g.success for g in replays], style=prompt_style(cfg), max_prompt_tokens=limit,
             prompt_loss=sft.prompt_loss, skill_insertion=cfg.skill.insertion if sft.skill_augment else None,
             skill_fraction=sft.skill_augment_fraction, max_skill_tokens=cfg.skill.max_skill_tokens,
-            seed=cfg.run.seed)
+            seed=cfg.run.seed, skills=reader_skills(replays, cfg.skill.skill_mode) if sft.skill_augment else None,
+            skill_mode=cfg.skill.skill_mode, teacher_mode=cfg.skill.teacher_mode)
         if pairs_file is None:
             # sft.skill_writing_fraction (if the config has it): the share of games whose replays are
             # also turned into skill-writing pairs; their prompts are long, so this is a compute knob
@@ -112,6 +114,15 @@ def sft_examples(cfg: Config, tokenizer: Any, replays: Sequence[GameReplays],
         raise ConfigError(NO_DATA)
     counts = {**sft_data.summarize(examples), **{f"skipped/{k}": v for k, v in skipped.items()}}
     return examples, {**counts, "pairs_file": str(pairs_file) if pairs_file else None}
+
+
+def reader_skills(replays: Sequence[GameReplays], skill_mode: str = "episode_only") -> list[list[SkillResult]]:
+    """Per game, the skills its walkthrough's skill-augmented steps read: what the oracle analyzer (and the self
+    analyzer SFT'd on its answers) writes for the walkthrough and for each failed replay of that game, so the
+    policy learns to read a winner's workflow and a loser's avoidance rules alike (docs/demo.md, 'The skill
+    the policy reads is the skill the analyzers write')."""
+    analyzer = OracleAnalyzer(skill_mode)
+    return [analyzer.analyze([game.success, *game.failures]) for game in replays]
 
 
 def ordinary_ids(tokenizer: Any) -> list[int]:
@@ -135,12 +146,12 @@ def tokenizer_corpus(replays: Sequence[GameReplays], pairs: Sequence[tuple[list[
                                style)
             user = "".join(text for _, text in parts)
             messages = [{"role": "system", "content": style.system}, {"role": "user", "content": user}]
-            texts += [render_chat(messages, add_generation_prompt=True) + f"<action>{step.action}</action>",
-                      render_skill(oracle_plan(trajectory.actions, index))]
+            texts.append(render_chat(messages, add_generation_prompt=True) + f"<action>{step.action}</action>")
         for t in (trajectory, *game.failures):
-            answer = json.dumps(oracle_answer(t, with_step_skills=skill_mode != "episode_only"))
+            answer = oracle_answer(t, with_step_skills=skill_mode != "episode_only")
             texts.append(render_chat([*build_analyzer_messages(t, skill_mode),
-                                      {"role": "assistant", "content": answer}]))
+                                      {"role": "assistant", "content": json.dumps(answer)}]))
+            texts += [render_skill(text) for text in (answer["episode_skill"], *answer.get("step_skills", {}).values())]
     texts += [render_chat([*prompt, {"role": "assistant", "content": answer}]) for prompt, answer, _ in pairs]
     return texts
 
@@ -362,7 +373,8 @@ def main(cfg: Config, sharding: Sharding | None = None, **_flags: Any) -> int:
     """Entry point of `seedfast sft CONFIG`: one process, or (with `sharding`, built by app/sft.py under torchrun)
     one rank of a sharded run: the same steps, each rank training on its share; rank 0 alone writes the metrics
     and the output folder (gathered from every rank)."""
-    from seedfast.runtime.setup import DTYPES, device_of, require_one_process
+    from seedfast.runtime.precision import DTYPES
+    from seedfast.runtime.setup import device_of, require_one_process, trainable_policy
 
     if sharding is None:
         require_one_process("sft")
@@ -370,22 +382,23 @@ def main(cfg: Config, sharding: Sharding | None = None, **_flags: Any) -> int:
     device = device_of(cfg)
     start = sft_start(cfg, device, sharding)
     model, tokenizer, examples, counts = start.model, start.tokenizer, start.examples, start.counts
+    model = model.to(DTYPES[cfg.optim.master_dtype])  # the trained weights (runtime/precision.py)
     if sharding is not None and sharding.shard is not None:
-        model = sharding.shard(model)
+        model = sharding.shard(model)  # FSDP2 computes in model.dtype over these masters
+    compute, masters = trainable_policy(cfg, model)
     is_main = sharding is None or sharding.is_main
 
     log = JsonlLog(cfg.run_dir / METRICS_NAME) if is_main else None
     if log is not None:
         log({"event": "data", "games": start.games, **counts})
     if cfg.sft.copy_warmup_steps:
-        last = copy_warmup(model, ordinary_ids(tokenizer), cfg.sft.copy_warmup_steps, lr=cfg.sft.lr,
-                           seed=cfg.run.seed, sharding=sharding)
+        last = copy_warmup(compute, ordinary_ids(tokenizer), cfg.sft.copy_warmup_steps, lr=cfg.sft.lr,
+                           seed=cfg.run.seed, sharding=sharding, masters=masters)
         if log is not None:
             log({"event": "copy_warmup", "steps": cfg.sft.copy_warmup_steps, "loss": last})
-    autocast = DTYPES[cfg.model.dtype] if device.type == "cuda" and cfg.model.dtype != "fp32" else None
-    stats: SFTStats = train_sft(model, examples, cfg.sft, seed=cfg.run.seed, log_fn=log,
+    stats: SFTStats = train_sft(compute, examples, cfg.sft, seed=cfg.run.seed, log_fn=log,
                                 progress=is_main and cfg.log.progress and sys.stderr.isatty(),
-                                autocast_dtype=autocast, sharding=sharding)
+                                masters=masters, sharding=sharding)
     out = cfg.run_dir / SFT_DIR
     if sharding is None:
         save_policy(model.cpu(), tokenizer, out, DTYPES[cfg.model.dtype])

@@ -50,7 +50,7 @@ def reflection_update(cfg: Config, policy: torch.nn.Module, optimizer: torch.opt
     loss, _ = minibatch_loss_backward(policy, batch, list(range(len(samples))), loss_cfg, use_kl=False,
                                       use_opd=False, temperature=cfg.rollout.temperature,
                                       token_budget=cfg.trainer.micro_batch_tokens, dp=dp)
-    norm = grad_norm_and_clip(policy, cfg.optim.grad_clip)
+    norm = grad_norm_and_clip(optimizer, cfg.optim.grad_clip)
     if math.isfinite(loss) and math.isfinite(norm):  # the global loss and norm: every rank decides alike
         optimizer.step()
     return {"grsd/reflection_loss": loss}

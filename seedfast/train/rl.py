@@ -33,18 +33,20 @@ from seedfast.rollout.colocated import build_rollout
 from seedfast.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from seedfast.runtime.metrics import MetricsLogger, NullLogger, truncate_metrics
 from seedfast.runtime.optim import grad_norm_and_clip
+from seedfast.runtime.precision import DTYPES
 from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, mfu, parse_profile_steps
 from seedfast.runtime.setup import (
-    DTYPES,
     agent_config,
     device_of,
     load_policy,
     load_run_tokenizer,
     load_tasks,
+    load_trainable_policy,
     make_env_slots,
     policy_path,
     rl_optimizer,
     shard_policy,
+    watch_precision,
 )
 from seedfast.scoring import score, score_reference
 from seedfast.train.batch import build_samples
@@ -99,7 +101,9 @@ class Trainer:
         self.run_dir = Path(run_dir or cfg.run_dir)
         self.device = device_of(cfg)
         start = Path(policy_dir) if policy_dir else policy_path(cfg)
-        self.policy = load_policy(cfg, start, self.device)
+        # `policy` computes (model.dtype); `trained` holds the master weights the optimizer steps and checkpoints
+        # save (optim.master_dtype; the same module unless one process computes in a lower dtype: runtime/precision.py)
+        self.policy, self.trained, self.masters = load_trainable_policy(cfg, start, self.device)
         self.policy.gradient_checkpointing = cfg.dist.activation_checkpointing  # per decoder block
         # sharded run (dist.strategy=fsdp, under torchrun): FSDP2 before the optimizer sees the parameters
         self.dp: DataParallel | None = shard_policy(cfg, self.policy, self.device)
@@ -110,7 +114,8 @@ class Trainer:
         if self.plan.kl:
             ref_dir = Path(cfg.model.ref_path) if cfg.model.ref_path else start
             self.ref = load_policy(cfg, ref_dir, self.device, trainable=False).eval()
-        self.optimizer, self.scheduler = rl_optimizer(cfg, self.policy)
+        self.optimizer, self.scheduler = rl_optimizer(cfg, self.trained)
+        self.rounding = watch_precision(cfg, self.optimizer, self.masters)
         self.train_tasks = task_pool(load_tasks(cfg, "train"), cfg.rollout.task_pool, cfg.run.seed)
         self.eval_tasks = load_tasks(cfg, "eval")
         if cfg.trainer.eval_games:
@@ -120,8 +125,8 @@ class Trainer:
         self.judge = make_judge(cfg) if cfg.algorithm == "grsd" else None
         if cfg.rollout.engine == "vllm":  # one engine per rank, on the rank's GPU, fed the policy's weights
             check_colocated(self.dp.world if self.dp is not None else 1, cfg.rollout.tensor_parallel)
-        # the engine computes in the dtype the update's forward does (FSDP2 mixed precision: dist.param_dtype)
-        self.rollout_dtype = cfg.dist.param_dtype or cfg.model.dtype
+        # the engine computes in the dtype the update's forward does: model.dtype (runtime/precision.py)
+        self.rollout_dtype = cfg.model.dtype
         self.engine = build_rollout(cfg.rollout.engine, self.policy, start, seed=cfg.run.seed, dtype=self.rollout_dtype,
                                     gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                                     tensor_parallel_size=cfg.rollout.tensor_parallel, sleep=cfg.rollout.vllm_sleep)
@@ -232,6 +237,8 @@ class Trainer:
             if plan.reflection_update and privileged is not None and privileged.reflections is not None:
                 metrics.update(reflection_update(cfg, self.policy, self.optimizer, privileged.reflections,
                                                  group_of, self.dp))
+        if self.rounding is not None and self.rounding.last is not None:
+            metrics["optim/rounded_away"] = self.rounding.last
         self.scheduler.step()
 
         n_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
@@ -276,7 +283,7 @@ class Trainer:
                 loss, m = minibatch_loss_backward(
                     self.policy, batch, index, cfg.loss, use_kl=self.plan.kl, use_opd=use_opd,
                     temperature=cfg.rollout.temperature, token_budget=cfg.trainer.micro_batch_tokens, dp=self.dp)
-                norm = grad_norm_and_clip(self.policy, cfg.optim.grad_clip)
+                norm = grad_norm_and_clip(self.optimizer, cfg.optim.grad_clip)
                 if not (math.isfinite(loss) and math.isfinite(norm)):
                     self.optimizer.zero_grad(set_to_none=True)
                     self.bad_steps += 1
@@ -317,7 +324,9 @@ class Trainer:
         if resume:
             path = latest_checkpoint(ckpt_dir) if resume == "auto" else Path(resume)
             if path is not None:
-                state = load_checkpoint(path, self.policy, self.optimizer, self.scheduler)
+                state = load_checkpoint(path, self.trained, self.optimizer, self.scheduler)
+                if self.masters is not None:
+                    self.masters.publish()
                 start = state["step"]
                 self.bad_steps = state.get("bad_steps", 0)
         if self.is_main:  # rank 0 alone writes metrics and TensorBoard
@@ -344,12 +353,13 @@ class Trainer:
                 self.log.log(step, metrics)
                 history.append({"step": step, **metrics})
                 if (cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0) or last:
-                    save_checkpoint(ckpt_dir, step + 1, self.policy, self.optimizer, self.scheduler,
+                    save_checkpoint(ckpt_dir, step + 1, self.trained, self.optimizer, self.scheduler,
                                     {"bad_steps": self.bad_steps}, keep=cfg.trainer.keep_checkpoints)
             if self.dp is not None:
-                export_hf(self.policy, self.run_dir / "hf")  # every rank gathers, rank 0 writes
+                # every rank gathers, rank 0 writes, in the compute dtype (the master weights are in the checkpoint)
+                export_hf(self.policy, self.run_dir / "hf", dtype=DTYPES[cfg.model.dtype])
             else:
-                save_hf(self.policy, self.run_dir / "hf")
+                save_hf(self.policy, self.run_dir / "hf")  # the module that computes: model.dtype
             if self.is_main:
                 self.tokenizer.save_pretrained(str(self.run_dir / "hf"))
         finally:

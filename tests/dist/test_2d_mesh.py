@@ -28,7 +28,7 @@ def _step(model, samples, adv, dp=None):
     opt = adamw(list(model.parameters()), lr=1e-2, weight_decay=0.01, eps=1e-4)
     loss, metrics = minibatch_loss_backward(model, UpdateBatch(samples, adv, None), list(range(len(samples))), LOSS,
                                             use_kl=False, use_opd=False, temperature=1.0, token_budget=48, dp=dp)
-    norm = grad_norm_and_clip(model, 0.5)  # clips: the norm is a global one
+    norm = grad_norm_and_clip(opt, 0.5)  # clips: the norm is a global one
     opt.step()
     return loss, metrics, norm
 

@@ -53,7 +53,7 @@ def _update(model, opt, sched, step, dp=None):
     opt.zero_grad(set_to_none=True)
     loss, _ = minibatch_loss_backward(model, UpdateBatch(samples, adv, None), list(range(len(samples))), LOSS,
                                       use_kl=False, use_opd=False, temperature=1.0, token_budget=4096, dp=dp)
-    norm = grad_norm_and_clip(model, 1e9)
+    norm = grad_norm_and_clip(opt, 1e9)
     opt.step()
     sched.step()
     return loss, norm

@@ -1,5 +1,5 @@
-"""dist.param_dtype / dist.reduce_dtype (FSDP2 mixed precision), set through the config as `seedfast train` sets
-them (runtime/setup.py shard_policy): fp32 master weights and optimizer states, bf16 weights in forward and
+"""model.dtype over optim.master_dtype, and dist.reduce_dtype (FSDP2 mixed precision), set through the config as
+`seedfast train` sets them (runtime/setup.py shard_policy): fp32 master weights and optimizer states, bf16 weights in forward and
 backward, gradients reduced across ranks in fp32; the update stays close to the fp32 one (bf16 rounding only)."""
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def _worker(rank, world, param_dtype, reduce_dtype):
     ref = copy.deepcopy(model)
     ref_loss = _loss_backward(ref, samples)
 
-    cfg = load_config(None, ["dist.strategy=fsdp", f"dist.param_dtype={param_dtype}",
-                             f"dist.reduce_dtype={reduce_dtype}", "rollout.tasks_per_batch=2", "model.dtype=fp32"])
+    cfg = load_config(None, ["dist.strategy=fsdp", f"model.dtype={param_dtype}", "optim.master_dtype=fp32",
+                             f"dist.reduce_dtype={reduce_dtype}", "rollout.tasks_per_batch=2"])
     dp = shard_policy(cfg, model, torch.device("cpu"))
     seen_weights: list[torch.dtype] = []
     model.model.layers[0].mlp.register_forward_pre_hook(
@@ -63,7 +63,7 @@ def _worker(rank, world, param_dtype, reduce_dtype):
     want_reduce = {"bf16": torch.bfloat16, "fp32": torch.float32}[reduce_dtype]
     assert seen_weights and set(seen_weights) == {want_param}  # the gathered weights the forward computes with
     assert reduced and set(reduced) == {want_reduce}  # the gradients' reduce-scatter across ranks
-    for name, p in model.named_parameters():  # master weights and their gradients stay in model.dtype
+    for name, p in model.named_parameters():  # master weights and their gradients stay in optim.master_dtype
         assert p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32, name
     assert loss == pytest.approx(ref_loss, rel=3e-2, abs=1e-3)  # bf16 rounding of the forward only
     g = model.model.layers[0].mlp.up_proj.weight.grad.full_tensor()

@@ -46,7 +46,7 @@ def _update(model, samples, case, dp=None):
     loss, metrics = minibatch_loss_backward(model, batch, list(range(len(samples))), case["loss"], use_kl=False,
                                             use_opd=case["use_opd"], temperature=1.1, token_budget=BUDGET, dp=dp)
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    norm = grad_norm_and_clip(model, 1e9)
+    norm = grad_norm_and_clip(opt, 1e9)
     opt.step()
     return loss, metrics, norm, grads
 

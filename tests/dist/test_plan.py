@@ -40,12 +40,19 @@ def test_plan_matches_hand_arithmetic(name, world, tp, billions):
     assert plan.params_total == total
     assert round(plan.params_total / 1e9, 1 if billions > 10 else 2) == billions
     assert (plan.dp_shard, plan.tp) == (world // tp, tp)
-    hand_bytes = local * 2 / plan.dp_shard  # bf16, FSDP2 over dp_shard ranks
+    hand_bytes = local * 4 / plan.dp_shard  # fp32 master weights, FSDP2 over dp_shard ranks
     got = plan.gib["parameters"] * GIB
     # FSDP2 pads each parameter's dim 0 to a multiple of dp_shard: at most dp_shard - 1 rows per parameter
     assert hand_bytes <= got * (1 + 1e-4) and got <= hand_bytes * 1.002 + 1e5
     assert plan.gib["gradients"] == plan.gib["parameters"]
     assert plan.gib["optimizer_states"] == pytest.approx(2 * plan.gib["parameters"], abs=2e-4)
+    # what computes is bf16: a gathered decoder block (TP-local), and the root's unsharded gradient cast to fp32
+    # for the reduce-scatter
+    assert (plan.compute_dtype, plan.master_dtype, plan.reduce_dtype) == ("bf16", "fp32", "fp32")
+    root = QWEN25[name]["vocab_size"] * QWEN25[name]["hidden_size"] * (1 if QWEN25[name]["tie_word_embeddings"]
+                                                                       else 2) // tp + QWEN25[name]["hidden_size"]
+    assert plan.gib["gathered_root_and_its_grad"] == pytest.approx(2 * root * 2 / GIB, rel=1e-3)
+    assert plan.gib["reduce_scatter_copy"] == pytest.approx(root * 4 / GIB, rel=1e-3)
     # the logits the fused ops never form: micro_batch_tokens x V/tp fp32
     vocab = QWEN25[name]["vocab_size"]
     assert plan.gib["logits_avoided_fp32"] == pytest.approx(32768 * math.ceil(vocab / tp) * 4 / GIB, abs=1e-4)

@@ -48,7 +48,8 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def _sharding(world: int):
     from seedfast.app.sft import sft_sharding
 
-    cfg = load_config(None, ["dist.strategy=fsdp", "trainer.device=cpu"])
+    # fp32 compute, as the one-process reference (bf16 over fp32 masters: tests/dist/test_fsdp_mixed_precision.py)
+    cfg = load_config(None, ["dist.strategy=fsdp", "trainer.device=cpu", "model.dtype=fp32"])
     return sft_sharding(cfg, torch.device("cpu"))
 
 
@@ -79,7 +80,9 @@ def _equal_steps_worker(rank: int, world: int) -> None:
     assert any(r["grad_norm"] > 0.05 for r in ref_logs)  # clipping was active: the global norm matters
     for (n, p), (rn, rp) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
         assert n == rn
-        torch.testing.assert_close(_full(p.detach()), rp.detach(), rtol=1e-5, atol=1e-5, msg=n)
+        # 2e-5: fp32 summation order (per-rank partial norms and losses) moves a weight by ~1e-5 after Adam's first
+        # steps at eps 1e-8, where g / (|g| + eps) amplifies differences on near-zero gradients
+        torch.testing.assert_close(_full(p.detach()), rp.detach(), rtol=1e-5, atol=2e-5, msg=n)
     untrained = build_decoder(make_config("qwen2"), dtype=torch.float32, seed=3)
     assert not torch.allclose(ref.lm_head_weight, untrained.lm_head_weight)  # the steps moved the weights
 

@@ -18,6 +18,7 @@ from seedfast.rollout.agent_loop import Task, stop_token_ids
 from seedfast.rollout.own_engine import Sampler
 from seedfast.rollout.prompts import PromptStyle
 from seedfast.runtime.optim import lr_at
+from seedfast.runtime.precision import MasterWeights
 from seedfast.sft import run as sft
 from seedfast.sft.examples import SFTExample, action_response_ids, bc_examples, make_example
 from seedfast.sft.loop import evaluate_loss, pack, plan_batches, token_logprobs, train_sft
@@ -211,13 +212,14 @@ def test_short_sft_memorizes_the_walkthroughs(tok, bc, replays):
         assert out == action_response_ids(tok, step.action), ex.source  # the whole answer, end of turn included
 
 
-@pytest.mark.gpu
-def test_autocast_bf16_training_on_cuda_lowers_the_loss(tok, bc):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    model = tiny(tok, hidden=64, layers=2).cuda()
-    stats = train_sft(model, bc, SFT(epochs=30, lr=1e-2), schedule="constant", autocast_dtype=torch.bfloat16)
-    assert model.lm_head_weight.dtype == torch.float32 and stats.last_loss < 0.3 * stats.first_loss
+def test_bf16_compute_over_fp32_master_weights_lowers_the_loss(tok, bc):
+    """model.dtype=bf16 (runtime/precision.py): the module computes in bf16, the optimizer steps fp32 masters."""
+    master = tiny(tok, hidden=64, layers=2)
+    masters = MasterWeights(master, torch.bfloat16)
+    stats = train_sft(masters.compute, bc, SFT(epochs=30, lr=1e-2), schedule="constant", masters=masters)
+    assert master.lm_head_weight.dtype == torch.float32 and masters.compute.lm_head_weight.dtype == torch.bfloat16
+    assert torch.equal(masters.compute.lm_head_weight, master.lm_head_weight.to(torch.bfloat16))
+    assert stats.last_loss < 0.3 * stats.first_loss
 
 
 # ------------------------------------------------------------------------------------------- seedfast sft

@@ -7,6 +7,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+import torch
+from safetensors.torch import load_file
+
 from seedfast.runtime.checkpoint import list_checkpoints
 
 VOLATILE = ("time/", "throughput/", "memory/")
@@ -40,13 +44,16 @@ def _run_until_checkpoint(cmd, ckpt_dir, step, timeout=300):
     proc.wait()
 
 
-def test_killed_twice_and_resumed_equals_uninterrupted(overrides, tiny_policy, train_games, tmp_path):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_killed_twice_and_resumed_equals_uninterrupted(overrides, tiny_policy, train_games, tmp_path, dtype):
+    """bf16: the module computes in bf16 over fp32 master weights (runtime/precision.py); the checkpoints hold the
+    masters, so a resume continues exactly."""
     straight = tmp_path / "straight"
-    subprocess.run(_cmd(overrides, train_games, straight, tiny_policy), env=_env(), check=True,
-                   capture_output=True)
+    subprocess.run(_cmd(overrides, train_games, straight, tiny_policy, f"model.dtype={dtype}"), env=_env(),
+                   check=True, capture_output=True)
 
     killed = tmp_path / "killed"
-    cmd = _cmd(overrides, train_games, killed, tiny_policy)
+    cmd = _cmd(overrides, train_games, killed, tiny_policy, f"model.dtype={dtype}")
     ckpt = killed / "t" / "ckpt"
     _run_until_checkpoint(cmd, ckpt, 1)
     _run_until_checkpoint([*cmd, "--resume", "auto"], ckpt, 2)
@@ -56,3 +63,7 @@ def test_killed_twice_and_resumed_equals_uninterrupted(overrides, tiny_policy, t
     got = _stable(killed / "t" / "metrics.jsonl")
     assert [r["step"] for r in got] == [0, 1, 2]
     assert got == expected
+    master = load_file(list_checkpoints(ckpt)[-1] / "model.safetensors")
+    exported = load_file(killed / "t" / "hf" / "model.safetensors")
+    assert {t.dtype for t in master.values()} == {torch.float32}  # the masters, whatever computes
+    assert {t.dtype for t in exported.values()} == {getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[dtype])}
