@@ -12,9 +12,21 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from seedfast.envs.base import Environment, Observation
-from seedfast.envs.workers import EnvPool
+from seedfast.envs.workers import FAILURE_KINDS, EnvPool
 
 StepOut = tuple[Observation, float, bool, dict]
+COUNTER_KEYS = ("worker_restarts", "envs_restored", *(f"failed_{kind}" for kind in FAILURE_KINDS))
+
+
+def counter_delta(before: Mapping[str, int], after: Mapping[str, int], prefix: str) -> dict[str, float]:
+    """What the slots' cumulative counters (`counters()`) moved between two readings, as metrics."""
+    return {f"{prefix}{key}": float(after[key] - before.get(key, 0)) for key in after}
+
+
+def counters_of(envs: Any) -> dict[str, int]:
+    """`envs.counters()`, or nothing for slots that keep no counters."""
+    counters = getattr(envs, "counters", None)
+    return counters() if counters is not None else {}
 
 
 class EnvSlots(Protocol):
@@ -26,11 +38,11 @@ class EnvSlots(Protocol):
 
 
 class PoolEnvSlots:
-    """Slots backed by seedfast.envs.workers.EnvPool (one process per slot, per-step timeouts)."""
+    """Slots backed by seedfast.envs.workers.EnvPool (a few worker processes, per-step timeouts, restarts)."""
 
     def __init__(self, pool: EnvPool) -> None:
         self.pool = pool
-        self.n_slots = pool.n_workers
+        self.n_slots = pool.n_slots
 
     def reset(self, specs: Mapping[int, Any]) -> dict[int, Observation | str]:
         results = self.pool.reset(dict(specs))
@@ -39,6 +51,9 @@ class PoolEnvSlots:
     def step(self, actions: Mapping[int, str]) -> dict[int, StepOut]:
         results = self.pool.step(dict(actions))
         return {slot: (t.observation, t.reward, t.done, t.info) for slot, t in results.items()}
+
+    def counters(self) -> dict[str, int]:
+        return self.pool.counters()
 
     def close(self) -> None:
         self.pool.close()
@@ -53,6 +68,7 @@ class LocalEnvSlots:
         self._make_env = make_env
         self.n_slots = n_slots
         self._envs: dict[int, tuple[Any, Environment]] = {}
+        self._failed = 0
 
     def reset(self, specs: Mapping[int, Any]) -> dict[int, Observation | str]:
         out: dict[int, Observation | str] = {}
@@ -64,6 +80,7 @@ class LocalEnvSlots:
                 out[slot] = self._envs[slot][1].reset()
             except Exception as err:  # reported as a failed episode, never raised
                 self._envs.pop(slot, None)
+                self._failed += 1
                 out[slot] = f"{type(err).__name__}: {err}"
         return out
 
@@ -73,8 +90,13 @@ class LocalEnvSlots:
             try:
                 out[slot] = self._envs[slot][1].step(action)
             except Exception as err:
+                self._failed += 1
                 out[slot] = (Observation("", ""), 0.0, True, {"won": False, "error": f"{type(err).__name__}: {err}"})
         return out
+
+    def counters(self) -> dict[str, int]:
+        """The keys of EnvPool.counters(); in one process nothing but the environment itself can fail."""
+        return {**dict.fromkeys(COUNTER_KEYS, 0), "failed_exception": self._failed}
 
     def close(self) -> None:
         for slot in list(self._envs):
