@@ -80,3 +80,19 @@ def test_tokenizer_splits_as_llama_cpp_does(tokenizer, tmp_path):
              "naïve café — ok", "<action>take key</action>"]
     for text in texts:
         assert tokenizer(text)["input_ids"] == reference_encode(text, tokens, merges, specials), text
+
+
+def test_a_skill_inserted_at_every_insertion_point_keeps_the_other_ids(tokenizer):
+    from seedfast.context.skill import render_skill, skill_segment
+    from seedfast.rollout.prompts import Turn
+
+    prompt = build_prompt(tokenizer, "find the key", [Turn("You are in a hall.", "go east")], "A key  lies here.",
+                          ["take key", "go west"], 1)
+    skill = "Workflow: go east -> take key.  Keys lie in rooms 1 2 3."
+    ids = prompt.ids
+    for mode, k in prompt.insert_points().items():
+        before = tokenizer.decode(ids[:k])
+        assert prompt.text.startswith(before), mode
+        joined = before + render_skill(skill) + prompt.text[len(before):]
+        expected = tokenizer(joined, add_special_tokens=False)["input_ids"]
+        assert ids[:k] + skill_segment(tokenizer, skill) + ids[k:] == expected, mode
