@@ -18,7 +18,7 @@ def _one_thread(one_torch_thread):
 @pytest.fixture(scope="session")
 def games(tmp_path_factory, request):
     """Two tiny treasure_hunter games (walkthroughs of 1 and 2 steps); cached across runs when pytest can."""
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # absent under `-p no:cacheprovider`
     folder = cache.mkdir("seedfast-rollout-games") if cache is not None else tmp_path_factory.mktemp("games")
     return make_games(folder, "treasure_hunter", [1, 3], n_train=1, n_eval=0, seed=0, workers=2)
 
