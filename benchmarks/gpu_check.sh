@@ -1,122 +1,98 @@
 #!/usr/bin/env bash
-# One short GPU window: the CUDA tests (pytest -m gpu), FSDP2 on a 1-rank mesh (one SEED and one GRPO update equal
-# the plain update, tests/dist/test_fsdp_one_device.py), the RL step at the random-init Qwen2.5-1.5B shape (SEED vs
-# GRPO: tokens/s, MFU, peak memory; benchmarks/step_gpu.py), the kernel microbenchmarks and one RL update side by
-# side with the reference recipe (benchmarks/peers.py, Qwen2.5-1.5B shape, bf16). No network, installs nothing.
-# The whole script stays inside BUDGET_S seconds (default 540: one 10-minute device command with room to copy the
-# results back): each step's time limit is its own or what is left of the budget, whichever is smaller, and a step
-# with under 20 s left is skipped and reported as such.
+# One GPU window, headline numbers first, so that a window cut short still answers the main question:
+#   gemm     cuBLAS bf16 GEMMs at the LM-head shapes (N=16384, d=4096, V=152064), measured in this run: the rate every
+#            kernel number is judged against (benchmarks/gemm_reference.py)
+#   kernels  the LM-head kernels at N=16384 beside that GEMM (benchmarks/kernels.py --n 16384, no torch.compile)
+#   tests    the gpu-marked tests of kernels/ and ops/ (one autotune candidate each: SEEDFAST_AUTOTUNE_ONE=1)
+#   step     a reduced RL step (Qwen2.5-1.5B width, 8 layers): tokens/s/GPU and MFU (benchmarks/step_gpu.py)
+#   rest     the other gpu tests, FSDP2 on one GPU, peers at the Qwen2.5-1.5B shape
+# Python is the image's: ${PYTHON:-python3}, with its own torch; nothing is installed (no make, no venv).
 #
-#   benchmarks/gpu_check.sh OUT_DIR          (from anywhere; PYTHON=/path/to/python, BUDGET_S=seconds)
+#   benchmarks/gpu_check.sh OUT_DIR     (PYTHON=..., BUDGET_S=seconds, STEPS="gemm kernels ...", KILL_S=seconds)
 #
-# Writes OUT_DIR/{env.txt, gemm_reference.json, nvidia-smi.txt, pytest_gpu.xml (JUnit), pytest_gpu.log,
-# fsdp_1gpu.log, step_gpu.log, step_gpu.json, kernels.log, kernels.json, kernels.png, peers.log, peers_cuda.json,
-# summary.txt}. Exit status: non-zero when a test failed, a
-# test file failed to import, or a step ran past its time limit. A test file that fails to import is reported and
-# the other files' tests still run (--continue-on-collection-errors).
+# The whole script stays inside BUDGET_S (default 570: one 10-minute device command with room to copy back). A step
+# runs under `timeout -k KILL_S` for its own limit or what is left of the budget, whichever is smaller (a child that
+# ignores SIGTERM is killed KILL_S later); one with under MIN_STEP_S left is skipped (125). STEPS picks and orders
+# steps, so a second command can run the rest. Every result is streamed to disk as it comes, in at most 8 files
+# directly under OUT_DIR (what a device run brings back):
+#   summary.txt          versions, GPU, one line per step as it ends (exit code, seconds, limit), the headlines
+#   gemm_reference.json  the cuBLAS reference        kernels.json   the N=16384 kernel rows (rewritten per shape)
+#   pytest_gpu.log       -v -rA, one line per test as it finishes   pytest_gpu.xml  JUnit of the whole tests step
+#   step_gpu.json        the reduced step            peers_cuda.json               window.log  every step's output
+# Exit status: non-zero when a step failed, ran past its limit or was skipped.
 set -uo pipefail
 
 OUT=${1:?usage: benchmarks/gpu_check.sh OUT_DIR}
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$REPO"
 
-# Nothing is installed: every Python step puts the repository first on sys.path.
-BOOT="import sys
-sys.path.insert(0, '$REPO')"
-py() { local code=$1; shift; "$PY" -c "$BOOT
-$code" "$@"; }
-export PYTHONDONTWRITEBYTECODE=1
-BUDGET_S=${BUDGET_S:-540}
+export PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+# Nothing is installed: every Python process finds the repository first (children too).
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+BUDGET_S=${BUDGET_S:-570}
 MIN_STEP_S=${MIN_STEP_S:-20}
+KILL_S=${KILL_S:-10}
+STEPS=${STEPS:-gemm kernels tests step rest}
+# Each step's own limit on a cold machine (Triton autotune compiles, cuBLAS heuristics, CUDA context):
+declare -A OWN=([gemm]=40 [kernels]=120 [tests]=240 [step]=150 [rest]=200)
 T0=$(date +%s)
-# limit SECONDS: the step's own limit, or what is left of the budget; 0 when under MIN_STEP_S are left (skip it)
-limit() { local left=$(( BUDGET_S - ($(date +%s) - T0) )); [ "$left" -lt "$MIN_STEP_S" ] && { echo 0; return; }
+SUMMARY="$OUT/summary.txt"
+LOG="$OUT/window.log"
+: > "$LOG"
+status=0
+
+# limit SECONDS: the step's own limit, or what is left of the budget less the kill grace; 0: skip it
+limit() { local left=$(( BUDGET_S - ($(date +%s) - T0) - KILL_S )); [ "$left" -lt "$MIN_STEP_S" ] && { echo 0; return; }
   [ "$1" -lt "$left" ] && echo "$1" || echo "$left"; }
-# timed SECONDS cmd...: run under the budgeted limit; exit 125 = skipped for lack of budget, 124 = ran out of time
-timed() { local t; t=$(limit "$1"); shift; [ "$t" -eq 0 ] && return 125; timeout "$t" "$@"; }
+
+# run_step NAME DESCRIPTION cmd...: cmd under the budget, its output appended to window.log, one summary line
+run_step() { local name=$1 what=$2 t t0 rc; shift 2; t=$(limit "${OWN[$name]}"); t0=$(date +%s)
+  echo "=== $name: $what (limit ${t}s) $(date -u +%H:%M:%S)" >> "$LOG"
+  if [ "$t" -eq 0 ]; then rc=125; else timeout -k "$KILL_S" "$t" "$@" >> "$LOG" 2>&1; rc=$?; fi
+  [ "$rc" -ne 0 ] && status=1
+  echo "$name: exit $rc in $(( $(date +%s) - t0 ))s (limit ${t}s of own ${OWN[$name]}s; 124/137 = time limit, 125 = skipped: budget) $what" \
+    | tee -a "$SUMMARY"; }
 
 {
   date -u +"%Y-%m-%dT%H:%M:%SZ"
   git rev-parse HEAD 2>/dev/null || true
-  py "import torch, triton, seedfast.kernels as k; print('python', sys.version.split()[0]);
-print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cublas', torch.backends.cuda.preferred_blas_library());
-print('triton', triton.__version__);
-print('gpu', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None); print('kernels', k.__file__)"
-} > "$OUT/env.txt" 2>&1
-command -v nvidia-smi >/dev/null && nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+  echo "python: $PY ($(command -v "$PY" || echo not found))"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit \
+    --format=csv,noheader 2>&1
+} > "$SUMMARY"
 
-# The reference the kernels are judged against: a cuBLAS bf16 GEMM of the logits shape (N=4096, d=4096,
-# V=152064), a device copy's bandwidth, and whether torch takes an fp32 C beside bf16 inputs in one cuBLAS call
-# (seedfast/ops/triton_backend.py, GEMM_F32_MODE: "addmm", else the slower "mm+add").
-timed 40 "$PY" -c "$BOOT
-import json, torch, triton
-from seedfast.ops import triton_backend as tb
-out = {'torch': torch.__version__, 'cuda': torch.version.cuda, 'triton': triton.__version__}
-if torch.cuda.is_available():
-    n, d, v = 4096, 4096, 152064
-    h = torch.randn(n, d, device='cuda', dtype=torch.bfloat16)
-    w = torch.randn(v, d, device='cuda', dtype=torch.bfloat16)
-    def ms(fn, reps=10):
-        fn(); torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps): fn()
-        b.record(); torch.cuda.synchronize()
-        return a.elapsed_time(b) / reps
-    t = ms(lambda: h @ w.T)
-    src = torch.empty(2**30, dtype=torch.uint8, device='cuda'); dst = torch.empty_like(src)
-    c = torch.zeros(n, d, device='cuda')
-    g = torch.randn(n, 8192, device='cuda', dtype=torch.bfloat16)
-    tb._matmul(g, w[:8192], c, True, 1.0, 'probe')
-    out.update(gpu=torch.cuda.get_device_name(0), gemm_shape=[n, d, v], gemm_ms=t, gemm_tflops=2*n*d*v/t/1e9,
-               copy_tbs=2 * 2**30 / (ms(lambda: dst.copy_(src)) / 1e3) / 1e12,
-               gemm_f32_output_mode=tb.GEMM_F32_MODE['mode'])
-print(json.dumps(out))
-json.dump(out, open(sys.argv[1], 'w'), indent=1)" "$OUT/gemm_reference.json" >> "$OUT/env.txt" 2>&1
+step_gemm() { run_step gemm "cuBLAS bf16 GEMMs at the LM-head shapes" \
+  "$PY" benchmarks/gemm_reference.py "$OUT/gemm_reference.json"
+  echo "  gemm reference: $(tr -d '\n' < "$OUT/gemm_reference.json" 2>/dev/null | cut -c1-600)" >> "$SUMMARY"; }
 
-status=0
-# step NAME LOG SECONDS cmd...: run cmd under the budget (timed) into LOG; sets NAME_rc and NAME_s (its seconds)
-step() { local name=$1 log=$2 limit=$3 t0 rc; shift 3; t0=$(date +%s)
-  timed "$limit" "$@" > "$log" 2>&1; rc=$?
-  [ "$rc" -ne 0 ] && status=1
-  printf -v "${name}_rc" %s "$rc"; printf -v "${name}_s" %s "$(( $(date +%s) - t0 ))"; }
+step_kernels() { run_step kernels "LM-head kernels at N=16384 (benchmarks/kernels.py)" \
+  "$PY" benchmarks/kernels.py --n 16384 --no-compile --reps 3 --out "$OUT/kernels.json" \
+  --gemm-ref "$OUT/gemm_reference.json"; }
 
-step tests "$OUT/pytest_gpu.log" 150 "$PY" -c "$BOOT
-import pytest; sys.exit(pytest.main(sys.argv[1:]))" -m gpu tests -q -rs -p no:cacheprovider \
-  --continue-on-collection-errors --ignore=tests/dist/test_fsdp_one_device.py --junitxml="$OUT/pytest_gpu.xml"
+TEST_FILES="tests/kernels tests/ops"
+step_tests() { run_step tests "pytest -m gpu $TEST_FILES (log: pytest_gpu.log)" env SEEDFAST_AUTOTUNE_ONE=1 \
+  bash -c "exec '$PY' -m pytest -m gpu $TEST_FILES -v -rA -p no:cacheprovider --continue-on-collection-errors \
+  --junitxml='$OUT/pytest_gpu.xml' > '$OUT/pytest_gpu.log' 2>&1"
+  echo "  $(tail -n 1 "$OUT/pytest_gpu.log" 2>/dev/null)" >> "$SUMMARY"; }
 
-# FSDP2 on one GPU: a 1-rank nccl process group in the test process, one SEED and one GRPO update vs the plain one
-step fsdp "$OUT/fsdp_1gpu.log" 45 "$PY" -c "$BOOT
-import pytest; sys.exit(pytest.main(sys.argv[1:]))" -m gpu tests/dist/test_fsdp_one_device.py -q -rs \
-  -p no:cacheprovider
-
-# The RL step at the Qwen2.5-1.5B shape, random init, SEED vs GRPO (tokens/s, MFU, peak memory)
-step step "$OUT/step_gpu.log" 100 "$PY" benchmarks/step_gpu.py --shape qwen1.5b --device cuda --dtype bf16 \
+step_step() { run_step step "reduced RL step, Qwen2.5-1.5B width, 8 layers (benchmarks/step_gpu.py)" \
+  "$PY" benchmarks/step_gpu.py --shape qwen1.5b --layers 8 --reps 1 --device cuda --dtype bf16 \
   --out "$OUT/step_gpu.json"
+  grep -E "^(grpo|seed) " "$LOG" | sed 's/^/  /' >> "$SUMMARY"; }
 
-step bench "$OUT/kernels.log" 120 "$PY" -c "$BOOT
-import runpy; sys.argv = ['benchmarks/kernels.py', '--quick']; runpy.run_path('benchmarks/kernels.py', run_name='__main__')"
-cp benchmarks/results/kernels.json benchmarks/results/kernels.png "$OUT/" 2>/dev/null
+step_rest() { run_step rest "other gpu tests, FSDP2 on one GPU, peers" bash -c "
+  '$PY' -m pytest -m gpu tests -q -rA -p no:cacheprovider --continue-on-collection-errors \
+    --ignore=tests/kernels --ignore=tests/ops --ignore=tests/dist/test_fsdp_one_device.py; a=\$?
+  '$PY' -m pytest -m gpu tests/dist/test_fsdp_one_device.py -q -rA -p no:cacheprovider; c=\$?
+  '$PY' benchmarks/peers.py --shape qwen1.5b --device cuda --dtype bf16 --out '$OUT/peers_cuda.json'; b=\$?
+  exit \$(( a || b || c ))"; }
 
-# peers.py runs each recipe in a child process: the finder above reaches them as a sitecustomize on PYTHONPATH
-BOOTDIR=$(mktemp -d)
-printf '%s\n' "$BOOT" > "$BOOTDIR/sitecustomize.py"
-step peers "$OUT/peers.log" 80 env PYTHONPATH="$BOOTDIR${PYTHONPATH:+:$PYTHONPATH}" "$PY" benchmarks/peers.py \
-  --shape qwen1.5b --device cuda --dtype bf16 --out "$OUT/peers_cuda.json"
-rm -rf "$BOOTDIR"
-
-{
-  echo "pytest -m gpu: exit $tests_rc in ${tests_s}s ($(tail -n 1 "$OUT/pytest_gpu.log"))"
-  grep -E "^ERROR .*(collect|import)|^ERROR tests/" "$OUT/pytest_gpu.log" | sed 's/^/  collection: /' || true
-  echo "FSDP2 on one GPU (tests/dist/test_fsdp_one_device.py): exit $fsdp_rc in ${fsdp_s}s ($(tail -n 1 "$OUT/fsdp_1gpu.log"))"
-  echo "benchmarks/step_gpu.py --shape qwen1.5b: exit $step_rc in ${step_s}s (124 = time limit, 125 = skipped: budget)"
-  grep -E "^(grpo|seed) " "$OUT/step_gpu.log" | sed 's/^/  /' || true
-  echo "gemm reference: $(tail -n 1 "$OUT/env.txt")"
-  echo "benchmarks/kernels.py --quick: exit $bench_rc in ${bench_s}s (124 = time limit, 125 = skipped; kernels.json keeps finished shapes)"
-  echo "benchmarks/peers.py --device cuda: exit $peers_rc in ${peers_s}s (124 = time limit, 125 = skipped)"
-  echo "total: $(( $(date +%s) - T0 ))s of a ${BUDGET_S}s budget"
-} | tee "$OUT/summary.txt"
+for s in $STEPS; do
+  declare -F "step_$s" >/dev/null || { echo "unknown step $s" | tee -a "$SUMMARY"; status=1; continue; }
+  "step_$s"
+done
+echo "total: $(( $(date +%s) - T0 ))s of a ${BUDGET_S}s budget" | tee -a "$SUMMARY"
 exit $status

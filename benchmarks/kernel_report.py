@@ -126,7 +126,7 @@ def variants(dtype: str = "bf16") -> list[Variant]:
     grad_sig = {**_ptrs(dtype, "h_ptr", "w_ptr"), "y_ptr": "*i64",
                 **_ptrs("fp32", "lse_ptr", "ent_ptr", "a_ptr", "b_ptr"), "g_ptr": f"*{dtype}",
                 "N": "i32", "D": "i32", "v_start": "i32", "v_stop": "i32", "stride_hn": "i32", "stride_wv": "i32",
-                "stride_gn": "i32", "inv_temp": "fp32", "scale": "fp32"}
+                "stride_gn": "i32", "inv_temp": "fp32", "scale": "fp32", "ignore_index": "i32"}
     # What the launcher passes at the benchmark shapes: N = 16384 tokens, d = 4096, chunk starts and the G row
     # stride multiples of 256 (choose_grad_chunk); v_stop = V = 152064 = 16·9504 too.
     grad_div = tuple(k for k in grad_sig if k.endswith("_ptr")) + ("N", "D", "v_start", "v_stop", "stride_hn",
@@ -146,7 +146,7 @@ def variants(dtype: str = "bf16") -> list[Variant]:
                            _same_for_all(triton.Config({}, num_warps=C.ROW_STATS_NUM_WARPS))))
     g_sig = {"z_ptr": "*fp32", "y_ptr": "*i64", **_ptrs("fp32", "lse_ptr", "ent_ptr", "a_ptr", "b_ptr"),
              "g_ptr": f"*{dtype}", "R": "i32", "V": "i32", "stride_zr": "i32", "stride_gr": "i32", "inv_temp": "fp32",
-             "scale": "fp32"}
+             "scale": "fp32", "ignore_index": "i32"}
     for has_b in (False, True):
         out.append(Variant("grad_rows", "a+b" if has_b else "a", fused_rows.grad_from_logits_kernel, g_sig,
                            dict(HAS_B=has_b, **C.GRAD_FROM_LOGITS),

@@ -58,11 +58,12 @@ def row_stats_kernel(
 @triton.jit
 def grad_from_logits_kernel(
     z_ptr, y_ptr, lse_ptr, ent_ptr, a_ptr, b_ptr, g_ptr,
-    R, V, stride_zr, stride_gr, inv_temp, scale,
+    R, V, stride_zr, stride_gr, inv_temp, scale, ignore_index,
     HAS_B: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """G = scale·(a·(onehot(y) - p) - b·p·(log p + H))/T from the stored logits; g_ptr may alias z_ptr (fp32:
-    every element is read before the same program writes it). Rows with a = b = 0 (ignored) give G = 0."""
+    every element is read before the same program writes it). Ignored rows (y == ignore_index) get G = 0 exactly,
+    by selection: their logits may be NaN (a padded row's hidden state), and a = b = 0 would give 0·NaN = NaN."""
     pid = tl.program_id(0)
     n_vtiles = tl.cdiv(V, BLOCK_V)
     rows = (pid // n_vtiles) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -81,5 +82,5 @@ def grad_from_logits_kernel(
         ent = tl.load(ent_ptr + rows, mask=row_ok, other=0.0)
         coef += b[:, None] * (log_p + ent[:, None])
     g = tl.where(cols[None, :] == y[:, None], a[:, None], 0.0) - p * coef
-    g = tl.where(ok, g * (scale * inv_temp), 0.0)
+    g = tl.where(ok & (y != ignore_index)[:, None], g * (scale * inv_temp), 0.0)
     tl.store(g_ptr + rows.to(tl.int64)[:, None] * stride_gr + cols[None, :], g.to(g_ptr.dtype.element_ty), mask=ok)

@@ -2,7 +2,8 @@
 
 For the chunk [v_start, v_start + chunk) it recomputes z = h·Wᵀ / T tile by tile and writes
     g = scale·(a·(onehot(y) - p) + b·(-p·(log p + H))) / T,   p = exp(z - lse)
-into G [N, chunk] (input dtype). a, b, lse, H are per-token [N] fp32; ignored tokens must come with a = b = 0.
+into G [N, chunk] (input dtype). a, b, lse, H are per-token [N] fp32; ignored tokens (y == ignore_index) get
+g = 0 whatever they hold.
 `scale` is a power of two with max|g| <= 1 (fp16 safety, docs/kernels.md). The launcher then forms
 dW[chunk] = Gᵀ·H / scale (whole token reduction inside one cuBLAS GEMM) and dH += G·W[chunk] / scale (cuBLAS
 into an fp32 buffer). Nothing of size N x V is ever stored. This is the two-pass path (8·N·V·d: the forward's
@@ -19,7 +20,7 @@ def linear_logprob_grad_logits_kernel(
     h_ptr, w_ptr, y_ptr, lse_ptr, ent_ptr, a_ptr, b_ptr, g_ptr,
     N, D, v_start, v_stop,
     stride_hn, stride_hd, stride_wv, stride_wd, stride_gn,
-    inv_temp, scale,
+    inv_temp, scale, ignore_index,
     HAS_B: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, GROUP_N: tl.constexpr,
 ):
@@ -58,6 +59,7 @@ def linear_logprob_grad_logits_kernel(
         ent = tl.load(ent_ptr + rows, mask=row_ok, other=0.0)
         g -= b[:, None] * p * (log_p + ent[:, None])
     valid = row_ok[:, None] & col_ok[None, :]
-    g = tl.where(valid, g * (scale * inv_temp), 0.0)
+    # Ignored rows are selected out, not multiplied by a = b = 0: a NaN in their hidden state would survive 0·NaN.
+    g = tl.where(valid & (y != ignore_index)[:, None], g * (scale * inv_temp), 0.0)
     g_out = g_ptr + rows.to(tl.int64)[:, None] * stride_gn + (cols - v_start)[None, :]
     tl.store(g_out, g.to(g_ptr.dtype.element_ty), mask=valid)

@@ -152,13 +152,17 @@ def choose_grad_chunk(n_tokens: int, vocab: int, elem_bytes: int) -> int:
     return max(256, min(chunk, math.ceil(vocab / 256) * 256))
 
 
-def choose_fused_rows(n_tokens: int, vocab: int, elem_bytes: int) -> int:
+def choose_fused_rows(n_tokens: int, vocab: int, elem_bytes: int, free_bytes: int | None = None, d: int = 0) -> int:
     """Tokens per block of the single pass (0: use forward + token_loss + backward instead).
 
     A block holds fp32 logits [R, V] and, for 16-bit inputs, a 16-bit G [R, V], within SEEDFAST_TRITON_FUSED_MB
-    (default 2048). R is a multiple of 128 (whole wgmma tiles for the GEMMs); blocks are balanced. Below
-    FUSED_MIN_ROWS rows the fp32 dW read-modify-write per block (8·V·d bytes) outweighs the saved GEMM."""
+    (default 2048) and, given the device's `free_bytes` (torch.cuda.mem_get_info), within what is free after the
+    fp32 [V, d] dW accumulator, dH and a 10% margin. R is a multiple of 128 (whole wgmma tiles for the GEMMs);
+    blocks are balanced. Below FUSED_MIN_ROWS rows the fp32 dW read-modify-write per block (8·V·d bytes) outweighs
+    the saved GEMM."""
     budget = float(os.environ.get("SEEDFAST_TRITON_FUSED_MB", "2048")) * 2**20
+    if free_bytes is not None:
+        budget = min(budget, 0.9 * free_bytes - vocab * d * 4 - n_tokens * d * elem_bytes)
     per_row = vocab * (4 + (0 if elem_bytes == 4 else elem_bytes))
     rows = int(budget // max(1, per_row))
     if rows >= n_tokens:
@@ -222,7 +226,7 @@ def _forward(hidden, weight, targets, teacher_hidden, temperature, with_entropy,
         _fwd.linear_logprob_fwd_kernel[(math.ceil(n / cfg["BLOCK_N"]) * splits,)](*args, **flags, **cfg)
     else:
         kernel = _tuned.tuned("fwd_dual" if has_teacher else "fwd_single", _capability(hidden.device),
-                              hidden.dtype == torch.float32)
+                              hidden.dtype == torch.float32, n_tokens=n)
         kernel[lambda meta: (_cdiv(n, meta["BLOCK_N"]) * splits,)](*args, **flags)
 
     logprob = torch.empty(n, **f32)
@@ -275,24 +279,63 @@ def backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy, 
                          temperature, ignore_index, chunk, need_hidden_grad, need_weight_grad)
 
 
-def _grad_scale(a: torch.Tensor, b: torch.Tensor | None, entropy: torch.Tensor | None, temperature: float) -> float:
-    """A power of two S with max|S·G| <= 1 for G = (a·(onehot - p) - b·p·(log p + H))/T (one host sync).
+def _grad_scale(a: torch.Tensor, b: torch.Tensor | None, entropy: torch.Tensor | None, temperature: float,
+                dtype: torch.dtype = torch.float16, ignored: torch.Tensor | None = None) -> float:
+    """A power of two S with max|S·G| <= 1 for G = (a·(onehot - p) - b·p·(log p + H))/T, for a G rounded to
+    `dtype`. Only fp16 needs it (one host sync): bf16 and fp32 have fp32's exponent range, so G ~ 1/(N·V) stays
+    normal and S = 1 costs nothing. Rows in `ignored` do not count (their a, b may be anything, NaN included).
 
     |a·(onehot - p)| <= |a| and p·|log p + H| <= 1/e + H, so |G| <= (|a| + |b|·(0.37 + H))/T."""
+    if dtype != torch.float16:
+        return 1.0
     bound = a.abs()
     if b is not None:
         bound = bound + b.abs() * (0.37 + entropy.abs())
+    if ignored is not None:
+        bound = bound.masked_fill(ignored, 0.0)
     peak = float(bound.max()) / temperature if bound.numel() else 0.0
     if not math.isfinite(peak) or peak <= 0.0:
         return 1.0
     return math.ldexp(1.0, max(-100, min(100, -math.ceil(math.log2(peak)))))
 
 
-# How a 16-bit GEMM with an fp32 output runs on this torch: "addmm" (torch.addmm(..., out_dtype=float32): cuBLAS
-# reads and writes the fp32 C in its own epilogue) or, where torch refuses an fp32 C beside 16-bit inputs,
-# "mm+add" (an fp32 product in slices of at most 64 MiB, added to C: one more pass over C). gpu_check.sh records it.
-GEMM_F32_MODE = {"mode": "addmm"}
+# device type -> how a 16-bit GEMM with an fp32 output runs: "addmm" (torch.addmm(..., out_dtype=torch.float32),
+# torch >= 2.8 on CUDA: cuBLAS reads and writes the fp32 C in its own epilogue) or "none" (older torch, or a device
+# without it). Probed once; the hot path never catches errors, so a real failure (OOM, a bad shape) surfaces.
+_GEMM_F32: dict[str, str] = {}
 _FALLBACK_SLICE_BYTES = 64 << 20
+
+
+def gemm_f32_mode(device: torch.device | str) -> str:
+    """"addmm" where torch.addmm takes out_dtype=float32 beside 16-bit inputs on `device`'s type, else "none"."""
+    key = torch.device(device).type
+    if key not in _GEMM_F32:
+        a = torch.zeros(16, 16, device=device, dtype=torch.bfloat16)
+        c = torch.zeros(16, 16, device=device, dtype=torch.float32)
+        try:
+            torch.addmm(c, a, a, out_dtype=torch.float32, out=c)
+            _GEMM_F32[key] = "addmm"
+        except (TypeError, RuntimeError, NotImplementedError):
+            _GEMM_F32[key] = "none"
+    return _GEMM_F32[key]
+
+
+@contextlib.contextmanager
+def _full_precision_reduction(dtype: torch.dtype):
+    """cuBLAS may split K and reduce the partial sums in the 16-bit output type when allowed (torch's default):
+    with K = V = 152k (dH = G·W) that is thousands of rounded additions. Off for the duration of one GEMM."""
+    flags = torch.backends.cuda.matmul
+    name = ("allow_bf16_reduced_precision_reduction" if dtype == torch.bfloat16
+            else "allow_fp16_reduced_precision_reduction" if dtype == torch.float16 else None)
+    if name is None:
+        yield
+        return
+    saved = getattr(flags, name)
+    setattr(flags, name, False)
+    try:
+        yield
+    finally:
+        setattr(flags, name, saved)
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool, alpha: float, name: str) -> None:
@@ -307,48 +350,42 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: boo
             out.copy_(result)
         return
     if out.dtype == a.dtype:
-        torch.addmm(out, a, b, beta=beta, alpha=alpha, out=out)
+        with _full_precision_reduction(out.dtype):
+            torch.addmm(out, a, b, beta=beta, alpha=alpha, out=out)
     else:
         _gemm_f32_out(a, b, out, accumulate, alpha)
 
 
 def _gemm_f32_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulate: bool, alpha: float) -> None:
-    """fp32 out (+)= alpha·(a @ b) for 16-bit a, b: one cuBLAS call where torch allows it, else the fallbacks."""
+    """fp32 out (+)= alpha·(a @ b) for 16-bit a, b: one cuBLAS call with out_dtype where torch has it; else (only
+    the two-pass dH accumulation gets here: the single pass is not taken) fp32 copies in row slices, correct, slow."""
     beta = 1.0 if accumulate else 0.0
-    if GEMM_F32_MODE["mode"] == "addmm":
-        try:
-            torch.addmm(out, a, b, beta=beta, alpha=alpha, out_dtype=out.dtype, out=out)
-            return
-        except torch.OutOfMemoryError:
-            raise
-        except (RuntimeError, TypeError):  # this torch has no fp32 C beside 16-bit inputs: fall back for good
-            GEMM_F32_MODE["mode"] = "mm+add"
+    if gemm_f32_mode(a.device) == "addmm":
+        torch.addmm(out, a, b, beta=beta, alpha=alpha, out_dtype=out.dtype, out=out)
+        return
+    b32 = b.float()
     step = max(1, _FALLBACK_SLICE_BYTES // max(1, out.shape[1] * 4))
     for r0 in range(0, out.shape[0], step):
-        try:
-            part = torch.mm(a[r0:r0 + step], b, out_dtype=out.dtype)
-        except (RuntimeError, TypeError) as err:
-            if isinstance(err, torch.OutOfMemoryError):
-                raise
-            part = a[r0:r0 + step].float() @ b.float()  # no fp32-output GEMM at all: correct, slow
+        part = a[r0:r0 + step].float() @ b32
         if accumulate:
             out[r0:r0 + step].add_(part, alpha=alpha)
         else:
             out[r0:r0 + step].copy_(part.mul_(alpha))
 
 
-def _launch_grad_logits(hidden, weight, targets, lse, ent, a, b, g, v0, vc, temperature, scale, has_b):
+def _launch_grad_logits(hidden, weight, targets, lse, ent, a, b, g, v0, vc, temperature, scale, has_b,
+                        ignore_index):
     n, d = hidden.shape
     args = (hidden, weight, targets, lse, ent, a, b, g, n, d, v0, v0 + vc,
             hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1), g.stride(0),
-            1.0 / temperature, scale)
+            1.0 / temperature, scale, ignore_index)
     prec = _dot_precision(hidden.dtype)
     if _interpreted():
         cfg = _configs.INTERPRET_GRAD_LOGITS
         grid = (math.ceil(n / cfg["BLOCK_N"]) * math.ceil(vc / cfg["BLOCK_V"]),)
         _bwd.linear_logprob_grad_logits_kernel[grid](*args, HAS_B=has_b, DOT_PRECISION=prec, **cfg)
     else:
-        kernel = _tuned.tuned("grad_logits", _capability(hidden.device), hidden.dtype == torch.float32)
+        kernel = _tuned.tuned("grad_logits", _capability(hidden.device), hidden.dtype == torch.float32, n_tokens=n)
         kernel[lambda meta: (_cdiv(n, meta["BLOCK_N"]) * _cdiv(vc, meta["BLOCK_V"]),)](
             *args, HAS_B=has_b, DOT_PRECISION=prec)
 
@@ -364,12 +401,14 @@ def _backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy,
     b = grad_entropy.float().masked_fill(ignored, 0.0).contiguous() if has_b else a
     ent = entropy.float().contiguous() if has_b else a
     lse = lse.float().contiguous()
-    scale = _grad_scale(a, b if has_b else None, ent if has_b else None, temperature)
+    scale = _grad_scale(a, b if has_b else None, ent if has_b else None, temperature, hidden.dtype)
 
     chunk = chunk or choose_grad_chunk(n, vocab, hidden.element_size())
     single = chunk >= vocab
     chunk = min(chunk, vocab)
     grad_weight = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_weight_grad else None
+    # Gᵀ·H multiplies the zero G rows of ignored tokens with their hidden rows: 0·NaN would poison dW.
+    h_dw = hidden.masked_fill(ignored[:, None], 0.0) if need_weight_grad else None
     # One chunk: dH is complete after one GEMM and goes straight to the output dtype.
     dh = None
     if need_hidden_grad:
@@ -378,9 +417,10 @@ def _backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy,
     for v0 in range(0, vocab, chunk):
         vc = min(chunk, vocab - v0)
         gc = g[:, :vc]
-        _launch_grad_logits(hidden, weight, targets, lse, ent, a, b, gc, v0, vc, temperature, scale, has_b)
+        _launch_grad_logits(hidden, weight, targets, lse, ent, a, b, gc, v0, vc, temperature, scale, has_b,
+                            ignore_index)
         if grad_weight is not None:  # dW[chunk] = Gᵀ·H / S: [vc, N] x [N, d], the whole token reduction at once
-            _matmul(gc.t(), hidden, grad_weight[v0:v0 + vc], False, 1.0 / scale, "matmul_dw")
+            _matmul(gc.t(), h_dw, grad_weight[v0:v0 + vc], False, 1.0 / scale, "matmul_dw")
         if dh is not None:  # dH (+)= G·W[chunk] / S: [N, vc] x [vc, d]
             _matmul(gc, weight[v0:v0 + vc], dh, v0 > 0, 1.0 / scale, "matmul_dh")
     grad_hidden = None if dh is None else dh if single else dh.to(hidden.dtype)
@@ -403,17 +443,27 @@ def fused_forward_backward(hidden, weight, targets, *, temperature: float, ignor
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
-    rows = rows or choose_fused_rows(n, vocab, hidden.element_size())
-    if n == 0 or vocab == 0 or rows == 0 or not (need_hidden_grad or need_weight_grad):
-        logprob, entropy, _, lse = forward(hidden, weight, targets, None, temperature, with_entropy, ignore_index,
-                                           check_targets=False)
-        loss, a, b, sums = token_loss(logprob, entropy, **per_token, **options)
-        grads = backward(hidden, weight, targets, lse, entropy, a, b, temperature, ignore_index,
-                         need_hidden_grad=need_hidden_grad, need_weight_grad=need_weight_grad)
-        return loss, sums, *grads, logprob
-    with _on(dev):
-        return _fused(hidden, weight, targets.contiguous(), temperature, ignore_index, with_entropy, per_token,
-                      options, need_hidden_grad, need_weight_grad, min(rows, n))
+    cuda = dev.type == "cuda"
+    if rows is None:
+        free = torch.cuda.mem_get_info(dev)[0] if cuda else None
+        rows = choose_fused_rows(n, vocab, hidden.element_size(), free, d)
+    if cuda and hidden.dtype != torch.float32 and gemm_f32_mode(dev) != "addmm":
+        rows = 0  # the single pass needs fp32-output GEMMs (logits, dW accumulation): torch >= 2.8
+    if not (n == 0 or vocab == 0 or rows == 0 or not (need_hidden_grad or need_weight_grad)):
+        try:
+            with _on(dev):
+                return _fused(hidden, weight, targets.contiguous(), temperature, ignore_index, with_entropy,
+                              per_token, options, need_hidden_grad, need_weight_grad, min(rows, n))
+        except torch.OutOfMemoryError:
+            pass  # the block did not fit after all (another stream, fragmentation): the two-pass path, below
+        if cuda:
+            torch.cuda.empty_cache()
+    logprob, entropy, _, lse = forward(hidden, weight, targets, None, temperature, with_entropy, ignore_index,
+                                       check_targets=False)
+    loss, a, b, sums = token_loss(logprob, entropy, **per_token, **options)
+    grads = backward(hidden, weight, targets, lse, entropy, a, b, temperature, ignore_index,
+                     need_hidden_grad=need_hidden_grad, need_weight_grad=need_weight_grad)
+    return loss, sums, *grads, logprob
 
 
 def _fused(hidden, weight, targets, temperature, ignore_index, with_entropy, per_token, options, need_hidden_grad,
@@ -440,6 +490,7 @@ def _fused(hidden, weight, targets, temperature, ignore_index, with_entropy, per
     grad_cfg = _configs.INTERPRET_GRAD_FROM_LOGITS if interp else _configs.GRAD_FROM_LOGITS
     stats_warps = {} if interp else {"num_warps": _configs.ROW_STATS_NUM_WARPS}
     grad_warps = {} if interp else {"num_warps": _configs.GRAD_FROM_LOGITS_NUM_WARPS}
+    ignored = targets == ignore_index
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         rb = r1 - r0
@@ -456,15 +507,17 @@ def _fused(hidden, weight, targets, temperature, ignore_index, with_entropy, per
         sums = merge_metric_sums(sums, block_sums)
         has_b = b is not None
         ent_g = entropy[r0:r1] if has_b else a
-        scale = _grad_scale(a, b, ent_g if has_b else None, temperature)
+        scale = _grad_scale(a, b, ent_g if has_b else None, temperature, hidden.dtype, ignored[r0:r1])
         n_vtiles = _cdiv(vocab, grad_cfg["BLOCK_V"])
         _rows.grad_from_logits_kernel[(_cdiv(rb, grad_cfg["BLOCK_R"]) * n_vtiles,)](
             zb, y, lse[r0:r1], ent_g, a, b if has_b else a, gb, rb, vocab, zb.stride(0), gb.stride(0),
-            inv_temp, scale, HAS_B=has_b, **grad_cfg, **grad_warps)
+            inv_temp, scale, ignore_index, HAS_B=has_b, **grad_cfg, **grad_warps)
         if grad_hidden is not None:  # dH rows = G·W / S: complete for this block, no accumulation
             _matmul(gb, weight, grad_hidden[r0:r1], False, 1.0 / scale, "matmul_dh")
-        if grad_weight is not None:  # dW (+)= Gᵀ·h / S over all vocabulary rows
-            _matmul(gb.t(), h, grad_weight, r0 > 0, 1.0 / scale, "matmul_dw")
+        if grad_weight is not None:  # dW (+)= Gᵀ·h / S over all vocabulary rows; 0·NaN: ignored rows zeroed
+            _matmul(gb.t(), h.masked_fill(ignored[r0:r1, None], 0.0), grad_weight, r0 > 0, 1.0 / scale,
+                    "matmul_dw")
+    del z, g, zb, gb  # the logits block is dead: the dW cast below needs its memory, not both at once
     if grad_weight is not None and grad_weight.dtype != weight.dtype:
         grad_weight = grad_weight.to(weight.dtype)
     return loss, sums, grad_hidden, grad_weight, logprob
