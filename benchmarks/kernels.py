@@ -23,6 +23,7 @@ fused_loss's single pass: 6·N·V·d). Writes results/kernels.json and a PNG.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -31,14 +32,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS_DIR, print_table, time_reps, write_results  # noqa: E402
+from _common import RESULTS_DIR, print_table, time_reps, versions, write_json_atomic, write_results  # noqa: E402
 
 # ----------------------------------------------------------------------------------------- performance model
 
-H200 = {"name": "H200 (datasheet)", "gemm_tflops": 989.0, "hbm_tbs": 4.8, "sms": 132, "l2_mib": 50}
-# Triton GEMM-like kernels (forward, recomputed logits gradient) relative to cuBLAS: an assumption until a GPU run
-# measures it (the issue's expert estimate put the old kernels at 64-84%); 1.0 gives the bound.
+# Every time is rated against a cuBLAS bf16 GEMM measured on the device in the same run (benchmarks/gemm_reference.py),
+# never a datasheet: no kernel built from cuBLAS GEMMs can beat them. Without a GPU (--model) the rate is an assumption,
+# stated as such in the JSON: the range an H200 measured earlier for an 8192^3 bf16 GEMM (769-798 TFLOP/s), and the
+# device copy bandwidth measured there (~4.3 TB/s; the datasheet's 4.8 is not reached by a copy).
+ASSUMED_DEVICE = {"name": "H200 (assumed: earlier measurement on the GPU image, not this run)",
+                  "gemm_tflops_range": [769.0, 798.0], "hbm_tbs": 4.3, "sms": 132, "l2_mib": 50,
+                  "source": "assumption: 769-798 TFLOP/s cuBLAS bf16 8192^3 GEMM and ~4.3 TB/s device copy measured "
+                            "earlier on the H200 of the GPU image; a GPU run replaces them with its own "
+                            "benchmarks/gemm_reference.py numbers (--gemm-ref)"}
+# Triton GEMM-like kernels (forward, recomputed logits gradient) relative to the measured cuBLAS rate: assumptions
+# until a GPU run measures them. 0.6 is where verl's Triton LM-head kernel sits (~470 of ~790 TFLOP/s, Liger-Kernel
+# PR 1422); 0.8 is the central guess for the 128x256 wgmma tile.
 TRITON_EFF = 0.8
+TRITON_EFFS = (0.6, 0.8)
+# Public reference points at N = 16384-ish, H200, TP1 (Liger-Kernel PR 1422): TFLOP/s of the LM-head loss.
+REFERENCE_POINTS = {"liger_cute_fwd_tflops": 790.0, "liger_cute_bwd_tflops": 768.0, "verl_triton_fwd_tflops": 470.0,
+                    "source": "Liger-Kernel PR 1422: hand-written CuTe kernels (persistent, TMA, warp-specialized, "
+                              "logits never in HBM) vs verl's Triton implementation, H200, TP1"}
 
 
 def _phase(name: str, engine: str, flops: float = 0.0, overlapped: float = 0.0, exposed: float = 0.0) -> dict:
@@ -67,13 +82,16 @@ def _fwd_phases(n: int, d: int, vocab: int, e: int, sms: int, before: bool) -> l
 
 
 def design_phases(design: str, n: int, d: int, vocab: int, sms: int = 132, e: int = 2) -> list[dict]:
-    """Phases of one design at one shape (bf16: e = 2 bytes). Designs:
+    """Phases of one design at one shape (bf16: e = 2 bytes). A cuBLAS phase runs at the measured GEMM rate, which
+    already includes reading its 16-bit operands and writing a 16-bit output (overlapped); what it moves beyond that
+    (an fp32 output's other 2 bytes, an fp32 C read back) is exposed. Designs:
     before_fwd / after_fwd          linear_logprob forward (Triton)
     before_fwd_bwd                  c2db20d: forward + Triton recompute of G (2048-column chunks at N=16k) + Triton
                                     GEMMs dW, dH; the fp32 dH read-modify-write is a separate epilogue pass
     after_two_pass_fwd_bwd          linear_logprob now: forward + Triton recompute of G (256 MiB chunks) + cuBLAS dW,
-                                    dH (fp32 dH accumulated in cuBLAS's epilogue)
-    after_single_pass_fwd_bwd       fused_loss now: per row block, cuBLAS logits (fp32) + row kernels + cuBLAS dH, dW
+                                    dH (fp32 dH accumulated: its read-modify-write beyond a bf16 output exposed)
+    after_single_pass_fwd_bwd       fused_loss now: per row block, cuBLAS logits (fp32 out) + row kernels + cuBLAS dH,
+                                    dW (fp32 accumulator read-modify-write per block, the cast at the end)
     """
     gemm = 2.0 * n * vocab * d
     if design in ("before_fwd", "after_fwd"):
@@ -84,15 +102,18 @@ def design_phases(design: str, n: int, d: int, vocab: int, sms: int = 132, e: in
         chunk = max(256, min(int(budget // (n * e)) // 256 * 256, math.ceil(vocab / 256) * 256))
         chunks = math.ceil(vocab / chunk)
         dh_rmw = n * d * 4 * (2 * chunks - 1)  # first chunk writes, the others read and write fp32 dH
+        dh_extra = chunks * n * d * (4 - e) + (chunks - 1) * n * d * 4  # beyond a bf16 output, per chunk
         g = n * vocab * e
         phases = _fwd_phases(n, d, vocab, e, sms, before)
         phases.append(_phase("token loss", "memory", exposed=n * 4 * 12))
+        if not before:
+            phases.append(_phase("h with ignored rows zeroed (dW operand)", "memory", exposed=2 * n * d * e))
         phases.append(_phase("G = recomputed logits gradient (Triton)", "triton", gemm,
                              overlapped=g + chunks * (n * d * e) + vocab * d * e))
         engine = "triton" if before else "cublas"
         phases.append(_phase("dW = G^T.H", engine, gemm, overlapped=g + chunks * n * d * e + vocab * d * e))
-        phases.append(_phase("dH += G.W", engine, gemm, overlapped=g + vocab * d * e + (0 if before else dh_rmw),
-                             exposed=dh_rmw if before else 0))
+        phases.append(_phase("dH += G.W", engine, gemm, overlapped=g + vocab * d * e,
+                             exposed=dh_rmw if before else dh_extra))
         phases[-1].update(chunk=chunk, chunks=chunks, dh_rmw_gb=dh_rmw / 1e9)
         if chunks > 1:
             phases.append(_phase("dH fp32 -> bf16", "memory", exposed=n * d * (4 + e)))
@@ -104,18 +125,20 @@ def design_phases(design: str, n: int, d: int, vocab: int, sms: int = 132, e: in
         blocks = math.ceil(n / rows)
         z = rows * vocab
         dw_rmw = vocab * d * 4 * (2 * blocks - 1) if blocks > 1 else vocab * d * e
+        dw_extra = blocks * vocab * d * (4 - e) + (blocks - 1) * vocab * d * 4 if blocks > 1 else 0
         per_block = [
             _phase("Z = h.W^T (cuBLAS, fp32 out)", "cublas", 2.0 * rows * vocab * d,
-                   overlapped=rows * d * e + vocab * d * e + z * 4),
-            _phase("row stats (Triton)", "memory", exposed=z * 4),
-            _phase("G from Z (Triton)", "memory", exposed=z * (4 + e)),
+                   overlapped=rows * d * e + vocab * d * e + z * e, exposed=z * (4 - e)),
+            _phase("row stats (Triton): read Z", "memory", exposed=z * 4),
+            _phase("G from Z (Triton): read Z, write G", "memory", exposed=z * (4 + e)),
             _phase("dH = G.W (cuBLAS)", "cublas", 2.0 * rows * vocab * d,
                    overlapped=z * e + vocab * d * e + rows * d * e),
+            _phase("h with ignored rows zeroed (dW operand)", "memory", exposed=2 * rows * d * e),
         ]
         phases = [{**p, "flops": p["flops"] * blocks, "bytes_overlapped": p["bytes_overlapped"] * blocks,
                    "bytes_exposed": p["bytes_exposed"] * blocks} for p in per_block]
         phases.append(_phase("dW += G^T.h (cuBLAS, fp32 C)", "cublas", gemm,
-                             overlapped=blocks * (z * e + rows * d * e) + dw_rmw))
+                             overlapped=blocks * (z * e + rows * d * e + vocab * d * e), exposed=dw_extra))
         phases[-1].update(rows=rows, blocks=blocks, dw_rmw_gb=dw_rmw / 1e9)
         phases.append(_phase("token loss", "memory", exposed=n * 4 * 12))
         if blocks > 1:
@@ -126,37 +149,52 @@ def design_phases(design: str, n: int, d: int, vocab: int, sms: int = 132, e: in
 
 def predict(design: str, n: int, d: int, vocab: int, gemm_tflops: float, hbm_tbs: float, sms: int = 132,
             triton_eff: float = TRITON_EFF) -> dict:
-    """Roofline prediction of one design: executed and useful FLOPs, bytes, time and % of the GEMM rate."""
+    """Roofline prediction of one design at a measured (or stated) cuBLAS GEMM rate: executed and useful FLOPs,
+    bytes, time and % of that rate. A phase takes max(FLOPs / (rate x efficiency), overlapped bytes / bandwidth) +
+    exposed bytes / bandwidth with efficiency <= 1, so no phase is faster than the GEMMs it contains."""
+    if not 0.0 < triton_eff <= 1.0:
+        raise ValueError(f"triton_eff must be in (0, 1], got {triton_eff}")
     phases = design_phases(design, n, d, vocab, sms)
     total_ms = 0.0
     for p in phases:
         rate = gemm_tflops * 1e12 * (triton_eff if p["engine"] == "triton" else 1.0) * p.get("wave_eff", 1.0)
         compute = p["flops"] / rate if p["flops"] else 0.0
+        p["gemm_ms"] = 1e3 * p["flops"] / (gemm_tflops * 1e12)  # the same FLOPs as cuBLAS GEMMs: the floor
         p["ms"] = 1e3 * (max(compute, p["bytes_overlapped"] / (hbm_tbs * 1e12)) + p["bytes_exposed"] / (hbm_tbs * 1e12))
         total_ms += p["ms"]
     useful = 2.0 * n * vocab * d * (1 if design.endswith("_fwd") else 3)
     executed = sum(p["flops"] for p in phases)
-    return {"design": design, "N": n, "d": d, "V": vocab, "useful_tflop": useful / 1e12,
-            "executed_tflop": executed / 1e12,
+    return {"design": design, "N": n, "d": d, "V": vocab, "gemm_tflops": gemm_tflops, "hbm_tbs": hbm_tbs,
+            "useful_tflop": useful / 1e12, "executed_tflop": executed / 1e12,
             "hbm_gb": sum(p["bytes_overlapped"] + p["bytes_exposed"] for p in phases) / 1e9,
             "predicted_ms": total_ms, "gemm_ms_of_useful_work": 1e3 * useful / (gemm_tflops * 1e12),
             "predicted_pct_of_gemm": 100.0 * useful / (gemm_tflops * 1e12) / (total_ms / 1e3),
-            "triton_eff": triton_eff, "phases": phases}
+            "predicted_tflops": useful / (total_ms / 1e3) / 1e12, "triton_eff": triton_eff, "phases": phases}
 
 
 DESIGNS = ("before_fwd", "after_fwd", "before_fwd_bwd", "after_two_pass_fwd_bwd", "after_single_pass_fwd_bwd")
+MODEL_SHAPES = ((16384, 4096, 152064), (4096, 4096, 152064), (1024, 4096, 152064), (16384, 3584, 152064))
 
 
-def model_report(shapes=((16384, 4096, 152064), (4096, 4096, 152064), (1024, 4096, 152064), (16384, 3584, 152064)),
-                 device: dict = H200) -> dict:
+def model_report(shapes=MODEL_SHAPES, gemm_ref: dict | None = None) -> dict:
+    """Predictions at the cuBLAS rate of `gemm_ref` (benchmarks/gemm_reference.py's JSON, measured in the same run)
+    or, without one, at both ends of the assumed range (ASSUMED_DEVICE), for each assumed Triton efficiency."""
+    if gemm_ref and gemm_ref.get("gemm_tflops"):
+        device = {"name": gemm_ref.get("gpu"), "gemm_tflops_range": [gemm_ref["gemm_tflops"]] * 2,
+                  "hbm_tbs": gemm_ref["copy_tbs"], "sms": 132,
+                  "source": "measured in this run (benchmarks/gemm_reference.py): cuBLAS bf16 logits GEMM, copy"}
+    else:
+        device = ASSUMED_DEVICE
     rows = []
     for n, d, vocab in shapes:
-        for eff in (TRITON_EFF, 1.0):
-            for design in DESIGNS:
-                rows.append(predict(design, n, d, vocab, device["gemm_tflops"], device["hbm_tbs"], device["sms"], eff))
-    return {"device": device, "triton_eff_assumed": TRITON_EFF, "prediction": True,
-            "note": "a model prediction written before any GPU run, not a measurement (docs/kernels.md)",
-            "rows": rows}
+        for gemm_tflops in sorted(set(device["gemm_tflops_range"])):
+            for eff in TRITON_EFFS:
+                for design in DESIGNS:
+                    rows.append(predict(design, n, d, vocab, gemm_tflops, device["hbm_tbs"], device["sms"], eff))
+    return {"device": device, "gemm_rate_measured": device is not ASSUMED_DEVICE,
+            "triton_eff_assumed": list(TRITON_EFFS), "reference_points": REFERENCE_POINTS, "prediction": True,
+            "note": "a model prediction, not a measurement (docs/kernels.md); rated against the cuBLAS GEMM rate "
+                    "named in device.source", "rows": rows}
 
 
 FULL_N = (4096, 16384, 32768)
@@ -211,6 +249,13 @@ def _variants(torch, n, d, vocab, modes, device="cuda"):
         with torch.no_grad():
             linear_logprob(hidden, weight, targets, teacher_hidden=teacher_hidden, backend="triton")
 
+    stacked = torch.cat([hidden.detach(), teacher])
+    stacked_targets = targets.repeat(2)
+
+    def ours_stacked_fwd():  # the dual-context op's alternative: [h; h_teacher] as 2N rows, single-context kernel
+        with torch.no_grad():
+            linear_logprob(stacked, weight, stacked_targets, backend="triton")
+
     def ours_fwd_bwd():
         out = linear_logprob(hidden, weight, targets, backend="triton")
         (out.logprob * upstream).sum().backward()
@@ -253,6 +298,7 @@ def _variants(torch, n, d, vocab, modes, device="cuda"):
         "ours_loss": (None, ours_loss_fwd_bwd),
         "ours_loss_two_pass": (None, ours_loss_two_pass_fwd_bwd),
         "ours_dual": (lambda: ours_fwd(teacher), None),
+        "ours_dual_stacked": (ours_stacked_fwd, None),
         "eager": (eager_fwd, eager_fwd_bwd),
     }
     try:
@@ -312,7 +358,7 @@ def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | No
                     row = {"N": n, "d": d, "V": vocab, "variant": name, "phase": phase}
                     try:
                         ms = _time_ms(torch, fn, reps)
-                        contexts = 2 if name == "ours_dual" else 1  # teacher rows: twice the logits
+                        contexts = 2 if name.startswith("ours_dual") else 1  # teacher rows: twice the logits
                         row.update(ms=ms, tflops=contexts * flops[phase] / ms / 1e9,
                                    peak_extra_mib=_peak_extra_mib(torch, fn), outputs_mib=outputs[phase])
                     except oom:
@@ -336,6 +382,8 @@ def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | No
                                        model_design=design)
                     rows.append(row)
                     print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
+                    if on_shape_done:
+                        on_shape_done(rows)
             del variants
             if cuda:
                 torch.cuda.empty_cache()
@@ -345,14 +393,20 @@ def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | No
 
 
 def _dual_overhead(rows) -> list[dict]:
+    """Teacher rows' cost over the plain forward, per dual design: the two-accumulator kernel (ours_dual) and the
+    stacked [h; h_teacher] batch through the single-context kernel (ours_dual_stacked); the window picks the faster."""
     out = []
     for r in rows:
         if r["variant"] == "ours" and r["phase"] == "fwd" and "ms" in r:
-            dual = next((x for x in rows if x["variant"] == "ours_dual" and x["N"] == r["N"] and x["V"] == r["V"]
-                         and "ms" in x), None)
-            if dual:
-                out.append({"N": r["N"], "d": r["d"], "V": r["V"],
-                            "teacher_cost_vs_separate_forward": (dual["ms"] - r["ms"]) / r["ms"]})
+            entry = {"N": r["N"], "d": r["d"], "V": r["V"]}
+            for name, key in (("ours_dual", "teacher_cost_vs_separate_forward"),
+                              ("ours_dual_stacked", "teacher_cost_stacked_2n_rows")):
+                dual = next((x for x in rows if x["variant"] == name and x["N"] == r["N"] and x["V"] == r["V"]
+                             and "ms" in x), None)
+                if dual:
+                    entry[key] = (dual["ms"] - r["ms"]) / r["ms"]
+            if len(entry) > 3:
+                out.append(entry)
     return out
 
 
@@ -394,16 +448,17 @@ def dry_run() -> int:
     print_table(rows, ["N", "d", "V", "variant", "phase", "ms", "predicted_ms", "pct_of_gemm", "executed_tflop",
                        "error"], title="\ndry run (interpreter, CPU: times mean nothing)")
     expected = {("cublas_gemm", "fwd"), ("ours", "fwd"), ("ours", "fwd_bwd"), ("ours_loss", "fwd_bwd"),
-                ("ours_loss_two_pass", "fwd_bwd"), ("ours_dual", "fwd"), ("eager", "fwd"), ("eager", "fwd_bwd")}
+                ("ours_loss_two_pass", "fwd_bwd"), ("ours_dual", "fwd"), ("ours_dual_stacked", "fwd"), ("eager", "fwd"),
+                ("eager", "fwd_bwd")}
     missing = expected - {(r["variant"], r["phase"]) for r in rows}
     print(f"dry run: {len(rows)} rows, {len(bad)} errors, missing {sorted(missing) or 'none'}")
     return 1 if bad or missing else 0
 
 
-def write_model() -> int:
-    report = model_report()
-    columns = ["N", "d", "V", "design", "triton_eff", "useful_tflop", "executed_tflop", "hbm_gb", "predicted_ms",
-               "gemm_ms_of_useful_work", "predicted_pct_of_gemm"]
+def write_model(gemm_ref: str | None = None) -> int:
+    report = model_report(gemm_ref=json.loads(Path(gemm_ref).read_text()) if gemm_ref else None)
+    columns = ["N", "d", "V", "design", "gemm_tflops", "triton_eff", "useful_tflop", "executed_tflop", "hbm_gb",
+               "predicted_ms", "predicted_tflops", "predicted_pct_of_gemm"]
     print_table(report["rows"], columns, title=f"predicted on {report['device']['name']} (a model, not a measurement)")
     path = write_results("kernel_model", report, packages=("triton", "torch"))
     print(f"wrote {path}")
@@ -419,10 +474,16 @@ def main(argv=None) -> int:
                         help="no GPU needed: every variant once at a tiny shape under TRITON_INTERPRET=1 (checks that "
                              "this script runs before a GPU window; times and numbers mean nothing); writes no file")
     parser.add_argument("--model", action="store_true",
-                        help="no GPU needed: the model's H200 prediction (before/after) -> results/kernel_model.json")
+                        help="no GPU needed: the model's prediction (before/after) -> results/kernel_model.json, at "
+                             "the cuBLAS rate of --gemm-ref or, without it, the assumed H200 range")
+    parser.add_argument("--n", type=int, nargs="+", default=None, help="token counts (default: by --quick)")
+    parser.add_argument("--out", default=None, help="results JSON (default: results/kernels.json)")
+    parser.add_argument("--gemm-ref", default=None,
+                        help="benchmarks/gemm_reference.py's JSON from this run: recorded beside the rows, and the "
+                             "rate --model rates against")
     args = parser.parse_args(argv)
     if args.model:
-        return write_model()
+        return write_model(args.gemm_ref if args.gemm_ref and Path(args.gemm_ref).exists() else None)
     if args.dry_run:
         return dry_run()
     try:
@@ -440,25 +501,33 @@ def main(argv=None) -> int:
 
     meta = {"dtype": "bfloat16", "reps": args.reps, "quick": args.quick,
             "flop_convention": "fwd 2NVd, fwd+bwd 6NVd (model FLOPs); executed_tflop: what the design runs",
-            "measured_bandwidth_tbs": bandwidth, "triton_eff_assumed": TRITON_EFF}
+            "measured_bandwidth_tbs": bandwidth, "triton_eff_assumed": TRITON_EFF,
+            "gemm_f32_output_mode": triton_backend.gemm_f32_mode("cuda"), "reference_points": REFERENCE_POINTS}
+    if args.gemm_ref and Path(args.gemm_ref).exists():
+        meta["gemm_reference"] = json.loads(Path(args.gemm_ref).read_text())
     packages = ("torch", "triton", "liger-kernel", "seedfast")
 
-    def save_partial(rows):  # a run cut short by a time limit still leaves its measured shapes
-        write_results("kernels", {**meta, "partial": True, "rows": rows}, packages=packages)
+    def save(payload):
+        if args.out:
+            write_json_atomic(Path(args.out), {**payload, "versions": versions(*packages)})
+            return Path(args.out)
+        return write_results("kernels", payload, packages=packages)
 
-    rows = run(QUICK_N if args.quick else FULL_N, QUICK_DV if args.quick else FULL_DV, args.reps, modes,
-               save_partial, bandwidth)
-    meta["gemm_f32_output_mode"] = triton_backend.GEMM_F32_MODE["mode"]  # cuBLAS epilogue or the fallback
+    def save_partial(rows):  # a run cut short by a time limit still leaves every measured row
+        save({**meta, "partial": True, "rows": rows})
+
+    ns = tuple(args.n) if args.n else QUICK_N if args.quick else FULL_N
+    rows = run(ns, QUICK_DV if args.quick or args.n else FULL_DV, args.reps, modes, save_partial, bandwidth)
     columns = ["N", "d", "V", "variant", "phase", "ms", "predicted_ms", "predicted_ms_bound", "tflops", "pct_of_gemm",
                "executed_tflop", "hbm_gb", "peak_extra_mib", "outputs_mib", "error"]
     print_table(rows, columns, title=f"\nfused linear log-prob, bf16, {torch.cuda.get_device_name(0)}")
     dual = _dual_overhead(rows)
-    print_table(dual, ["N", "d", "V", "teacher_cost_vs_separate_forward"], title="\ndual context")
-    plot = RESULTS_DIR / "kernels.png"
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    plotted = _plot(rows, plot)
-    path = write_results("kernels", {**meta, "partial": False, "rows": rows, "dual_context": dual,
-                                     "plot": str(plot) if plotted else None}, packages=packages)
+    print_table(dual, ["N", "d", "V", "teacher_cost_vs_separate_forward", "teacher_cost_stacked_2n_rows"],
+                title="\ndual context: two accumulators vs stacked 2N rows")
+    plot = Path(args.out).with_suffix(".png") if args.out else RESULTS_DIR / "kernels.png"
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    plotted = not args.out and _plot(rows, plot)  # a window's OUT holds at most 8 files: no plot there
+    path = save({**meta, "partial": False, "rows": rows, "dual_context": dual, "plot": str(plot) if plotted else None})
     print(f"wrote {path}" + (f" and {plot}" if plotted else " (matplotlib not installed: no plot)"))
     return 0
 
