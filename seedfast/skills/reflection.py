@@ -1,7 +1,7 @@
 """GRSD text side: reflection prompt and parser, judges (0-3), guidance prompt and validator (docs/algorithms.md,
 'GRSD').
 
-Stage A: the policy reflects on each trajectory (3 numbered key points); a judge scores each reflection.
+Stage A: the policy reflects on each trajectory (3-5 numbered key points); a judge scores each reflection.
 Stage B: for a group with a success and a failure, a snapshot of the policy writes guidance with exactly
 the sections `### Key points to DO` and `### Mistakes to AVOID`, 3-5 bullets each.
 """
@@ -18,7 +18,7 @@ from seedfast.envs.trajectory import Trajectory
 from seedfast.skills.chat_client import ChatClient, ChatError
 from seedfast.skills.render import outcome_label, render_turns
 
-N_KEY_POINTS = 3
+MIN_KEY_POINTS, MAX_KEY_POINTS = 3, 5  # the GRSD reference asks for 3-5
 MAX_SCORE = 3
 DO_HEADING = "### Key points to DO"
 AVOID_HEADING = "### Mistakes to AVOID"
@@ -33,12 +33,13 @@ _SCORE = re.compile(r"score[*_\s]*[:=]?[*_\s]*(-?[0-9]+(?:\.[0-9]+)?)", re.IGNOR
 
 def build_reflection_messages(trajectory: Trajectory, max_observation_chars: int = 300,
                               max_steps: int = 30) -> list[dict[str, str]]:
-    """Task, outcome (SUCCEEDED/FAILED) and turns; asks for exactly 3 numbered key points."""
+    """Task, outcome (SUCCEEDED/FAILED) and turns; asks for 3-5 numbered key points."""
     content = "\n\n".join([
         f"Task: {trajectory.task}",
         f"Outcome: {outcome_label(trajectory)}",
         "Turns:\n" + render_turns(trajectory, max_observation_chars, max_steps),
-        (f"Reflect on this episode in exactly {N_KEY_POINTS} numbered key points (1., 2., 3.): name the turns "
+        (f"Reflect on this episode in {MIN_KEY_POINTS} to {MAX_KEY_POINTS} numbered key points (1., 2., ...): "
+         "name the turns "
          "that decided the outcome, explain how they led to it, and state the concrete behaviour to "
          "repeat or to avoid next time. Write nothing else."),
     ])
@@ -58,7 +59,7 @@ class Reflection:
 
 
 def parse_reflection(raw: str) -> Reflection:
-    """Exactly 3 points numbered 1, 2, 3 in order; other lines continue the point above them."""
+    """3-5 points numbered 1, 2, ... in order; other lines continue the point above them."""
     if not isinstance(raw, str):
         raise TypeError(f"raw must be a str, got {type(raw).__name__}")
     points: list[str] = []
@@ -68,8 +69,9 @@ def parse_reflection(raw: str) -> Reflection:
             points.append(match.group(2))
         elif points and line.strip():
             points[-1] += " " + line.strip()
-    if len(points) != N_KEY_POINTS:
-        return Reflection(points, False, f"expected {N_KEY_POINTS} numbered points, found {len(points)}", raw)
+    if not MIN_KEY_POINTS <= len(points) <= MAX_KEY_POINTS:
+        return Reflection(points, False, f"expected {MIN_KEY_POINTS}-{MAX_KEY_POINTS} numbered points, found "
+                                         f"{len(points)}", raw)
     if any(len(p.split()) < 3 for p in points):
         return Reflection(points, False, "a key point has fewer than 3 words", raw)
     return Reflection(points, True, "ok", raw)
@@ -130,7 +132,7 @@ class ExternalJudge:
 
 class OracleJudge:
     """Deterministic 0-3 from the trajectory and its walkthrough, one point each for:
-    structure (exactly 3 numbered points), grounding (it quotes an action the agent took), and the
+    structure (3-5 numbered points), grounding (it quotes an action the agent took), and the
     decisive action (a failure: the walkthrough action where the agent first deviated, or the next one it
     never reached; a success: the winning action). An unparsable reflection scores 0."""
 

@@ -26,7 +26,7 @@ def test_reflection_prompt_has_task_outcome_and_turns():
         text = message["content"]
         assert f"Task: {TASK}" in text and f"Outcome: {label}" in text
         assert "Action: go north" in text and "Action: look" in text
-        assert "exactly 3 numbered key points" in text
+        assert "3 to 5 numbered key points" in text
 
 
 def test_parse_reflection():
@@ -34,7 +34,10 @@ def test_parse_reflection():
     assert ok.valid and len(ok.points) == 3 and ok.points[2].endswith("take passkey. (that is all)")
     assert ok.text.startswith("1. At step 0")
     assert not parse_reflection("1. Went north and lost.\n2. Should go south.").valid
-    assert not parse_reflection(REFLECTION + "\n4. One more point here.").valid
+    four = parse_reflection(REFLECTION + "\n4. One more point here.")
+    assert four.valid and len(four.points) == 4
+    six = REFLECTION + "".join(f"\n{i}. One more point here." for i in (4, 5, 6))
+    assert parse_reflection(six).reason == "expected 3-5 numbered points, found 6"
     skipped = parse_reflection("1. Went north and lost.\n3. Should go south.\n4. Then take it.")
     assert not skipped.valid and "found 1" in skipped.reason
     assert parse_reflection("1. Lost.\n2. Go south first.\n3. Take the passkey.").reason == \
