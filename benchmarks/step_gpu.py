@@ -20,6 +20,14 @@ attention 4 x layers x q_dim x (context) per token; training = 3 x forward; the 
 of skill ⊕ response over the prefix. Recomputation, the sampler's prefill and the optimizer are not counted (MFU is
 the useful work). Peak memory: CUDA max allocated above the level before the step (model, reference model and
 Adam moments excluded), CPU: peak RSS above entry (benchmarks/_common.py PeakRSS).
+
+Beside these, each row carries verl's own two numbers, so that seedfast can be put next to verl's published runs
+(docs/performance.md, "Against verl"): `verl.tokens_per_s_per_gpu` = (prompt + response tokens of the batch) / step
+time / GPUs (verl's perf/throughput), and `verl.mfu_actor` = verl's FlopsCounter estimate for the actor update
+(6 x (non-attention parameters + 2 V d for embedding and LM head) x tokens + 12 x Σ seqlen² x head_dim x heads x
+layers) / update time / GPUs / the device's promised dense bf16 peak (verl's perf/mfu/actor, one PPO epoch). verl's
+formula counts neither SEED's teacher forward nor causal halving of attention: it is a convention, not the work done.
+`--gpus` divides by the GPUs the step stands for; `--peak-tflops` states a peak where the table has none.
 """
 
 from __future__ import annotations
@@ -65,6 +73,26 @@ def forward_flops(cfg: dict, lengths: list[tuple[int, int]]) -> float:
         flops += new * (2 * layers * per_layer + 2 * d * v)
         flops += 4 * layers * q * (new * before + new * (new + 1) / 2)  # token t attends to before + t + 1 keys
     return flops
+
+
+def verl_flops(cfg: dict, seqlens: list[int]) -> float:
+    """verl's FlopsCounter for a Qwen2/Llama actor update over sequences of `seqlens` tokens (fwd + bwd)."""
+    d, v, layers = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = d // heads
+    mlp = d * cfg["intermediate_size"] * 3
+    attn_linear = d * (heads * head_dim + 2 * kv_heads * head_dim + heads * head_dim)
+    dense = (mlp + attn_linear) * layers + 2 * v * d
+    return 6.0 * dense * sum(seqlens) + 12.0 * sum(s * s for s in seqlens) * head_dim * heads * layers
+
+
+def verl_metrics(cfg: dict, seqlens: list[int], step_s: float, update_s: float, gpus: int,
+                 peak: float | None) -> dict:
+    """verl's perf/throughput (tokens/s/GPU) and perf/mfu/actor for one step."""
+    flops = verl_flops(cfg, seqlens)
+    return {"tokens": sum(seqlens), "step_s": step_s, "update_s": update_s, "gpus": gpus,
+            "tokens_per_s_per_gpu": sum(seqlens) / step_s / gpus,
+            "actor_flops": flops, "mfu_actor": flops / update_s / gpus / peak if peak and update_s else None}
 
 
 def make_prompts(batch: dict, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -160,7 +188,7 @@ def run(args: argparse.Namespace) -> dict:
                           attn_backend="sdpa" if args.device == "cpu" else "auto")
     ref = copy.deepcopy(start).eval().requires_grad_(False)
     prompts = make_prompts(batch, cfg["vocab_size"])
-    peak = peak_flops(args.device, dtype)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(args.device, dtype)
     rows = []
     for algo in ("grpo", "seed"):
         policy = copy.deepcopy(start).train()
@@ -195,7 +223,9 @@ def run(args: argparse.Namespace) -> dict:
                      "update_tokens_per_s": phases["update"]["tokens_per_s"],
                      "step_tokens_per_s": round(out["tokens"]["update"] / total_s, 1),
                      "step_mfu": round(sum(flops.values()) / total_s / peak, 4) if peak else None,
-                     "peak_extra_bytes": int(peak_bytes), "phases": phases})
+                     "peak_extra_bytes": int(peak_bytes), "phases": phases,
+                     "verl": verl_metrics(cfg, [b for _, b in out["lengths"]["update"]], total_s, seconds["update"],
+                                          args.gpus, peak)})
         del policy, optimizer
         if args.device == "cuda":
             torch.cuda.empty_cache()
@@ -215,9 +245,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=None, help="cut the depth (a quick look)")
     ap.add_argument("--reps", type=int, default=2, help="measured steps per algorithm after one warm-up")
     ap.add_argument("--out", default=None, help="JSON path (default: print only)")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs the step stands for (verl's tokens/s/GPU, MFU)")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="the device's dense bf16 peak, TFLOP/s (default: the table of known GPUs; none on CPU)")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here (use --device cpu --shape tiny)")
+    if args.gpus < 1:
+        ap.error(f"--gpus must be >= 1, got {args.gpus}")
     if args.reps < 1:
         ap.error(f"--reps must be >= 1, got {args.reps}")
     args.dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
@@ -231,6 +266,7 @@ def main(argv: list[str] | None = None) -> dict:
         ph = " ".join(f"{k}={v['s']:.3f}s" for k, v in row["phases"].items())
         print(f"{row['algorithm']:5s} step {row['step_s']:.3f}s ({row['step_vs_grpo']:.2f}x grpo) {ph} "
               f"update {row['update_tokens_per_s']} tok/s mfu(step) {row['step_mfu']} "
+              f"verl: {row['verl']['tokens_per_s_per_gpu']:.1f} tok/s/GPU mfu(actor) {row['verl']['mfu_actor']} "
               f"peak +{row['peak_extra_bytes'] / 2**20:.0f} MiB loss {row['loss']:.4f}")
     if args.out:
         write_json_atomic(Path(args.out), result)

@@ -49,3 +49,24 @@ def test_refuses_cuda_without_a_gpu():
         pytest.skip("a GPU is here")
     with pytest.raises(SystemExit):
         step_gpu.parse_args(["--device", "cuda"])
+
+
+def test_verl_tokens_per_gpu_and_mfu_are_the_hand_arithmetic(tmp_path):
+    out = tmp_path / "step_gpu.json"
+    step_gpu.main(["--shape", "tiny", "--device", "cpu", "--reps", "1", "--gpus", "2", "--peak-tflops", "0.5",
+                   "--out", str(out)])
+    result = json.loads(out.read_text())
+    # tiny: d=128, V=1500, 4 layers, 4 heads (head_dim 32), 2 KV heads, MLP 384; 2 tasks x 4 trajectories of
+    # 48 prompt + 12 response tokens. verl's FlopsCounter by hand:
+    #   per layer 128·384·3 + 128·(128 + 64 + 64 + 128) = 147456 + 49152 = 196608; x 4 = 786432; + 2·1500·128
+    #   = 1170432 parameters; 6 x 1170432 x 480 tokens = 3370844160; attention 12 x 8·60² x 32 x 4 x 4 = 176947200
+    flops = 3370844160 + 176947200
+    for row in result["rows"]:
+        verl = row["verl"]
+        assert verl["tokens"] == 480 and verl["gpus"] == 2
+        assert verl["actor_flops"] == flops
+        assert verl["step_s"] == pytest.approx(row["step_s"], abs=1e-4)  # the row's own figure is rounded
+        assert verl["update_s"] == pytest.approx(row["phases"]["update"]["s"], abs=1e-4)
+        assert verl["tokens_per_s_per_gpu"] == pytest.approx(480 / verl["step_s"] / 2, rel=1e-12)
+        assert verl["mfu_actor"] == pytest.approx(flops / verl["update_s"] / 2 / 0.5e12, rel=1e-12)
+    assert result["peak_bf16_flops"] == 0.5e12
