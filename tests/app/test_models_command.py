@@ -89,3 +89,10 @@ def test_usage_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["models", "pull", "smollm2-135m"])
     assert e.value.code == 2
+
+
+def test_without_the_real_extra_it_says_what_to_install(monkeypatch, capsys):
+    real = models.importlib.util.find_spec
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None if name == "gguf" else real(name))
+    assert cli.main(["models", "fetch", "smollm2-135m"]) == 2
+    assert 'gguf not installed; pip install -e ".[real]"' in capsys.readouterr().err
