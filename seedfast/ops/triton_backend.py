@@ -16,8 +16,9 @@ Designs, FLOP counts, memory and traffic: docs/kernels.md. In short: the two-pas
 N=16k, d=4096, V=152k); dW of a chunk is complete after one GEMM over all tokens (no [V, d] fp32 buffer, no
 atomics); results are deterministic. The single pass holds one block of logits (SEEDFAST_TRITON_FUSED_MB,
 default 2048 MiB; 0 turns it off) and, with more than one block, an fp32 [V, d] dW accumulator.
-G is scaled by a power of two S with max|S·G| <= 1 before it is rounded to 16 bits, and the GEMMs divide it
-out: per-token-mean weights make G ~ 1/(N·V), which fp16 would flush to zero.
+For fp16, G is scaled by a power of two S with max|S·G| <= 1 before it is rounded, and the GEMMs divide it
+out: per-token-mean weights make G ~ 1/(N·V), which fp16 would flush to zero (bf16 and fp32 need no scale, and
+no host sync for it). Ignored rows contribute exactly 0 to dW and dH whatever they hold (NaN included).
 """
 
 from __future__ import annotations
