@@ -15,7 +15,7 @@ from seedfast.envs.base import Environment, Observation
 from seedfast.envs.workers import FAILURE_KINDS, EnvPool
 
 StepOut = tuple[Observation, float, bool, dict]
-COUNTER_KEYS = ("worker_restarts", "envs_restored", *(f"failed_{kind}" for kind in FAILURE_KINDS))
+COUNTER_KEYS = ("worker_restarts", "restored", *(f"failed_{kind}" for kind in FAILURE_KINDS))
 
 
 def counter_delta(before: Mapping[str, int], after: Mapping[str, int], prefix: str) -> dict[str, float]:

@@ -176,7 +176,7 @@ class EnvPool:
 
     def counters(self) -> dict[str, int]:
         """Cumulative: worker restarts, environments rebuilt after one, episodes failed per kind."""
-        return {"worker_restarts": self.n_restarts, "envs_restored": self.n_restored,
+        return {"worker_restarts": self.n_restarts, "restored": self.n_restored,
                 **{f"failed_{kind}": self.failures[kind] for kind in FAILURE_KINDS}}
 
     def reset(self, specs: Sequence[Any] | Mapping[int, Any]) -> dict[int, Transition] | list[Transition]:
