@@ -20,7 +20,14 @@ from typing import Any
 from seedfast.app.report import EVIDENCE, curve_means, write_json, write_report
 from seedfast.config import Config
 from seedfast.envs.textworld_games import make_games
-from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, load_tasks
+from seedfast.runtime.setup import (
+    device_of,
+    env_slot_count,
+    load_policy,
+    load_run_tokenizer,
+    load_tasks,
+    make_env_slots,
+)
 from seedfast.sft import run as sft
 from seedfast.train.evaluate import evaluate, random_policy_success
 from seedfast.train.rl import Trainer
@@ -60,36 +67,41 @@ def main(cfg: Config, **_: Any) -> int:
     if cfg.trainer.eval_games:
         eval_tasks = eval_tasks[: cfg.trainer.eval_games]
     heldout = eval_tasks * HELDOUT_REPEATS
-    before = evaluate(cfg, policy, tokenizer, heldout, seed=cfg.run.seed)
-    floor = random_policy_success(cfg, eval_tasks, seed=cfg.run.seed)
-    timings["eval_sft"] = time.perf_counter() - t
-    _say(f"held-out success: SFT {before['eval/success_rate']:.3f}, random policy {floor:.3f}")
+    # one environment pool for every rollout and evaluation below: its workers start once
+    envs = make_env_slots(cfg, env_slot_count(cfg, len(heldout)))
+    try:
+        before = evaluate(cfg, policy, tokenizer, heldout, seed=cfg.run.seed, envs=envs)
+        floor = random_policy_success(cfg, eval_tasks, seed=cfg.run.seed, envs=envs)
+        timings["eval_sft"] = time.perf_counter() - t
+        _say(f"held-out success: SFT {before['eval/success_rate']:.3f}, random policy {floor:.3f}")
 
-    histories: dict[str, list[dict[str, Any]]] = {}
-    after: dict[str, dict[str, float]] = {}
-    for algorithm in cfg.demo.algorithms:
+        histories: dict[str, list[dict[str, Any]]] = {}
+        after: dict[str, dict[str, float]] = {}
+        for algorithm in cfg.demo.algorithms:
+            t = time.perf_counter()
+            sub = copy.deepcopy(cfg)
+            sub.algorithm = algorithm
+            sub.trainer.init_from = str(sft_dir)
+            trainer = Trainer(sub, policy_dir=sft_dir, run_dir=run_dir / algorithm, envs=envs)
+            try:
+                histories[algorithm] = trainer.run()
+                after[algorithm] = evaluate(cfg, trainer.policy, tokenizer, heldout, seed=cfg.run.seed, envs=envs)
+            finally:
+                trainer.close()
+            timings[algorithm] = time.perf_counter() - t
+            _say(f"{algorithm}: {len(histories[algorithm])} updates in {timings[algorithm]:.0f} s, held-out success "
+                 f"{after[algorithm]['eval/success_rate']:.3f}")
+
         t = time.perf_counter()
         sub = copy.deepcopy(cfg)
-        sub.algorithm = algorithm
-        sub.trainer.init_from = str(sft_dir)
-        trainer = Trainer(sub, policy_dir=sft_dir, run_dir=run_dir / algorithm)
+        sub.algorithm, sub.loss.kl_coef = "grpo", 0.0  # rollouts only: no reference model needed
+        control = Trainer(sub, policy_dir=sft_dir, run_dir=run_dir / "control", envs=envs)
         try:
-            histories[algorithm] = trainer.run()
-            after[algorithm] = evaluate(cfg, trainer.policy, tokenizer, heldout, seed=cfg.run.seed)
+            control_history = control.control_run()
         finally:
-            trainer.close()
-        timings[algorithm] = time.perf_counter() - t
-        _say(f"{algorithm}: {len(histories[algorithm])} updates in {timings[algorithm]:.0f} s, held-out success "
-             f"{after[algorithm]['eval/success_rate']:.3f}")
-
-    t = time.perf_counter()
-    sub = copy.deepcopy(cfg)
-    sub.algorithm, sub.loss.kl_coef = "grpo", 0.0  # rollouts only: no reference model needed
-    control = Trainer(sub, policy_dir=sft_dir, run_dir=run_dir / "control")
-    try:
-        control_history = control.control_run()
+            control.close()
     finally:
-        control.close()
+        envs.close()
     timings["control"] = time.perf_counter() - t
     _say(f"no-learning control: {len(control_history)} rollouts in {timings['control']:.0f} s")
 

@@ -266,8 +266,24 @@ def load_tasks(cfg: Config, split: str, *, generate: bool = False) -> list[Task]
     return [Task.from_record(r) for r in records]
 
 
+def env_slot_count(cfg: Config, eval_games: int) -> int:
+    """The slots of a run's one environment pool, shared by its rollouts and evaluations: env.slots, else enough
+    for a whole rollout batch (tasks_per_batch x n) and for all `eval_games` at once."""
+    return cfg.env.slots or max(cfg.rollout.tasks_per_batch * cfg.rollout.n, eval_games, 1)
+
+
+def env_processes() -> int:
+    """Environment worker processes of this process: its usable CPUs, shared with the other torchrun processes of
+    the node (LOCAL_WORLD_SIZE). Rollouts alternate generation and environment steps, so the workers need not leave
+    a CPU to the trainer; more workers than CPUs would only add memory."""
+    from seedfast.envs.workers import usable_cpus
+
+    return max(1, usable_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def make_env_slots(cfg: Config, n_slots: int) -> Any:
-    """`n_slots` environments of env.kind: in this process (env.isolation=inline) or one worker process each."""
+    """`n_slots` environments of env.kind: in this process (env.isolation=inline), or hosted by `env_processes()`
+    worker processes (an idle slot costs no process; build one pool per run and reuse it)."""
     if cfg.env.kind == "alfworld":
         from seedfast.envs.alfworld import AlfWorldEnv as factory
     else:
@@ -276,7 +292,8 @@ def make_env_slots(cfg: Config, n_slots: int) -> Any:
         return LocalEnvSlots(factory, n_slots)
     from seedfast.envs.workers import EnvPool
 
-    return PoolEnvSlots(EnvPool(n_slots, env_factory=factory, step_timeout=cfg.env.step_timeout_s))
+    return PoolEnvSlots(EnvPool(n_slots, env_factory=factory, processes=env_processes(),
+                                step_timeout=cfg.env.step_timeout_s))
 
 
 def agent_config(cfg: Config, *, n: int, temperature: float) -> AgentLoopConfig:

@@ -37,8 +37,9 @@ def evaluate(cfg: Config, model: torch.nn.Module, tokenizer: Any, tasks: list[Ta
     Without `dp`, all games in one batch, sampled with `seed`. With `dp` (dist/data.py DataParallel, or anything
     with rank, size and sum(values) over the ranks), the split evaluation of the module docstring: chunks of
     `chunk_games` games (default env.slots, else EVAL_CHUNK_GAMES), the same metrics on every rank and for any
-    number of ranks; every rank must call it (the counts are all-reduced). `envs` (default: made here) must have
-    the same number of slots on every rank, as the slots cut a chunk into waves."""
+    number of ranks; every rank must call it (the counts are all-reduced). `envs` (default: made here and closed;
+    a run passes the one it rolls out with) must have the same number of slots on every rank, as the slots cut a
+    chunk into waves."""
     temperature = cfg.rollout.eval_temperature if temperature is None else temperature
     if dp is not None:
         return _evaluate_split(cfg, model, tokenizer, tasks, seed, temperature, envs, dp,
@@ -70,10 +71,10 @@ def _evaluate_split(cfg: Config, model: torch.nn.Module, tokenizer: Any, tasks: 
         model.eval()
         own_envs = envs is None
         envs = envs or make_env_slots(cfg, min(len(tasks), chunk_games))  # as many slots on every rank
+        config = agent_config(cfg, n=1, temperature=temperature)
         try:
             for k in mine:
-                result = run_agent_loop(Sampler(model, seed=chunk_seed(seed, k)), tokenizer, chunks[k], envs,
-                                        agent_config(cfg, n=1, temperature=temperature))
+                result = run_agent_loop(Sampler(model, seed=chunk_seed(seed, k)), tokenizer, chunks[k], envs, config)
                 t, st = result.trajectories, result.stats
                 for i, v in enumerate((len(t), sum(x.won for x in t), sum(len(x.steps) for x in t),
                                        st.invalid_actions, st.steps, st.env_errors)):
@@ -97,10 +98,12 @@ def summarize(trajectories: list, stats: dict[str, float], prefix: str) -> dict[
     }
 
 
-def random_policy_success(cfg: Config, tasks: list[Task], seed: int) -> float:
-    """The floor: uniformly random admissible commands, one episode per task, up to env.max_steps."""
+def random_policy_success(cfg: Config, tasks: list[Task], seed: int, envs: Any = None) -> float:
+    """The floor: uniformly random admissible commands, one episode per task, up to env.max_steps, in slot 0 of
+    `envs` (default: one slot made here and closed)."""
     rng = random.Random(seed)
-    envs = make_env_slots(cfg, 1)
+    own_envs = envs is None
+    envs = envs or make_env_slots(cfg, 1)
     wins = 0
     try:
         for task in tasks:
@@ -113,5 +116,6 @@ def random_policy_success(cfg: Config, tasks: list[Task], seed: int) -> float:
                     wins += bool(info.get("won"))
                     break
     finally:
-        envs.close()
+        if own_envs:
+            envs.close()
     return wins / max(len(tasks), 1)

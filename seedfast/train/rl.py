@@ -27,6 +27,7 @@ from seedfast.dist.checkpoint import export_hf
 from seedfast.dist.data import DataParallel, balance_samples, global_means
 from seedfast.dist.parallelize import unsharded
 from seedfast.dist.weight_push import buckets, check_colocated, hf_named_tensors
+from seedfast.envs.slots import counter_delta, counters_of
 from seedfast.model import save_hf
 from seedfast.rollout.agent_loop import Task, run_agent_loop
 from seedfast.rollout.colocated import build_rollout
@@ -38,6 +39,7 @@ from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, mfu, parse_pro
 from seedfast.runtime.setup import (
     agent_config,
     device_of,
+    env_slot_count,
     load_policy,
     load_run_tokenizer,
     load_tasks,
@@ -96,7 +98,10 @@ def choose_tasks(pool: list[Task], k: int, seed: int, step: int) -> list[Task]:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, *, policy_dir: str | Path | None = None, run_dir: str | Path | None = None):
+    def __init__(self, cfg: Config, *, policy_dir: str | Path | None = None, run_dir: str | Path | None = None,
+                 envs: Any = None):
+        """`envs`: environment slots to roll out and evaluate in (a caller's pool, left open by close()); default:
+        one pool of env_slot_count slots, built here once for the run and closed by close()."""
         self.cfg = cfg
         self.run_dir = Path(run_dir or cfg.run_dir)
         self.device = device_of(cfg)
@@ -120,8 +125,10 @@ class Trainer:
         self.eval_tasks = load_tasks(cfg, "eval")
         if cfg.trainer.eval_games:
             self.eval_tasks = self.eval_tasks[: cfg.trainer.eval_games]
-        n_slots = cfg.env.slots or cfg.rollout.tasks_per_batch * cfg.rollout.n
-        self.envs = make_env_slots(cfg, n_slots)
+        self.own_envs = envs is None
+        self.envs = make_env_slots(cfg, env_slot_count(cfg, len(self.eval_tasks))) if envs is None else envs
+        self.env_metrics: dict[str, float] = {}
+        self.agent_config = agent_config(cfg, n=cfg.rollout.n, temperature=cfg.rollout.temperature)
         self.judge = make_judge(cfg) if cfg.algorithm == "grsd" else None
         if cfg.rollout.engine == "vllm":  # one engine per rank, on the rank's GPU, fed the policy's weights
             check_colocated(self.dp.world if self.dp is not None else 1, cfg.rollout.tensor_parallel)
@@ -156,9 +163,12 @@ class Trainer:
             hf_named_tensors(self.policy, dtype=DTYPES[self.rollout_dtype]), cfg.rollout.sync_bucket_mb << 20)
         with timer.phase("sync"):
             self.sync_metrics = self.engine.before_rollout(weights)
+        before = counters_of(self.envs)
         with timer.phase("rollout"), self._generating():
-            return run_agent_loop(self.engine, self.tokenizer, tasks, self.envs,
-                                  agent_config(cfg, n=cfg.rollout.n, temperature=cfg.rollout.temperature))
+            result = run_agent_loop(self.engine, self.tokenizer, tasks, self.envs, self.agent_config)
+        # worker restarts, environments replayed, failures by kind (envs/workers.py): none is silently dropped
+        self.env_metrics = counter_delta(before, counters_of(self.envs), "rollout/env_")
+        return result
 
     def _sampling_seed(self, step: int) -> int:
         """The step's sampling seed: (run.seed, step), and the data-parallel rank, whose tasks differ (tensor-parallel
@@ -178,6 +188,7 @@ class Trainer:
         self.policy.eval()
         trajectories, records = result.trajectories, result.steps
         metrics: dict[str, float] = {f"rollout/{k}": float(v) for k, v in result.stats.as_dict().items()}
+        metrics.update(self.env_metrics)
         group_of = [t.meta["group_id"] for t in trajectories]
         privileged: Privileged | None = None
         plan = self.plan
@@ -254,8 +265,8 @@ class Trainer:
         if self.dp is not None:  # this rank's rollout and samples -> the step's, over all ranks
             counts = [f"rollout/{k}" for k in result.stats.as_dict() if not k.endswith("_rate")]
             metrics = global_means(self.dp, metrics, weight=len(trajectories), summed=[
-                *counts, "train/samples", "samples/teacher_too_long", "samples/teacher_dropped_turns",
-                "throughput/tokens_per_s"])
+                *counts, *self.env_metrics, "train/samples", "samples/teacher_too_long",
+                "samples/teacher_dropped_turns", "throughput/tokens_per_s"])
             for rate, num, den in (("success_rate", "won", "trajectories"),
                                    ("invalid_rate", "invalid_actions", "steps")):
                 if f"rollout/{rate}" in metrics:
@@ -346,9 +357,7 @@ class Trainer:
                 metrics["time/step"] = time.perf_counter() - t0
                 last = step + 1 == cfg.trainer.steps
                 if (cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0) or last:
-                    with unsharded(self.policy):  # sharded: each data-parallel rank plays its chunks of games
-                        metrics.update(evaluate(cfg, self.policy, self.tokenizer, self.eval_tasks,
-                                                seed=step_seed(cfg.run.seed, step) + 2, dp=self.dp))
+                    metrics.update(self._evaluate(step))
                 window.after_step(step)
                 self.log.log(step, metrics)
                 history.append({"step": step, **metrics})
@@ -366,9 +375,20 @@ class Trainer:
             self.log.close()
         return history
 
+    def _evaluate(self, step: int) -> dict[str, float]:
+        """Held-out metrics, played in the run's environment slots, and what the environments went through."""
+        before = counters_of(self.envs)
+        with unsharded(self.policy):  # sharded: each data-parallel rank plays its chunks of games
+            metrics = evaluate(self.cfg, self.policy, self.tokenizer, self.eval_tasks,
+                               seed=step_seed(self.cfg.run.seed, step) + 2, envs=self.envs, dp=self.dp)
+        moved = counter_delta(before, counters_of(self.envs), "eval/env_")
+        if self.dp is not None and moved:  # every rank's environments
+            moved = dict(zip(moved, self.dp.sum(list(moved.values()))))
+        return {**metrics, **moved}
+
     def close(self) -> None:
         close = getattr(self.envs, "close", None)
-        if close:
+        if close and self.own_envs:
             close()
 
 
