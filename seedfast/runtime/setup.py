@@ -233,7 +233,7 @@ def load_tasks(cfg: Config, split: str, *, generate: bool = False) -> list[Task]
 
         try:
             files = list_alfworld_games("train" if split == "train" else "eval_out_of_distribution",
-                                        cfg.env.games_dir)
+                                        cfg.env.games_dir, task_type=cfg.env.game_type)
         except FileNotFoundError as err:
             raise ConfigError(f"env.games_dir: {err}") from err
         return [Task(game_id=alfworld_game_id(f), spec=f) for f in files[:limit]]

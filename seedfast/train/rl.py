@@ -35,7 +35,7 @@ from seedfast.runtime.checkpoint import latest_checkpoint, load_checkpoint, save
 from seedfast.runtime.metrics import MetricsLogger, NullLogger, truncate_metrics
 from seedfast.runtime.optim import grad_norm_and_clip
 from seedfast.runtime.precision import DTYPES
-from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, mfu, parse_profile_steps
+from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, mfu
 from seedfast.runtime.setup import (
     agent_config,
     device_of,
@@ -327,11 +327,11 @@ class Trainer:
                             "rollout/invalid_rate": stats["invalid_rate"]})
         return history
 
-    def run(self, resume: str | None = None, profile_steps: str | None = None) -> list[dict[str, Any]]:
+    def run(self) -> list[dict[str, Any]]:
         cfg = self.cfg
         ckpt_dir = self.run_dir / "ckpt"
         start = 0
-        resume = resume or cfg.trainer.resume
+        resume = cfg.trainer.resume
         if resume:
             path = latest_checkpoint(ckpt_dir) if resume == "auto" else Path(resume)
             if path is not None:
@@ -346,7 +346,7 @@ class Trainer:
                                      wandb_project=cfg.log.wandb_project)
         else:
             self.log = NullLogger()
-        window = ProfileWindow(parse_profile_steps(profile_steps or cfg.trainer.profile_steps))
+        window = ProfileWindow(cfg.trainer.profile_range())
         history = []
         try:
             for step in range(start, cfg.trainer.steps):

@@ -47,6 +47,16 @@ def test_alfworld_game_id_is_one_rule_for_collect_and_train(tmp_path):
     assert held_out.game_id == "pick_two_obj_and_place-Pen-None-Drawer-1/trial_9"
 
 
+def test_alfworld_game_type_picks_the_games_of_that_task_type(tmp_path):
+    fake_alfworld(tmp_path)
+    cfg = load_config(None, ["env.kind=alfworld", "env.game_type=pick_and_place_simple", f"env.games_dir={tmp_path}",
+                             "env.n_train=null", "env.n_eval=null"])
+    assert [t.game_id for t in setup.load_tasks(cfg, "train")] == [
+        "pick_and_place_simple-Apple-None-Fridge-0/trial_1", "pick_and_place_simple-Apple-None-Fridge-0/trial_2"]
+    with pytest.raises(ConfigError, match="env.games_dir: no pick_and_place_simple games under"):
+        setup.load_tasks(cfg, "eval")  # the held-out split has only pick_two_obj_and_place
+
+
 def test_alfworld_game_ids_give_the_skill_library_its_task_type():
     game = "/d/json_2.1.1/train/pick_clean_then_place_in_recep-X-0/trial_3/game.tw-pddl"
     trajectory = Trajectory(task="t", game_id=setup.alfworld_game_id(game))
