@@ -9,8 +9,6 @@ from contextlib import contextmanager
 
 import torch
 
-from seedfast.config import TrainerConfig
-
 
 def _cuda() -> bool:
     return torch.cuda.is_available()
@@ -39,12 +37,6 @@ class PhaseTimer:
 
     def metrics(self, prefix: str = "time/") -> dict[str, float]:
         return {f"{prefix}{k}": v for k, v in self.seconds.items()}
-
-
-def parse_profile_steps(spec: str | None) -> range | None:
-    """'5:7' -> range(5, 8): steps 5, 6 and 7, both ends included, as `--profile-steps A:B` documents. The
-    config's own parser (TrainerConfig.profile_range), so what validates at load time is what runs."""
-    return TrainerConfig(profile_steps=spec or None).profile_range()
 
 
 class ProfileWindow:

@@ -1,18 +1,22 @@
 import pytest
 import torch
 
-from seedfast.config import ConfigError
+from seedfast.config import ConfigError, TrainerConfig
 from seedfast.runtime import profiling
-from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, parse_profile_steps
+from seedfast.runtime.profiling import PhaseTimer, ProfileWindow
+
+
+def _window(spec: str | None) -> range | None:
+    return TrainerConfig(profile_steps=spec).profile_range()
 
 
 def test_profile_steps_parse_both_ends_included_and_errors():
-    assert list(parse_profile_steps("5:7")) == [5, 6, 7]
-    assert list(parse_profile_steps("5:5")) == [5]
-    assert parse_profile_steps(None) is None
+    assert list(_window("5:7")) == [5, 6, 7]
+    assert list(_window("5:5")) == [5]
+    assert _window(None) is None
     for bad in ("7:5", "a:b", "5", "-1:2"):
         with pytest.raises(ConfigError, match="trainer.profile_steps"):
-            parse_profile_steps(bad)
+            _window(bad)
 
 
 class _FakeCudart:
@@ -32,7 +36,7 @@ def _captured(monkeypatch, spec: str, steps: range) -> list[int]:
     monkeypatch.setattr(profiling, "_cuda", lambda: True)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: _FakeCudart(log))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    window = ProfileWindow(parse_profile_steps(spec))
+    window = ProfileWindow(_window(spec))
     captured = []
     for step in steps:
         window.before_step(step)
