@@ -93,6 +93,7 @@ class _Worker:
         self.process.start()
         child_conn.close()  # so that the worker's death shows up as EOF on our end
         self.ready = False
+        self.gave_up = False  # it died before it was ready: the next call tries a fresh one
         self.deadline = time.monotonic() + start_timeout
 
     def stop(self) -> int | None:
@@ -273,8 +274,13 @@ class EnvPool:
         items = [item for item in items if not self._answer_lost(item, results)]
         if not items:
             return
-        if not worker.process.is_alive():  # it died since its last reply (killed from outside, OOM, ...)
-            self._restart(worker, [], results)
+        if not worker.process.is_alive():
+            if worker.ready or worker.gave_up:  # it died since its last reply (killed from outside, OOM, ...)
+                self._restart(worker, items, results)  # episodes that `items` reset are not replayed
+            else:  # a fresh worker that died at once
+                worker.queue.extend(items)
+                self._recover(worker, "crash", results)
+            return
         was_idle = not worker.queue
         worker.queue.extend(items)
         if was_idle and worker.ready:
@@ -346,6 +352,7 @@ class EnvPool:
             for item in worker.queue:
                 self._fail_item(item, kind, message, results)
             worker.queue.clear()
+            worker.gave_up = True
             return
         head = worker.queue.popleft()
         message = (f"no reply to {head.command} within {self._budget(head):g}s" if kind == "timeout"

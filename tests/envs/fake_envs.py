@@ -2,11 +2,16 @@
 
 import os
 import signal
+from pathlib import Path
 
 from seedfast.envs.base import Observation
 from seedfast.envs.textworld_env import TextWorldEnv
 
 CRASH = "crash"  # the action that kills the worker process running it
+BREAK_IMPORT = "SEEDFAST_FAKE_ENVS_BROKEN"  # names a file; while it exists, a new worker cannot import this module
+
+if os.environ.get(BREAK_IMPORT) and Path(os.environ[BREAK_IMPORT]).exists():
+    raise ImportError("fake_envs: broken on purpose")
 
 
 class CrashingEnv(TextWorldEnv):

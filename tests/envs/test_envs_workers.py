@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_envs import CRASH, CrashingEnv, ProcessBoundEnv
+from fake_envs import BREAK_IMPORT, CRASH, CrashingEnv, ProcessBoundEnv
 
 from seedfast.envs import EnvPool, Transition
 from seedfast.envs.textworld_env import TextWorldEnv
@@ -169,6 +169,23 @@ def test_episode_whose_replay_ends_elsewhere_is_lost():
             assert out[slot].info["valid"]
         assert pool.counters()["failed_lost"] == 2 and pool.counters()["restored"] == 0
         assert "error" not in pool.reset({1: "b"})[1].info  # a new episode starts afresh
+
+
+def test_worker_that_cannot_start_fails_its_items_and_is_tried_again_later(tmp_path, monkeypatch):
+    broken = tmp_path / "broken"
+    monkeypatch.setenv(BREAK_IMPORT, str(broken))
+    with EnvPool(2, ProcessBoundEnv, processes=1, step_timeout=30, reset_timeout=60) as pool:
+        pool.reset(["a", "b"])
+        broken.touch()
+        old_pid = pool.pid(0)
+        os.kill(old_pid, signal.SIGKILL)
+        wait_dead(old_pid)
+        out = pool.step({0: "wait", 1: "wait"})  # the restarted worker dies importing the factory's module
+        for slot in (0, 1):
+            assert out[slot].done and out[slot].info["error"].startswith("crash: worker process did not start")
+        broken.unlink()
+        assert "error" not in pool.reset({0: "a"})[0].info  # the next call starts a worker that works
+        assert pool.counters()["worker_restarts"] == 2 and pool.counters()["failed_crash"] == 2
 
 
 def test_close_ends_every_worker(games):
