@@ -1,0 +1,438 @@
+"""The numbers the README and docs quote from benchmarks agree with the committed JSON they name.
+
+A registry below lists each quoted benchmark number: the document, the quoted text with `{}` where each number
+stands, and for each `{}` where its value lives in `benchmarks/results/` (a file and a key path). The test finds the
+quoted text in the document (line breaks and runs of spaces count as one space), reads the numbers written there,
+and checks each against its JSON value to the precision it is written with: "0.29×" agrees with 0.287, "0.27×" does
+not. The document must also name the file. Change a number in a doc, or rerun a benchmark that moves it, and this
+fails. When you quote a new benchmark number, add its entry here.
+
+"Idle" is said only of a measurement whose recorded load was low: every paragraph that says idle must name a
+results file, and each file it names must record a 1-minute load average below IDLE_LOAD_PER_CORE per core.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import statistics
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = ["README.md", "docs/performance.md", "docs/kernels.md", "docs/demo.md", "docs/scaling.md"]
+IDLE_LOAD_PER_CORE = 0.5  # 1-minute load average per core below which a box may be called idle
+
+MIB, GIB = 2.0**-20, 2.0**-30
+
+
+@cache
+def _load(name: str):
+    path = RESULTS / name
+    if name.endswith(".jsonl"):
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class J:
+    """A value in a results file: keys are dict keys, list indices, or {key: value} to pick a list element."""
+
+    file: str
+    keys: tuple
+    scale: float = 1.0
+
+    def node(self):
+        node = _load(self.file)
+        for key in self.keys:
+            if isinstance(key, dict):
+                hits = [x for x in node if all(x.get(k) == v for k, v in key.items())]
+                assert len(hits) == 1, f"{self.file}: {key} picks {len(hits)} elements"
+                node = hits[0]
+            else:
+                node = node[key]
+        return node
+
+    def value(self) -> float:
+        return float(self.node()) * self.scale
+
+    def files(self) -> set[str]:
+        return {self.file}
+
+
+def j(file: str, *keys, scale: float = 1.0) -> J:
+    return J(file, keys, scale)
+
+
+@dataclass(frozen=True)
+class Agg:
+    """A value computed from others: 'mean', 'min', 'max', 'diff' (first minus second), 'count' (of a list),
+    times `factor`."""
+
+    op: str
+    parts: tuple
+    factor: float = 1.0
+
+    def value(self) -> float:
+        if self.op == "count":
+            return float(len(self.parts[0].node())) * self.factor
+        vals = [p.value() for p in self.parts]
+        ops = {"mean": statistics.mean, "min": min, "max": max, "diff": lambda v: v[0] - v[1]}
+        return ops[self.op](vals) * self.factor
+
+    def files(self) -> set[str]:
+        return set().union(*(p.files() for p in self.parts))
+
+
+def mean(*parts) -> Agg:
+    return Agg("mean", parts)
+
+
+def lo(*parts) -> Agg:
+    return Agg("min", parts)
+
+
+def hi(*parts) -> Agg:
+    return Agg("max", parts)
+
+
+def diff(a, b) -> Agg:
+    return Agg("diff", (a, b))
+
+
+@dataclass(frozen=True)
+class Q:
+    doc: str
+    text: str  # the quoted text, `{}` where each number stands
+    values: tuple  # one J/Agg per `{}`
+
+
+# ---- the sources, named ----
+
+STEP = "step.json"
+SCORING = "scoring.json"
+PEERS = "peers_cpu.json"
+LP1, LP2 = "logprob_cpu_t1.json", "logprob_cpu.json"
+KM = "kernel_model.json"
+DEMO = [("demo_seeds.json", "0"), ("demo_seeds.json", "1"), ("demo_seeds.json", "2"),
+        ("demo_seeds_untuned.json", "3"), ("demo_seeds_untuned.json", "4")]
+SFT3 = [("demo_seeds_sft3.json", "0"), ("demo_seeds_sft3.json", "1"), ("demo_seeds_sft3.json", "2"),
+        ("demo_seeds_untuned_sft3.json", "3"), ("demo_seeds_untuned_sft3.json", "4")]
+
+
+def step(alg: str) -> J:
+    return j(STEP, "rows", {"algorithm": alg}, "step_vs_grpo")
+
+
+def before_response(key: str) -> J:
+    return j(SCORING, "rows", {"P": 1536, "mode": "before_response"}, key)
+
+
+def peer(shape: str, alg: str, leg: str, key: str, scale: float = 1.0) -> J:
+    keys = ("shapes", shape, "results", alg, {"leg": leg}) + tuple(key.split("."))
+    return J(PEERS, keys, scale)
+
+
+def peers_row(shape: str, unit: float) -> tuple:
+    """SEED time (ours vs the reference's seconds), SEED memory (ours vs the reference's), GRPO, Liger."""
+    return (peer(shape, "seed", "seedfast", "time_vs_reference"), peer(shape, "seed", "seedfast", "phases_s.total"),
+            peer(shape, "seed", "reference", "phases_s.total"), peer(shape, "seed", "seedfast", "memory_vs_reference"),
+            peer(shape, "seed", "seedfast", "peak_extra_bytes", unit),
+            peer(shape, "seed", "reference", "peak_extra_bytes", unit),
+            peer(shape, "grpo", "seedfast", "time_vs_reference"),
+            peer(shape, "grpo", "seedfast", "memory_vs_reference"),
+            peer(shape, "seed", "liger", "time_vs_reference"), peer(shape, "seed", "liger", "memory_vs_reference"))
+
+
+def load1(file: str) -> J:
+    return j(file, "machine", "loadavg_1_5_15", 0)
+
+
+def lp(file: str, variant: str, key: str = "time_vs_naive") -> J:
+    return j(file, "results", {"variant": variant}, key)
+
+
+def km(design: str, key: str, rate: float, eff: float = 0.8) -> J:
+    return j(KM, "rows", {"design": design, "N": 16384, "d": 4096, "gemm_tflops": rate, "triton_eff": eff}, key)
+
+
+def km_range(design: str, key: str, eff: float = 0.8) -> tuple:
+    """A predicted range: the low end at the faster cuBLAS rate for times, at the slower one for rates."""
+    fast, slow = km(design, key, 798.0, eff), km(design, key, 769.0, eff)
+    return (fast, slow) if key.endswith("_ms") or key == "gemm_ms_of_useful_work" else (slow, fast)
+
+
+def plan(file: str, key: str) -> J:
+    return j(file, "gib", key)
+
+
+def run(src: tuple, *keys, scale: float = 1.0) -> J:
+    return j(src[0], "runs", src[1], *keys, scale=scale)
+
+
+def held(src, alg=None) -> J:
+    return run(src, "before", "eval/success_rate") if alg is None else run(src, "after", alg, "eval/success_rate")
+
+
+def pool(src, alg, part) -> J:
+    return run(src, "means", alg, part)
+
+
+def demo_row(src) -> tuple:
+    return (run(src, "random_floor"), held(src), held(src, "grpo"), held(src, "seed"),
+            pool(src, "control", "first_quarter"), pool(src, "control", "last_half"),
+            pool(src, "grpo", "first_quarter"), pool(src, "grpo", "last_half"),
+            pool(src, "seed", "first_quarter"), pool(src, "seed", "last_half"),
+            run(src, "seed_metrics", "grpo", "train/groups_with_signal"),
+            run(src, "seed_metrics", "seed", "train/groups_with_signal"),
+            J(src[0], ("runs", src[1], "wall_s"), 1 / 60))
+
+
+def demo_mean_row() -> tuple:
+    cols = [demo_row(s) for s in DEMO]
+    return tuple(mean(*(c[i] for c in cols)) for i in range(10)) + (mean(*(c[12] for c in cols)),)
+
+
+def per_seed(fn, srcs=DEMO) -> tuple:
+    return tuple(fn(s) for s in srcs)
+
+
+def timing_range(key: str) -> tuple:
+    return (lo(*(run(s, "timings", key) for s in DEMO)), hi(*(run(s, "timings", key) for s in DEMO)))
+
+
+def seed_metric(key: str) -> Agg:
+    return mean(*(run(s, "seed_metrics", "seed", key) for s in DEMO))
+
+
+def change(alg):
+    return lambda s: diff(held(s, alg), held(s))
+
+
+def pool_gain(alg: str) -> Agg:
+    return diff(mean(*(pool(s, alg, "last_half") for s in DEMO)), mean(*(pool(s, alg, "first_quarter") for s in DEMO)))
+
+
+DEMO_ROW = ("| {} | {} | {} | {} | {} | {} → {} / {} → {} / {} → {} | {} / {} | {} min |")
+
+PERF, KERN, DEMO_MD, README = "docs/performance.md", "docs/kernels.md", "docs/demo.md", "README.md"
+
+REGISTRY: list[Q] = [
+    # ---- README: the memory plan and the kernel predictions ----
+    *(Q(README, f"| {name} | {gpus} | {{}} | {{}} | {{}} | {{}} | {{}} | {{}} | {{}} | {{}} |",
+        (j(f, "micro_batch_tokens"),) + tuple(plan(f, k) for k in (
+            "parameters", "gradients", "optimizer_states", "activations_checkpointing", "train_peak_checkpointing",
+            "rollout_peak", "logits_avoided_fp32")))
+      for name, gpus, f in [("Qwen2.5-7B", "8 (FSDP 8)", "plan_7b_world8_tp1.json"),
+                            ("Qwen2.5-32B", "32 (FSDP 8 × TP 4)", "plan_32b_world32_tp4.json"),
+                            ("Qwen2.5-72B", "32 (FSDP 4 × TP 8)", "plan_72b_world32_tp8.json")]),
+    Q(README, "rate of {}–{} TFLOP/s, not",
+      (j(KM, "device", "gemm_tflops_range", 0), j(KM, "device", "gemm_tflops_range", 1))),
+    Q(README, "forward {}–{} ms, {}–{} TFLOP/s, {}% of cuBLAS",
+      km_range("after_fwd", "predicted_ms") + km_range("after_fwd", "predicted_tflops")
+      + (km("after_fwd", "predicted_pct_of_gemm", 769.0),)),
+    Q(README, "`fused_loss` forward + backward {}–{} ms, {}–{} TFLOP/s, {}–{}%",
+      km_range("after_single_pass_fwd_bwd", "predicted_ms") + km_range("after_single_pass_fwd_bwd", "predicted_tflops")
+      + (km("after_single_pass_fwd_bwd", "predicted_pct_of_gemm", 798.0),
+         km("after_single_pass_fwd_bwd", "predicted_pct_of_gemm", 769.0))),
+    Q(README, "pass) {}–{} ms, {}–{} TFLOP/s, {}%",
+      km_range("after_two_pass_fwd_bwd", "predicted_ms") + km_range("after_two_pass_fwd_bwd", "predicted_tflops")
+      + (km("after_two_pass_fwd_bwd", "predicted_pct_of_gemm", 769.0),)),
+    # ---- docs/kernels.md: the prediction table ----
+    Q(KERN, "useful work at that rate: {}–{} ms forward, {}–{} ms forward + backward",
+      km_range("after_fwd", "gemm_ms_of_useful_work")
+      + km_range("after_single_pass_fwd_bwd", "gemm_ms_of_useful_work")),
+    Q(KERN, "| forward, Triton at 0.8 of cuBLAS | {} | {} | {}–{} | {}–{} | {} |",
+      (km("after_fwd", "executed_tflop", 769.0), km("after_fwd", "hbm_gb", 769.0))
+      + km_range("after_fwd", "predicted_ms") + km_range("after_fwd", "predicted_tflops")
+      + (km("after_fwd", "predicted_pct_of_gemm", 769.0),)),
+    Q(KERN, "| forward, Triton at 0.6 | {} | {} | {}–{} | {}–{} | {} |",
+      (km("after_fwd", "executed_tflop", 769.0, 0.6), km("after_fwd", "hbm_gb", 769.0, 0.6))
+      + km_range("after_fwd", "predicted_ms", 0.6) + km_range("after_fwd", "predicted_tflops", 0.6)
+      + (km("after_fwd", "predicted_pct_of_gemm", 769.0, 0.6),)),
+    Q(KERN, "Triton at 0.8 | {} | {} | {}–{} | {}–{} | {} |\n| the same, Triton at 0.6",
+      (km("after_two_pass_fwd_bwd", "executed_tflop", 769.0), km("after_two_pass_fwd_bwd", "hbm_gb", 769.0))
+      + km_range("after_two_pass_fwd_bwd", "predicted_ms") + km_range("after_two_pass_fwd_bwd", "predicted_tflops")
+      + (km("after_two_pass_fwd_bwd", "predicted_pct_of_gemm", 769.0),)),
+    Q(KERN, "| the same, Triton at 0.6 | {} | {} | {}–{} | {}–{} | {} |",
+      (km("after_two_pass_fwd_bwd", "executed_tflop", 769.0, 0.6), km("after_two_pass_fwd_bwd", "hbm_gb", 769.0, 0.6))
+      + km_range("after_two_pass_fwd_bwd", "predicted_ms", 0.6)
+      + km_range("after_two_pass_fwd_bwd", "predicted_tflops", 0.6)
+      + (km("after_two_pass_fwd_bwd", "predicted_pct_of_gemm", 769.0, 0.6),)),
+    Q(KERN, "(single pass)** | {} | {} | **{}–{}** | **{}–{}** | **{}–{}** |",
+      (km("after_single_pass_fwd_bwd", "executed_tflop", 769.0), km("after_single_pass_fwd_bwd", "hbm_gb", 769.0))
+      + km_range("after_single_pass_fwd_bwd", "predicted_ms")
+      + km_range("after_single_pass_fwd_bwd", "predicted_tflops")
+      + (km("after_single_pass_fwd_bwd", "predicted_pct_of_gemm", 798.0),
+         km("after_single_pass_fwd_bwd", "predicted_pct_of_gemm", 769.0))),
+    Q(KERN, "40 GB of dH), Triton at 0.8 | {} | {} | {}–{} | {}–{} | {} |",
+      (km("before_fwd_bwd", "executed_tflop", 769.0), km("before_fwd_bwd", "hbm_gb", 769.0))
+      + km_range("before_fwd_bwd", "predicted_ms") + km_range("before_fwd_bwd", "predicted_tflops")
+      + (km("before_fwd_bwd", "predicted_pct_of_gemm", 769.0),)),
+    # ---- docs/performance.md ----
+    Q(PERF, "measured {} MiB extra against {} MiB for materialized",
+      (lp(LP2, "ours_logprob", "extra_beyond_grads_mib"), lp(LP2, "naive_logprob", "extra_beyond_grads_mib"))),
+    Q(PERF, "teacher branch with prefix reuse costs {}× a full re-forward, and student + teacher scoring together {}×",
+      (before_response("teacher/naive"), before_response("whole/naive_pair"))),
+    Q(PERF, "SEED {}× GRPO with the self analyzer", (step("seed (self analyzer)"),)),
+    Q(PERF, "for {}M fp32 parameters", (j("adamw_cpu.json", "results", {"variant": "fused"}, "params", scale=1e-6),)),
+    Q(PERF, "default step peaked {} MiB above its start and took {} s, the fused one {} MiB and {} s",
+      tuple(j("adamw_cpu.json", "results", {"variant": v}, k)
+            for v, k in [("default", "peak_extra_mib"), ("default", "seconds"), ("fused", "peak_extra_mib"),
+                         ("fused", "seconds")])),
+    Q(PERF, "seedfast's step takes {} s, the reference's {} s",
+      (peer("qwen0.5b", "seed", "seedfast", "phases_s.optimizer"),
+       peer("qwen0.5b", "seed", "reference", "phases_s.optimizer"))),
+    Q(PERF, "the update's peak memory ({} MiB)", (peer("qwen0.5b", "seed", "seedfast", "peak_extra_bytes", MIB),)),
+    Q(PERF, "| **{}×** ({} s vs {} s) | {}× ({} vs {} MiB) | **{}×** | {}× | {}× / {}× |", peers_row("tiny", MIB)),
+    Q(PERF, "| **{}×** ({} s vs {} s) | **{}×** ({} vs {} GiB) | **{}×** | **{}×** | {}× / {}× |",
+      peers_row("qwen0.5b", GIB)),
+    Q(PERF, "1-minute load average {} when the file was written", (load1(PEERS),)),
+    Q(PERF, "1-minute load averages {}–{} for the op rows, {}–{} for the others",
+      (load1(LP1), load1(LP2), load1(SCORING), load1(STEP))),
+    Q(PERF, "{}× (1 thread) / {}× (2 threads) naive time; {} MiB extra vs {} MiB",
+      (lp(LP1, "ours_logprob"), lp(LP2, "ours_logprob"), lp(LP2, "ours_logprob", "extra_beyond_grads_mib"),
+       lp(LP2, "naive_logprob", "extra_beyond_grads_mib"))),
+    Q(PERF, "{}× / {}× naive; Liger's chunked GRPO loss {}× / {}×; {} MiB extra",
+      (lp(LP1, "ours_loss_grpo"), lp(LP2, "ours_loss_grpo"), lp(LP1, "liger_loss_grpo"), lp(LP2, "liger_loss_grpo"),
+       lp(LP2, "ours_loss_grpo", "extra_beyond_grads_mib"))),
+    Q(PERF, "{}× / {}× naive; {} MiB extra vs {} MiB",
+      (lp(LP1, "ours_loss_seed"), lp(LP2, "ours_loss_seed"), lp(LP2, "ours_loss_seed", "extra_beyond_grads_mib"),
+       lp(LP2, "naive_loss_seed", "extra_beyond_grads_mib"))),
+    Q(PERF, "| {}× a full re-forward; whole scoring {}× two forwards |",
+      (before_response("teacher/naive"), before_response("whole/naive_pair"))),
+    Q(PERF, "SEED {}× GRPO (self analyzer), {}× (oracle skills, ~230-token skills); SDAR {}×",
+      (step("seed (self analyzer)"), step("seed (oracle skills)"), step("sdar"))),
+    Q(PERF, "Triton AOT report, {} compiles", (Agg("count", (j("kernel_report.json", "rows"),)),)),
+    # ---- docs/demo.md: results at five seeds ----
+    *(Q(DEMO_MD, DEMO_ROW.replace("| {} |", f"| {label} |", 1), demo_row(src))
+      for label, src in zip(["0", "1", "2", "3 (untuned)", "4 (untuned)"], DEMO)),
+    Q(DEMO_MD, "| mean of 5 | {} | {} | {} | {} | {} → {} / {} → {} / {} → {} | | {} min |", demo_mean_row()),
+    Q(DEMO_MD, "1-minute load average {} and {} when the two files were written",
+      (load1("demo_seeds.json"), load1("demo_seeds_untuned.json"))),
+    Q(DEMO_MD, "held-out evaluation {} s, GRPO {}–{} s and SEED {}–{} s for 16 updates each",
+      (mean(*(run(s, "timings", "eval_sft") for s in DEMO)),) + timing_range("grpo") + timing_range("seed")),
+    Q(DEMO_MD, "control {}–{} s;", timing_range("control")),
+    Q(DEMO_MD, "GRPO +{}, SEED +{} over their first quarter; the control +{})",
+      (pool_gain("grpo"), pool_gain("seed"), pool_gain("control"))),
+    Q(DEMO_MD, "GRPO {}, {}, {}, {}, {} (mean {}); SEED {}, {}, {}, {}, {} (mean {})",
+      per_seed(change("grpo")) + (mean(*per_seed(change("grpo"))),)
+      + per_seed(change("seed")) + (mean(*per_seed(change("seed"))),)),
+    Q(DEMO_MD, "(held-out {}, below", (held(DEMO[1]),)),
+    Q(DEMO_MD, "from {} to {}), and RL then gains on the pool (GRPO {} → {} beside a control at {})",
+      (lo(*per_seed(held)), hi(*per_seed(held)), pool(DEMO[1], "grpo", "first_quarter"),
+       pool(DEMO[1], "grpo", "last_half"), pool(DEMO[1], "control", "last_half"))),
+    Q(DEMO_MD, "(seed 0: 0.578 with the old one, {} now; seed 1: 0.625, {})", (held(DEMO[0]), held(DEMO[1]))),
+    Q(DEMO_MD, "lift the start to {}–{} (mean {}) and GRPO's held-out change is positive at every seed ({} to {})",
+      (lo(*per_seed(held, SFT3)), hi(*per_seed(held, SFT3)), mean(*per_seed(held, SFT3)),
+       lo(*per_seed(change("grpo"), SFT3)), hi(*per_seed(change("grpo"), SFT3)))),
+    Q(DEMO_MD, "(the control at {}–{} over all updates at seeds 0, 2, 3 and 4)",
+      (lo(*(pool(s, "control", "all") for s in SFT3[:1] + SFT3[2:])),
+       hi(*(pool(s, "control", "all") for s in SFT3[:1] + SFT3[2:])))),
+    Q(DEMO_MD, "at seed 4 ({} → {}, its pool at {})",
+      (held(SFT3[4]), held(SFT3[4], "seed"), pool(SFT3[4], "seed", "last_half"))),
+    Q(DEMO_MD, "skill parse rate {}, teacher context valid on {} of samples, gate\nmean {}, OPD term {}, "
+               "ℓskill − ℓθ {} on winners' tokens and {} on losers'",
+      (seed_metric("skill/parse_rate"), seed_metric("samples/teacher_valid_rate"), seed_metric("loss/gate_mean"),
+       seed_metric("loss/opd_term"), seed_metric("skill/teacher_gap_win"), seed_metric("skill/teacher_gap_lose"))),
+    Q(DEMO_MD, "last half is {} below GRPO's ({} vs {}) and its held-out success {} below ({} vs {})",
+      (diff(mean(*(pool(s, "grpo", "last_half") for s in DEMO)), mean(*(pool(s, "seed", "last_half") for s in DEMO))),
+       mean(*(pool(s, "seed", "last_half") for s in DEMO)), mean(*(pool(s, "grpo", "last_half") for s in DEMO)),
+       diff(mean(*per_seed(lambda s: held(s, "grpo"))), mean(*per_seed(lambda s: held(s, "seed")))),
+       mean(*per_seed(lambda s: held(s, "seed"))), mean(*per_seed(lambda s: held(s, "grpo"))))),
+    Q(DEMO_MD, "parse {}% of the time", (Agg("mean", (seed_metric("skill/parse_rate"),), 100.0),)),
+    Q(DEMO_MD, "JSON; {}% at the weak seed 1)",
+      (run(DEMO[1], "seed_metrics", "seed", "skill/parse_rate", scale=100.0),)),
+]
+
+NUMBER = r"([−+±-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)"
+
+
+def _pattern(text: str) -> re.Pattern:
+    parts = []
+    for i, literal in enumerate(text.split("{}")):
+        if i:
+            parts.append(NUMBER)
+        parts += [r"\s+" if tok.isspace() else re.escape(tok) for tok in re.split(r"(\s+)", literal) if tok]
+    return re.compile("".join(parts))
+
+
+def _parse(written: str) -> tuple[float, int]:
+    s = written.replace(",", "").replace("−", "-").replace("±", "").replace("+", "")
+    return float(s), len(s.split(".")[1]) if "." in s else 0
+
+
+def check(doc_text: str, q: Q) -> list[str]:
+    """What is wrong with one quoted number group, given the document's text."""
+    where = f"{q.doc}: {q.text[:70]!r}"
+    if q.text.count("{}") != len(q.values):
+        return [f"{where}: {q.text.count('{}')} placeholders, {len(q.values)} values"]
+    flat = re.sub(r"\s+", " ", doc_text)
+    m = _pattern(q.text).search(flat)
+    if not m:
+        return [f"{where}: not in the document (the text, or a number in it, changed)"]
+    globs = re.findall(r"[\w.-]*\*[\w.-]*\.json", doc_text)  # `plan_*.json` names every plan file
+    bad = [f"{where}: the document does not name {f}" for f in sorted(set().union(*(v.files() for v in q.values)))
+           if f not in doc_text and not any(fnmatch.fnmatch(f, g) for g in globs)]
+    for written, src in zip(m.groups(), q.values):
+        quoted, decimals = _parse(written)
+        actual = src.value()
+        if abs(quoted - actual) > 0.5 * 10.0**-decimals + 1e-9 * max(1.0, abs(actual)):
+            bad.append(f"{where}: writes {written}, the JSON says {actual:.6g} ({src})")
+    return bad
+
+
+def test_every_quoted_benchmark_number_matches_its_json():
+    bad = []
+    for q in REGISTRY:
+        bad += check((ROOT / q.doc).read_text(encoding="utf-8"), q)
+    assert not bad, "\n".join(bad)
+
+
+def test_a_changed_number_fails():
+    q = next(q for q in REGISTRY if q.text.startswith("SEED {}× GRPO (self analyzer)"))
+    text = (ROOT / q.doc).read_text(encoding="utf-8")
+    assert not check(text, q)
+    quoted = re.search(r"SEED ([\d.]+)× GRPO \(self analyzer\)", text)
+    assert check(text.replace(quoted.group(0), "SEED 1.04× GRPO (self analyzer)"), q)
+
+
+# ---- "idle" ----
+
+JSON_NAME = re.compile(r"[\w.-]+\.jsonl?\b")
+
+
+def _load_is_low(name: str) -> bool:
+    data = _load(name)
+    machine = (data[0] if isinstance(data, list) else data).get("machine") or {}
+    load, cores = machine.get("loadavg_1_5_15"), machine.get("cpu_count")
+    return bool(load and cores) and load[0] / cores < IDLE_LOAD_PER_CORE
+
+
+def idle_problems(rel: str, text: str) -> list[str]:
+    bad = []
+    for para in re.split(r"\n\s*\n", text):
+        if not re.search(r"\bidle\b", para, re.I):
+            continue
+        names = [n for n in set(JSON_NAME.findall(para)) if (RESULTS / n).exists()]
+        head = re.sub(r"\s+", " ", para)[:80]
+        if not names:
+            bad.append(f"{rel}: says idle but names no results file: {head!r}")
+        bad += [f"{rel}: says idle beside {n}, whose recorded load is not low: {head!r}"
+                for n in sorted(names) if not _load_is_low(n)]
+    return bad
+
+
+def test_idle_only_beside_a_low_recorded_load():
+    bad = []
+    for rel in DOCS:
+        bad += idle_problems(rel, (ROOT / rel).read_text(encoding="utf-8"))
+    assert not bad, "\n".join(bad)
+
+
+def test_idle_beside_a_loaded_run_fails():
+    assert idle_problems("x.md", "SEED 1.05× GRPO on the idle box (`benchmarks/results/step.json`).")
+    assert idle_problems("x.md", "measured on the idle box.")
