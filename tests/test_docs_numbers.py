@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-DOCS = ["README.md", "docs/performance.md", "docs/kernels.md", "docs/demo.md", "docs/scaling.md"]
+DOCS = ["README.md", "docs/performance.md", "docs/kernels.md", "docs/demo.md", "docs/scaling.md"]  # for "idle"
 IDLE_LOAD_PER_CORE = 0.5  # 1-minute load average per core below which a box may be called idle
 
 MIB, GIB = 2.0**-20, 2.0**-30
@@ -229,6 +229,15 @@ REGISTRY: list[Q] = [
       for name, gpus, f in [("Qwen2.5-7B", "8 (FSDP 8)", "plan_7b_world8_tp1.json"),
                             ("Qwen2.5-32B", "32 (FSDP 8 × TP 4)", "plan_32b_world32_tp4.json"),
                             ("Qwen2.5-72B", "32 (FSDP 4 × TP 8)", "plan_72b_world32_tp8.json")]),
+    *(Q("docs/scaling.md", f"| {name} | {gpus} |" + " {} |" * 8 + f" {{}} (+{{}}{grad}) |",
+        (j(f, "micro_batch_tokens"),) + tuple(plan(f, k) for k in (
+            "parameters", "gradients", "optimizer_states", "activations_checkpointing",
+            "activations_no_checkpointing", "train_peak_checkpointing", "rollout_peak", "logits_avoided_fp32"))
+        + (diff(plan(f, "logits_and_grad_avoided_fp32"), plan(f, "logits_avoided_fp32")),))
+      for name, gpus, f, grad in [
+          ("Qwen2.5-7B, `qwen2.5-7b_seed_8xh100.yaml`", "8 (dp 8)", "plan_7b_world8_tp1.json", " grad"),
+          ("Qwen2.5-32B, `qwen2.5-32b_seed_4x8xh100.yaml`", "32 (dp 8 x tp 4)", "plan_32b_world32_tp4.json", ""),
+          ("Qwen2.5-72B, `qwen2.5-72b_seed_4x8xh100.yaml`", "32 (dp 4 x tp 8)", "plan_72b_world32_tp8.json", "")]),
     Q(README, "rate of {}–{} TFLOP/s, not",
       (j(KM, "device", "gemm_tflops_range", 0), j(KM, "device", "gemm_tflops_range", 1))),
     Q(README, "forward {}–{} ms, {}–{} TFLOP/s, {}% of cuBLAS",
@@ -306,6 +315,9 @@ REGISTRY: list[Q] = [
       (before_response("teacher/naive"), before_response("whole/naive_pair"))),
     Q(PERF, "SEED {}× GRPO (self analyzer), {}× (oracle skills, ~230-token skills); SDAR {}×",
       (step("seed (self analyzer)"), step("seed (oracle skills)"), step("sdar"))),
+    Q(PERF, "2 PPO epochs takes {}–{} s (`time/step` of GRPO and SEED",
+      (lo(*(run(s, "seed_metrics", a, "time/step") for s in DEMO for a in ("grpo", "seed"))),
+       hi(*(run(s, "seed_metrics", a, "time/step") for s in DEMO for a in ("grpo", "seed"))))),
     Q(PERF, "Triton AOT report, {} compiles", (Agg("count", (j("kernel_report.json", "rows"),)),)),
     # ---- docs/demo.md: results at five seeds ----
     *(Q(DEMO_MD, DEMO_ROW.replace("| {} |", f"| {label} |", 1), demo_row(src))
