@@ -281,6 +281,9 @@ REGISTRY: list[Q] = [
       (km("before_fwd_bwd", "executed_tflop", 769.0), km("before_fwd_bwd", "hbm_gb", 769.0))
       + km_range("before_fwd_bwd", "predicted_ms") + km_range("before_fwd_bwd", "predicted_tflops")
       + (km("before_fwd_bwd", "predicted_pct_of_gemm", 769.0),)),
+    Q(KERN, "reach **~{} TFLOP/s forward and ~{} backward**; verl's Triton implementation **~{} forward**",
+      (j(KM, "reference_points", "liger_cute_fwd_tflops"), j(KM, "reference_points", "liger_cute_bwd_tflops"),
+       j(KM, "reference_points", "verl_triton_fwd_tflops"))),
     # ---- docs/performance.md ----
     Q(PERF, "measured {} MiB extra against {} MiB for materialized",
       (lp(LP2, "ours_logprob", "extra_beyond_grads_mib"), lp(LP2, "naive_logprob", "extra_beyond_grads_mib"))),
