@@ -124,8 +124,10 @@ class EnvConfig:
     invalid_penalty: float = opt(0.1, "reward subtracted at a step whose action is invalid", ge=0)
     step_timeout_s: float = opt(30.0, "seconds one environment step may take", gt=0)
     isolation: Literal["process", "inline"] = opt(
-        "process", "process = one worker process per slot (timeouts, crash recovery); inline = in this process")
-    slots: int = opt(0, "environments stepped at once during rollout; 0 = tasks_per_batch x n", ge=0)
+        "process", "process = slots hosted by a few worker processes (one per usable CPU; per-step timeouts, crash "
+                   "restart and replay); inline = in this process")
+    slots: int = opt(0, "environments stepped at once; 0 = enough for a rollout batch (tasks_per_batch x n) and "
+                        "every eval game", ge=0)
 
 
 @dataclass

@@ -122,13 +122,9 @@ class EnvPool:
     """`n_slots` environment slots in `processes` worker processes; `env_factory(spec)` builds the environment a
     reset asks for (default: `TextWorldEnv(game_path)`). The factory must be importable by name (not a lambda)."""
 
-    def __init__(self, n_slots: int | None = None, env_factory: Callable[[Any], Environment] | None = None, *,
+    def __init__(self, n_slots: int, env_factory: Callable[[Any], Environment] | None = None, *,
                  processes: int | None = None, step_timeout: float = 30.0, reset_timeout: float = 120.0,
-                 start_method: str | None = None, n_workers: int | None = None) -> None:
-        if n_workers is not None:  # the name n_slots had when every slot was a process
-            if n_slots is not None:
-                raise TypeError("give n_slots, not n_workers too")
-            n_slots = n_workers
+                 start_method: str | None = None) -> None:
         if isinstance(n_slots, bool) or not isinstance(n_slots, int) or n_slots < 1:
             raise ValueError(f"n_slots must be a positive int, got {n_slots!r}")
         processes = usable_cpus() if processes is None else processes

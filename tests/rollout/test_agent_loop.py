@@ -167,7 +167,7 @@ def _user_content(text):
 def test_tiny_decoder_rollout_through_the_worker_pool_gives_scorer_ready_samples(tasks, tokenizer, policy):
     config = AgentLoopConfig(n=2, max_steps=3, max_new_tokens=6, temperature=1.0, style=PromptStyle(history_k=1))
     sampler = Sampler(policy, seed=0)
-    with EnvPool(n_workers=4, step_timeout=60) as pool:
+    with EnvPool(4, step_timeout=60) as pool:
         result = run_agent_loop(sampler, tokenizer, tasks, PoolEnvSlots(pool), config)
     assert len(result.trajectories) == 4 and result.stats.steps == len(result.steps) > 0
     assert [t.meta["group_id"] for t in result.trajectories] == [0, 0, 1, 1]
