@@ -34,8 +34,17 @@ def write_json(path: Path, data: Any) -> Path:
     return path
 
 
+def held_out_points(histories: dict[str, list[dict[str, Any]]], before: float,
+                    after: dict[str, dict[str, float]]) -> dict[str, list[tuple[int, float]]]:
+    """The held-out panel, per algorithm: the SFT start at update 0 and the final evaluation after its last update,
+    the very numbers the report's table prints (the trainer's own in-loop evaluations plays other games and seeds,
+    so plotting them beside the table would show two numbers for one policy)."""
+    return {name: [(0, before), (len(histories[name]), m["eval/success_rate"])] for name, m in after.items()}
+
+
 def plot_curves(histories: dict[str, list[dict[str, Any]]], path: Path, floor: float | None,
-                before: float | None, control: list[dict[str, Any]] | None = None) -> Path | None:
+                held_out: dict[str, list[tuple[int, float]]], before: float | None,
+                control: list[dict[str, Any]] | None = None) -> Path | None:
     try:
         import matplotlib
 
@@ -50,11 +59,8 @@ def plot_curves(histories: dict[str, list[dict[str, Any]]], path: Path, floor: f
     for name, rows in histories.items():
         steps = [r["step"] + 1 for r in rows]
         axes[0].plot(steps, [r.get("train/success_rate", float("nan")) for r in rows], marker="o", label=name)
-        evals = [(r["step"] + 1, r["eval/success_rate"]) for r in rows if "eval/success_rate" in r]
-        if evals and before is not None:
-            evals.insert(0, (0, before))  # every algorithm starts from the same SFT policy
-        if evals:
-            axes[1].plot(*zip(*evals), marker="s", label=name)
+    for name, points in held_out.items():
+        axes[1].plot(*zip(*points), marker="s", label=name)
     for ax, title in zip(axes, ("training-pool success (rollouts, T=1.0)", "held-out success (eval)")):
         if floor is not None and ax is axes[1]:
             ax.axhline(floor, color="grey", linestyle=":", label="random policy (held-out)")
@@ -76,7 +82,8 @@ def plot_curves(histories: dict[str, list[dict[str, Any]]], path: Path, floor: f
 def write_report(run_dir: Path, histories: dict[str, list[dict[str, Any]]], *, floor: float, before: dict[str, float],
                  after: dict[str, dict[str, float]], timings: dict[str, float], setup: dict[str, Any],
                  control: list[dict[str, Any]] | None = None) -> Path:
-    png = plot_curves(histories, run_dir / "report.png", floor, before.get("eval/success_rate"), control)
+    held_out = held_out_points(histories, before["eval/success_rate"], after)
+    png = plot_curves(histories, run_dir / "report.png", floor, held_out, before["eval/success_rate"], control)
     lines = ["# seedfast CPU demo", "", "Measured on this run, whatever it shows.", ""]
     lines += [f"- {k}: {v}" for k, v in setup.items()]
     lines += ["", "| policy | held-out success | invalid-action rate | episode length |", "|---|---|---|---|"]

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from seedfast.app.report import curve_means, write_json, write_report
+from seedfast.app.report import curve_means, held_out_points, write_json, write_report
 
 
 def test_curve_means_by_hand():
@@ -31,6 +31,15 @@ def test_report_shows_the_control_beside_each_algorithm_with_the_means(tmp_path)
     assert "| mean, last half | 0.250 | 0.625 | 0.875 |" in text
     assert "seed means over updates: loss/gate_mean 0.500, skill/teacher_gap_win 0.250" in text
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_held_out_plot_draws_the_numbers_the_table_prints():
+    """The trainer's own end-of-run evaluation (other seeds and batching) says 0.75; the demo's table says 0.852 for
+    the same policy: the plot shows the table's number."""
+    histories = {"grpo": [{"step": i, "train/success_rate": 0.5} for i in range(16)]}
+    histories["grpo"][-1]["eval/success_rate"] = 0.75
+    after = {"grpo": {"eval/success_rate": 0.852, "eval/invalid_rate": 0.0, "eval/episode_length": 2.0}}
+    assert held_out_points(histories, 0.797, after) == {"grpo": [(0, 0.797), (16, 0.852)]}
 
 
 def test_write_json_leaves_no_partial_file(tmp_path):
