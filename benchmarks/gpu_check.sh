@@ -85,8 +85,8 @@ step_step() { run_step step "reduced RL step, Qwen2.5-1.5B width, 8 layers (benc
 
 step_rest() { run_step rest "other gpu tests, FSDP2 on one GPU, peers" bash -c "
   '$PY' -m pytest -m gpu tests -q -rA -p no:cacheprovider --continue-on-collection-errors \
-    --ignore=tests/kernels --ignore=tests/ops --ignore=tests/dist/test_fsdp_one_device.py; a=\$?
-  '$PY' -m pytest -m gpu tests/dist/test_fsdp_one_device.py -q -rA -p no:cacheprovider; c=\$?
+    --ignore=tests/kernels --ignore=tests/ops --ignore=tests/distributed/test_fsdp_one_device.py; a=\$?
+  '$PY' -m pytest -m gpu tests/distributed/test_fsdp_one_device.py -q -rA -p no:cacheprovider; c=\$?
   '$PY' benchmarks/peers.py --shape qwen1.5b --device cuda --dtype bf16 --out '$OUT/peers_cuda.json'; b=\$?
   exit \$(( a || b || c ))"; }
 

@@ -18,7 +18,7 @@ if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
 def one_torch_thread():
     """One intra-op thread for the test, restored after it. Tiny matmuls gain nothing from threads, and under
     `pytest -n 2` on 2 cores a second thread per worker only spins against the other worker (measured: 4x the CPU
-    time of the rollout tests); the distributed tests' ranks run one thread each (dist/dist_helpers.py), so a
+    time of the rollout tests); the distributed tests' ranks run one thread each (distributed/dist_helpers.py), so a
     one-process reference with one thread runs the same kernels."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -30,11 +30,12 @@ ALLOWED: dict[str, set[str]] = {
     "scoring": {"context", "model", "ops"},
     "rollout": {"context", "envs", "model", "skills"},  # builds StepSamples and prompt segments (context)
     # scale-out (FSDP2, tensor parallel, the memory plan): reads the `dist:` section, wraps the model, shards the head
-    "dist": {"config", "model", "ops"},
-    # what SFT and RL share: builders, optimizer, checkpoints (sharded ones with dist's DCP)
-    "runtime": {"config", "dist", "envs", "model", "rollout"},
+    "distributed": {"config", "model", "ops"},
+    # what SFT and RL share: builders, optimizer, checkpoints (sharded ones with distributed's DCP)
+    "runtime": {"config", "distributed", "envs", "model", "rollout"},
     "sft": {"config", "context", "envs", "model", "ops", "rollout", "runtime", "skills"},
-    "train": {"algo", "config", "context", "dist", "envs", "model", "ops", "rollout", "runtime", "scoring", "skills"},
+    "train": {"algo", "config", "context", "distributed", "envs", "model", "ops", "rollout", "runtime", "scoring",
+              "skills"},
     "app": set(),  # the commands: every package below them (set just after this table)
     "cli": {"config", "app"},  # command modules are imported by name when they run
     "__main__": {"cli"},
@@ -143,7 +144,7 @@ def test_the_parser_sees_known_edges():
     # guards the checker itself: a parser that found nothing would pass every other test
     pairs = {(src, dst) for _, _, _, src, dst in _edges()}
     for edge in [("ops", "algo"), ("ops", "kernels"), ("scoring", "ops"), ("train", "rollout"),
-                 ("rollout", "context"), ("scoring", "context"), ("train", "dist"), ("dist", "model"),
+                 ("rollout", "context"), ("scoring", "context"), ("train", "distributed"), ("distributed", "model"),
                  ("app", "train"), ("cli", "app"), ("__main__", "cli")]:
         assert edge in pairs, f"expected the import {edge[0]} -> {edge[1]} to be found"
 

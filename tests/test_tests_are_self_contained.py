@@ -1,6 +1,6 @@
-"""Every test file runs alone (`pytest tests/<dir>/test_x.py`): no test module imports another test module. Such an
-import only works when the other module happens to be importable and unchanged (tests/dist/test_weight_push.py took
-its fake vLLM from test_colocated long after the fakes had moved to tests/rollout/fake_vllm.py). Shared helpers live
+"""Every test file runs alone (`pytest tests/<dir>/test_x.py`): no test module imports another test module. Such
+an import only works when the other module happens to be importable and unchanged (test_weight_push.py took its fake
+vLLM from test_colocated long after the fakes had moved to tests/rollout/fake_vllm.py). Shared helpers live
 in non-test modules (fake_vllm.py, dist_helpers.py, ...). What this static check cannot see (fixtures or state one
 file leaves for the next) tests/run_each_file.sh finds by running each file in its own process."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 # (importing file, test module it imports): to go. Both run alone (the same folder is on sys.path), but they share
 # test_fsdp_update's CASES, _full and _update, which move to dist_helpers.py once the edit in flight there lands.
-EXCEPTIONS = {("dist/test_fsdp_one_device.py", "test_fsdp_update"), ("dist/test_tp_train.py", "test_fsdp_update")}
+EXCEPTIONS = {("distributed/test_fsdp_one_device.py", "test_fsdp_update"),
+              ("distributed/test_tp_train.py", "test_fsdp_update")}
 
 
 def imported_test_modules(path: Path, test_modules: set[str]) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from seedfast.config import Config, ConfigError
-from seedfast.dist.data import DataParallel
+from seedfast.distributed.data import DataParallel
 from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, load_tasks, start_processes
 from seedfast.train.evaluate import evaluate
 

@@ -1,5 +1,5 @@
 """`seedfast plan CONFIG [--world N] [dist.tp=T]`: per-GPU memory of the run on N GPUs, printed and written as
-JSON, from the real model on the meta device sharded over a fake process group (seedfast/dist/plan.py,
+JSON, from the real model on the meta device sharded over a fake process group (seedfast/distributed/plan.py,
 docs/scaling.md)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from seedfast.config import Config, ConfigError
-from seedfast.dist.plan import memory_plan
+from seedfast.distributed.plan import memory_plan
 
 
 def main(cfg: Config, world: int | None = None, json_path: str | None = None) -> int:

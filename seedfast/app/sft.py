@@ -2,7 +2,7 @@
 sft/run.py (main), whose policy, device and dtype come from runtime/setup.py.
 
 One code path for 1 and N processes: under torchrun with dist.strategy=fsdp (docs/scaling.md) this module starts
-the process group and hands sft/run.py the dist/ pieces as a `Sharding` (sft/ does not import dist): the model
+the process group and hands sft/run.py the distributed/ pieces as a `Sharding` (sft/ does not import dist): the model
 sharded with FSDP2 over the ("dp_shard", "tp") mesh, the data-parallel ranks' scalar reductions, dist's
 balanced split of each step's examples, and the gathered state rank 0 writes.
 """
@@ -26,10 +26,10 @@ def sft_sharding(cfg: Config, device: torch.device) -> Sharding:
     rollout check (SFT rolls nothing out). FSDP2 only: the SFT loss has no vocabulary-parallel head."""
     import torch.distributed as dist
 
-    from seedfast.dist.checkpoint import full_state_dict
-    from seedfast.dist.data import DataParallel, assign_groups
-    from seedfast.dist.mesh import build_mesh, mesh_shape
-    from seedfast.dist.parallelize import parallelize_decoder
+    from seedfast.distributed.checkpoint import full_state_dict
+    from seedfast.distributed.data import DataParallel, assign_groups
+    from seedfast.distributed.mesh import build_mesh, mesh_shape
+    from seedfast.distributed.parallelize import parallelize_decoder
 
     shape = mesh_shape(cfg.dist, dist.get_world_size())
     if shape.tp > 1:

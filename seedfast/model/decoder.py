@@ -293,7 +293,7 @@ class Decoder(nn.Module):
         if len(past_cu) - 1 != batch:
             raise ValueError(f"past holds {len(past_cu) - 1} sequences but cu_seqlens describes {batch}")
         # the heads this process holds: all of them, or n_kv_heads / tp under tensor parallel (the attention modules
-        # are narrowed by dist/parallelize.py apply_tp; the config, which the HF export writes, stays global)
+        # are narrowed by distributed/parallelize.py apply_tp; the config, which the HF export writes, stays global)
         expected = (self.model.layers[0].self_attn.n_kv_heads, cfg.head_dim)
         if tuple(past.keys[0].shape[1:]) != expected:
             raise ValueError(

@@ -65,7 +65,7 @@ def loss_inputs(func: str, targets: torch.Tensor, ignore_index: int, n: int, dev
                 teacher_mask: torch.Tensor | None, clip_low: float, clip_high: float, dual_clip: float | None,
                 kl_coef: float, kl_kind: str, entropy_coef: float, opd_coef: float, opd_beta: float,
                 gate: str) -> tuple[dict, dict]:
-    """(per-token inputs, loss options) of fused_loss and its tensor-parallel twin (dist/vocab_head.py), checked
+    """(per-token inputs, loss options) of fused_loss and its tensor-parallel twin (distributed/vocab_head.py), checked
     with errors naming `func` and the tensor; token weights are 0 where the target is ignore_index."""
     per_token = {
         "old_logprob": check_per_token(func, "old_logprob", old_logprob, n, device, required=False),

@@ -13,7 +13,7 @@ given local column 0 as a stand-in, and that column's contribution is recomputed
 (O(N·d), no vocabulary-sized work).
 
 No training path imports this module yet: it is tested on its own (gloo, 2 ranks, against the unsharded
-reference) and waits for the tensor-parallel LM head of the scale-out work (docs/architecture.md, `dist/`).
+reference) and waits for the tensor-parallel LM head of the scale-out work (docs/architecture.md, `distributed/`).
 """
 
 from __future__ import annotations

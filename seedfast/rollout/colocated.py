@@ -2,14 +2,14 @@
 model, or a vLLM engine colocated on this rank's GPU that gets the policy's weights pushed before each rollout.
 
     rollout = build_rollout("vllm", policy, hf_dir, dtype="bf16", seed=cfg.run.seed, sleep=True)
-    # each step, with the weights as buckets of (HF name, full tensor) (dist/weight_push.py; lazy: unread by own)
+    # each step, with the weights as buckets of (HF name, full tensor) (distributed/weight_push.py; lazy: unread by own)
     rollout.begin_step(step_seed)
     metrics |= rollout.before_rollout(buckets(hf_named_tensors(policy), 512 << 20))
     result = run_agent_loop(rollout, ...)       # generate / generate_full: the engine protocol (rollout/engine.py)
     metrics |= rollout.after_rollout()          # vLLM: sleeps (weights and KV cache freed) for the update
 
 `reads_policy` says whether generation reads the training model itself (own: the caller all-gathers a sharded
-policy around it, dist/parallelize.py `unsharded`) or a copy (vLLM: nothing to gather but the pushed buckets).
+policy around it, distributed/parallelize.py `unsharded`) or a copy (vLLM: nothing to gather but the pushed buckets).
 Both seed their sampling from the step alone (`begin_step`), so a resumed run draws the same samples.
 """
 

@@ -174,7 +174,7 @@ class Sampler:
     def _sample(self, last_hidden: torch.Tensor, temperature: float, top_p: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Next tokens and their log-probs; a tensor-parallel model's vocabulary-parallel sampling when it carries
-        one (`model.head_ops`, dist/vocab_head.py: no rank forms the [B, V] logits)."""
+        one (`model.head_ops`, distributed/vocab_head.py: no rank forms the [B, V] logits)."""
         ops = getattr(self.model, "head_ops", None)
         if ops is not None:
             return ops.sample_next(last_hidden, self.model.lm_head_weight, temperature, top_p, self.generator)

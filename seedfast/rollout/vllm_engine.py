@@ -3,7 +3,7 @@
     engine = VLLMEngine("runs/x/hf", dtype="bf16", gpu_memory_utilization=0.5)
     gens = engine.generate_full(prompt_ids, max_new_tokens=512, temperature=1.0, top_p=1.0, stop_ids=[eos])
     engine.load_weights(model.state_dict())     # after each update: HF names, the trainer's tensors
-    engine.push_weights(buckets)                # or bucket by bucket ([(name, tensor)] lists, dist/weight_push.py)
+    engine.push_weights(buckets)                # or bucket by bucket ([(name, tensor)] lists: weight_push.py)
 
 vLLM is imported only when an engine is built (`pip install seedfast[gpu]`). Weights travel to vLLM's
 worker through a worker extension (CUDA IPC handles for CUDA tensors when the worker is another process, the

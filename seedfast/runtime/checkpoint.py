@@ -66,7 +66,7 @@ def save_checkpoint(
 ) -> Path:
     """Write `ckpt_dir/step_<step>` atomically and return its path; keep only the newest `keep` checkpoints.
     A sharded model (FSDP2 / tensor parallel) is written by every rank with DCP (`_save_sharded`)."""
-    from seedfast.dist.checkpoint import is_sharded
+    from seedfast.distributed.checkpoint import is_sharded
 
     if is_sharded(model):
         return _save_sharded(Path(ckpt_dir), step, model, optimizer, scheduler, trainer_state, generators, keep)
@@ -118,7 +118,7 @@ def _save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: 
     """Every rank writes its model and optimizer shards (DCP) and its RNG state into the temporary folder; rank 0
     then writes the scheduler and trainer state, marks it complete and renames it into place, as above. Ranks
     wait for each other before and after, so no rank reads a half-written checkpoint."""
-    from seedfast.dist.checkpoint import barrier, rank_and_world, save_states
+    from seedfast.distributed.checkpoint import barrier, rank_and_world, save_states
 
     rank, world = rank_and_world()
     final = ckpt_dir / f"step_{step}"
@@ -173,7 +173,7 @@ def load_checkpoint(
     path = Path(path)
     if not (path / _COMPLETE).exists():
         raise ValueError(f"checkpoint {path} is incomplete or missing (no {_COMPLETE} marker)")
-    from seedfast.dist.checkpoint import has_states, is_sharded
+    from seedfast.distributed.checkpoint import has_states, is_sharded
 
     if has_states(path):
         return _load_sharded(path, model, optimizer, scheduler, generators)
@@ -197,7 +197,7 @@ def _load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opt
                   generators: dict[str, torch.Generator] | None) -> dict[str, Any]:
     """A checkpoint written by `_save_sharded` on any number of ranks, into this model however it is sharded (DCP
     reshards). The RNG state is this rank's when the checkpoint has one (same rank count), else rank 0's."""
-    from seedfast.dist.checkpoint import load_states, rank_and_world
+    from seedfast.distributed.checkpoint import load_states, rank_and_world
 
     load_states(path, model, optimizer)
     state = torch.load(path / "state.pt", weights_only=False)

@@ -50,12 +50,12 @@ def decoupled_adamw(model: torch.nn.Module, lr: float, weight_decay: float) -> t
 def grad_norm_and_clip(optimizer: torch.optim.Optimizer, max_norm: float | None) -> float:
     """The global 2-norm of the gradients `optimizer` will apply, before clipping them to `max_norm` (None: no
     clipping), for SFT and RL alike: the master weights' gradients when there are master copies
-    (runtime/precision.py), sharded (DTensor) gradients through dist/parallelize.py clip_sharded_grads."""
+    (runtime/precision.py), sharded (DTensor) gradients through distributed/parallelize.py clip_sharded_grads."""
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
     if not params:
         return 0.0
     if any(type(p.grad).__name__ == "DTensor" for p in params):
-        from seedfast.dist.parallelize import clip_sharded_grads
+        from seedfast.distributed.parallelize import clip_sharded_grads
 
         return float(clip_sharded_grads(params, max_norm if max_norm is not None else math.inf))
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else math.inf)

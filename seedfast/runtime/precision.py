@@ -12,7 +12,7 @@ How, by strategy:
                  Megatron's fp16 optimizer). The module's code is unchanged: no autocast, so the sampler, the
                  KV caches, the fused log-prob ops and flash-attn see one dtype.
   dist.strategy=fsdp   the sharded parameters are the masters; FSDP2's MixedPrecisionPolicy gathers them in
-                 model.dtype and reduces gradients in dist.reduce_dtype (dist/parallelize.py).
+                 model.dtype and reduces gradients in dist.reduce_dtype (distributed/parallelize.py).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def start_processes(cfg: Config, command: str) -> Any:
     """The `dist:` section against torchrun's environment: one process (dist.strategy=none; several processes are
     refused, as they would train unsynchronized copies), or the process group of a sharded run (dist.strategy=fsdp:
     nccl on CUDA, gloo on CPU). Returns this process's DistEnv (rank, world, local rank); docs/scaling.md."""
-    from seedfast.dist.mesh import DistEnv, init_process_group, mesh_shape
+    from seedfast.distributed.mesh import DistEnv, init_process_group, mesh_shape
 
     env = DistEnv.from_environ()
     if cfg.dist.strategy == "none" and env.world > 1:
@@ -54,15 +54,15 @@ def start_processes(cfg: Config, command: str) -> Any:
 
 
 def shard_policy(cfg: Config, model: torch.nn.Module, device: torch.device) -> Any:
-    """Under dist.strategy=fsdp, shard the policy over the started process group's mesh (dist/parallelize.py) and
-    return the data-parallel ranks of the step (dist/data.py DataParallel); None for a one-process run."""
+    """Under dist.strategy=fsdp, shard the policy over the started process group's mesh (distributed/parallelize.py) and
+    return the data-parallel ranks of the step (distributed/data.py DataParallel); None for a one-process run."""
     if cfg.dist.strategy == "none":
         return None
     import torch.distributed as dist
 
-    from seedfast.dist.data import DataParallel
-    from seedfast.dist.mesh import build_mesh, mesh_shape
-    from seedfast.dist.parallelize import parallelize_decoder
+    from seedfast.distributed.data import DataParallel
+    from seedfast.distributed.mesh import build_mesh, mesh_shape
+    from seedfast.distributed.parallelize import parallelize_decoder
 
     if not dist.is_initialized():
         raise ConfigError("dist.strategy=fsdp: no process group is started (run under torchrun; "

@@ -41,7 +41,7 @@ def _forward(model, packed: Packed, past=None, return_kv: bool = False, attn_bac
 
 def head_logprob_op(model) -> Callable[..., LinearLogprobOutput]:
     """The LM head's log-prob op: seedfast.ops.linear_logprob, or the vocabulary-parallel one a tensor-parallel
-    model carries (`model.head_ops`, set by dist/parallelize.py; docs/scaling.md, 'Tensor-parallel LM head')."""
+    model carries (`model.head_ops`, set by distributed/parallelize.py; docs/scaling.md, 'Tensor-parallel LM head')."""
     ops = getattr(model, "head_ops", None)
     return linear_logprob if ops is None else ops.linear_logprob
 

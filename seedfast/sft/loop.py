@@ -31,11 +31,11 @@ from seedfast.sft.examples import EXAMPLE_KINDS, SFTExample
 
 @dataclass
 class Sharding:
-    """How SFT runs over data-parallel ranks. app/sft.py builds it from seedfast/dist/ (sft/ does not import dist:
+    """How SFT runs over data-parallel ranks. app/sft.py builds it from seedfast/distributed/ (sft/ does not import it:
     tests/test_import_direction.py), so the loop gets dist's rules as plain callables."""
 
-    dp: Any  # dist/data.py DataParallel: rank, size, sum(values), max(values) over the data-parallel ranks
-    assign: Callable[[Sequence[float], int], list[int]]  # dist/data.py assign_groups: the rank of each example
+    dp: Any  # distributed/data.py DataParallel: rank, size, sum(values), max(values) over the data-parallel ranks
+    assign: Callable[[Sequence[float], int], list[int]]  # distributed/data.py assign_groups: the rank of each example
     shard: Callable[[torch.nn.Module], torch.nn.Module] | None = None  # parallelize_decoder over the mesh
     full_state: Callable[[torch.nn.Module], dict[str, torch.Tensor]] | None = None  # gathered on rank 0
     is_main: bool = True  # global rank 0: the one process that writes

@@ -349,7 +349,7 @@ def sft_start(cfg: Config, device: torch.device, sharding: Sharding | None = Non
     builds the examples, and sends them to the others (one source: nothing depends on each process hashing or
     iterating alike); every rank then builds the model, and a from-scratch model's weights are overwritten by
     rank 0's (a broadcast), so the ranks start from the same weights whatever their devices' initializers do
-    (tests/dist/test_sft_sharded.py). A model.path policy is read from the same files by every rank."""
+    (tests/distributed/test_sft_sharded.py). A model.path policy is read from the same files by every rank."""
     pairs_file = pairs_path(cfg)
     if pairs_file is None and not cfg.sft.behaviour_cloning:
         raise ConfigError(NO_DATA)

@@ -34,7 +34,7 @@ def evaluate(cfg: Config, model: torch.nn.Module, tokenizer: Any, tasks: list[Ta
              chunk_games: int | None = None) -> dict[str, float]:
     """One trajectory per task at the eval temperature (0 = greedy); returns eval/* metrics.
 
-    Without `dp`, all games in one batch, sampled with `seed`. With `dp` (dist/data.py DataParallel, or anything
+    Without `dp`, all games in one batch, sampled with `seed`. With `dp` (distributed/data.py DataParallel, or anything
     with rank, size and sum(values) over the ranks), the split evaluation of the module docstring: chunks of
     `chunk_games` games (default env.slots, else EVAL_CHUNK_GAMES), the same metrics on every rank and for any
     number of ranks; every rank must call it (the counts are all-reduced). `envs` (default: made here and closed;

@@ -15,8 +15,8 @@ import torch
 from seedfast.algo import grsd as grsd_math
 from seedfast.config import Config
 from seedfast.context.sample import StepSample
-from seedfast.dist.data import DataParallel, balance_samples
-from seedfast.dist.parallelize import unsharded
+from seedfast.distributed.data import DataParallel, balance_samples
+from seedfast.distributed.parallelize import unsharded
 from seedfast.runtime.optim import grad_norm_and_clip
 from seedfast.scoring import score
 from seedfast.train.privileged import Reflections

@@ -23,10 +23,10 @@ from seedfast.algo import advantage as adv_math
 from seedfast.algo import grsd as grsd_math
 from seedfast.config import Config
 from seedfast.context.sample import StepSample
-from seedfast.dist.checkpoint import export_hf
-from seedfast.dist.data import DataParallel, balance_samples, global_means
-from seedfast.dist.parallelize import unsharded
-from seedfast.dist.weight_push import buckets, check_colocated, hf_named_tensors
+from seedfast.distributed.checkpoint import export_hf
+from seedfast.distributed.data import DataParallel, balance_samples, global_means
+from seedfast.distributed.parallelize import unsharded
+from seedfast.distributed.weight_push import buckets, check_colocated, hf_named_tensors
 from seedfast.envs.slots import counter_delta, counters_of
 from seedfast.model import save_hf
 from seedfast.rollout.agent_loop import Task, run_agent_loop

@@ -16,7 +16,7 @@ import torch
 from seedfast.algo import losses
 from seedfast.config import LossConfig
 from seedfast.context.sample import StepSample
-from seedfast.dist.data import DataParallel
+from seedfast.distributed.data import DataParallel
 from seedfast.ops import fused_loss
 from seedfast.scoring.packing import pack_single, split_by_budget
 from seedfast.scoring.prefix_kv_teacher import teacher_logprob_with_prefix
@@ -90,7 +90,7 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
                             dp: DataParallel | None = None) -> tuple[float, dict[str, float]]:
     """Forward + backward of one mini-batch (gradients accumulate in the parameters); returns (loss, metrics).
 
-    With `dp` (a model sharded by dist/parallelize.py), `index` is this rank's part of a mini-batch spread over
+    With `dp` (a model sharded by distributed/parallelize.py), `index` is this rank's part of a mini-batch spread over
     the data-parallel ranks: the weights use the global counts, every rank runs as many micro-batches as the
     busiest one (the extra ones with weight 0: FSDP2's collectives need the same calls on every rank), and the
     returned loss and metrics are the global ones."""
@@ -130,7 +130,7 @@ def _head_loss(model: torch.nn.Module):
     """fused_loss, or its tensor-parallel twin on a model whose LM head dist's apply_tp split over the vocabulary
     (it sets `model.head_ops`). Any other sharded head here is a bug: FSDP2 left it sharded after the forward."""
     if getattr(model, "head_ops", None) is not None:
-        from seedfast.dist.vocab_head import tp_fused_loss
+        from seedfast.distributed.vocab_head import tp_fused_loss
 
         return tp_fused_loss
     if type(model.lm_head_weight).__name__ == "DTensor":
@@ -144,7 +144,7 @@ def _collective_free(model, dp: DataParallel | None):
     only on ranks whose micro-batch has a teacher) issues no collectives."""
     if dp is None:
         return contextlib.nullcontext()
-    from seedfast.dist.parallelize import unsharded
+    from seedfast.distributed.parallelize import unsharded
 
     return unsharded(model)
 

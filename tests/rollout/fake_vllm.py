@@ -1,7 +1,7 @@
 """A stand-in for the `vllm` module on the CPU (tests/rollout/test_colocated.py, tests/train/test_vllm_in_loop.py):
 its LLM loads the HF folder into its own model copy, runs the real worker extension (WeightSyncExtension) for the
 weight push, generates with the own Sampler over its copy, and records sleep / wake_up / collective_rpc /
-reset_prefix_cache. Also the prompts and the update those tests (and tests/dist/test_weight_push.py) share."""
+reset_prefix_cache. Also the prompts and the update those tests (and tests/distributed/test_weight_push.py) share."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from seedfast.config import ConfigError
-from seedfast.dist.weight_push import buckets, check_colocated, hf_named_tensors
+from seedfast.distributed.weight_push import buckets, check_colocated, hf_named_tensors
 from seedfast.model import DecoderConfig, build_decoder, save_hf
 from seedfast.rollout.colocated import OwnRollout, VLLMRollout, build_rollout, request_seed
 from seedfast.rollout.own_engine import Sampler

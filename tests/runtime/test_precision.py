@@ -20,7 +20,7 @@ from seedfast.runtime.precision import MasterWeights, trained_parameters
 from seedfast.runtime.setup import load_trainable_policy, rl_optimizer, shard_policy, watch_precision
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dist"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 from dist_helpers import grouped_samples, make_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

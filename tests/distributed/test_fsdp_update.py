@@ -13,11 +13,10 @@ from dist_helpers import grouped_samples, make_config, run_on_ranks
 from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.config import LossConfig
-from seedfast.dist.data import DataParallel, split_whole_groups
-from seedfast.dist.parallelize import apply_fsdp, fsdp_modules, unsharded
+from seedfast.distributed.data import DataParallel, split_whole_groups
+from seedfast.distributed.parallelize import apply_fsdp, fsdp_modules, unsharded
 from seedfast.model.decoder import build_decoder
-from seedfast.runtime.optim import adamw
-from seedfast.runtime.optim import grad_norm_and_clip
+from seedfast.runtime.optim import adamw, grad_norm_and_clip
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
 CASES = {

@@ -1,7 +1,7 @@
 """The tensor-parallel LM head: log-probs and the fused loss on this rank's rows of the vocabulary.
 
-With `dist.tp > 1` the LM head (and the embedding) is sharded over the vocabulary by dist/parallelize.py: a DTensor
-placed Shard(0) on the tensor-parallel mesh. These functions take that DTensor as it is, run the streamed
+With `dist.tp > 1` the LM head (and the embedding) is sharded over the vocabulary by distributed/parallelize.py:
+a DTensor placed Shard(0) on the tensor-parallel mesh. These functions take that DTensor as it is, run the streamed
 log-prob of `seedfast/ops/vocab_parallel.py` on the local rows (max / sum-exp / target / entropy reduced across the
 tensor-parallel group) and, for the loss, the per-token formulas of `seedfast/ops/token_loss.py` (the very ones
 `fused_loss` uses) on the resulting [N] log-probs. No rank ever holds [tokens x V] logits, nor the full dW: each
@@ -11,7 +11,7 @@ The own sampler draws from a vocabulary-parallel head with the Gumbel-max trick 
 Gumbel noise to its [B, V/tp] logits, and an all-gather of each rank's (best score, its token, its logit) picks the
 token: an exact sample from softmax(logits / T), with its log-prob from the group's max and sum-exp. The noise of
 global token j comes from fixed tiles of the vocabulary drawn in order, so it does not depend on tp.
-`HEAD_OPS` is what dist/parallelize.py hangs on a tensor-parallel model (`model.head_ops`): scoring and the
+`HEAD_OPS` is what distributed/parallelize.py hangs on a tensor-parallel model (`model.head_ops`): scoring and the
 sampler take their log-prob and sampling ops from it (they may not import dist: tests/test_import_direction.py).
 """
 
@@ -26,8 +26,8 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from seedfast.ops import LinearLogprobOutput, get_backend
-from seedfast.ops.token_loss import metric_means, needs_entropy
 from seedfast.ops.fused_loss import loss_inputs
+from seedfast.ops.token_loss import metric_means, needs_entropy
 from seedfast.ops.vocab_parallel import vocab_parallel_logprob
 
 NOISE_TILE = 8192  # Gumbel noise is drawn in tiles of this many vocabulary entries, in order
@@ -179,5 +179,5 @@ def tp_sample_next(hidden: torch.Tensor, weight: DTensor, temperature: float, to
     return pick[:, 2].round().long(), pick[:, 1] - log_norm
 
 
-# the ops a tensor-parallel model carries as `model.head_ops` (dist/parallelize.py apply_tp)
+# the ops a tensor-parallel model carries as `model.head_ops` (distributed/parallelize.py apply_tp)
 HEAD_OPS = SimpleNamespace(linear_logprob=tp_linear_logprob, sample_next=tp_sample_next)

@@ -3,7 +3,7 @@
 is the GPU window's FSDP2 check (benchmarks/gpu_check.sh). FSDP2's own code runs (the units, the all-gather and
 reduce-scatter on one rank, the DTensor parameters and their optimizer state, the mixed-in hooks around the fused
 log-prob ops), so the sharded update path is checked on a GPU without a second GPU; the world-size conventions
-need 2 ranks (tests/dist/test_fsdp_update.py, docs/scaling.md)."""
+need 2 ranks (tests/distributed/test_fsdp_update.py, docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from dist_helpers import grouped_samples, make_config
 from test_fsdp_update import CASES, _full, _update
 from torch.distributed.device_mesh import init_device_mesh
 
-from seedfast.dist.data import DataParallel
-from seedfast.dist.parallelize import apply_fsdp, fsdp_modules
+from seedfast.distributed.data import DataParallel
+from seedfast.distributed.parallelize import apply_fsdp, fsdp_modules
 from seedfast.model.decoder import build_decoder
 
 CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

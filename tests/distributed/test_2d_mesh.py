@@ -11,12 +11,11 @@ from dist_helpers import grouped_samples, make_config, run_on_ranks
 from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.config import LossConfig
-from seedfast.dist.data import DataParallel, split_whole_groups
-from seedfast.dist.mesh import MESH_DIMS
-from seedfast.dist.parallelize import parallelize_decoder
+from seedfast.distributed.data import DataParallel, split_whole_groups
+from seedfast.distributed.mesh import MESH_DIMS
+from seedfast.distributed.parallelize import parallelize_decoder
 from seedfast.model.decoder import build_decoder
-from seedfast.runtime.optim import adamw
-from seedfast.runtime.optim import grad_norm_and_clip
+from seedfast.runtime.optim import adamw, grad_norm_and_clip
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
 LOSS = LossConfig(opd_coef=0.0, entropy_coef=0.01, kl_coef=0.0)

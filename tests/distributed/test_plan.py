@@ -10,7 +10,7 @@ import pytest
 
 from seedfast.cli import main
 from seedfast.config import ConfigError, load_config
-from seedfast.dist.plan import GIB, QWEN25, memory_plan
+from seedfast.distributed.plan import GIB, QWEN25, memory_plan
 
 CONFIG = "configs/qwen2.5-7b_alfworld_8xh100.yaml"
 # (shape, world, tp, parameters as the model pages on the Hugging Face hub round them, in billions)

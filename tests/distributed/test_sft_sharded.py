@@ -48,7 +48,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 def _sharding(world: int):
     from seedfast.app.sft import sft_sharding
 
-    # fp32 compute, as the one-process reference (bf16 over fp32 masters: tests/dist/test_fsdp_mixed_precision.py)
+    # fp32 compute, as the one-process reference (bf16 over fp32 masters: test_fsdp_mixed_precision.py)
     cfg = load_config(None, ["dist.strategy=fsdp", "trainer.device=cpu", "model.dtype=fp32"])
     return sft_sharding(cfg, torch.device("cpu"))
 

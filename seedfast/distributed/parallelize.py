@@ -9,7 +9,7 @@ Tensor parallel (mesh dim "tp"), Megatron's layout without sequence parallel (th
                                                 ops/vocab_parallel.py; its forward is never called)
     q_norm, k_norm (Qwen3)    SequenceParallel over the head dimension (replicated weights, gradients summed)
 The attention modules then hold n_heads / tp query heads and n_kv_heads / tp key-value heads, and the model carries
-`head_ops` (dist/vocab_head.py HEAD_OPS): the vocabulary-parallel log-prob and sampling that scoring and the own
+`head_ops` (distributed/vocab_head.py HEAD_OPS): the vocabulary-parallel log-prob and sampling that scoring and the own
 sampler use in place of the whole-head ones.
 
 FSDP2 (mesh dim "dp_shard") shards every parameter over the data-parallel ranks, one all-gather unit per decoder
@@ -32,7 +32,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
-from seedfast.dist.vocab_head import HEAD_OPS
+from seedfast.distributed.vocab_head import HEAD_OPS
 from seedfast.model.decoder import Decoder
 
 
@@ -80,7 +80,7 @@ def apply_fsdp(model: Decoder, dp_mesh: DeviceMesh, *, param_dtype: torch.dtype 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     # a decoder block returns its values as a view of v_proj's output (the past KV of the SEED teacher); nothing
     # writes into them in place, which is what FSDP2's warning is about, and the equality tests of
-    # tests/dist/test_fsdp_update.py would see a lost gradient
+    # tests/distributed/test_fsdp_update.py would see a lost gradient
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPDecoderLayer\) returned a view tensor",
                             category=UserWarning)
     for layer in model.model.layers:

@@ -1,6 +1,6 @@
 """The memory plan: per-GPU memory of a run before anyone books a cluster (`seedfast plan CONFIG --world N`).
 
-The real model is built on the meta device (no memory), the real sharding of dist/parallelize.py is applied over
+The real model is built on the meta device (no memory), the real sharding of distributed/parallelize.py is applied over
 torch's fake process group of N ranks (no GPU, no communication), and each rank's share is read off the sharded
 parameters themselves. What cannot be read off a parameter is counted from the model code (docs/scaling.md,
 'The memory plan'):
@@ -143,7 +143,7 @@ class MemoryPlan:
 
     def to_json(self) -> dict[str, Any]:
         """The plan, with how it was made (no GPU: the meta device and torch's fake process group)."""
-        return {**asdict(self), "method": "meta device + fake process group (seedfast/dist/plan.py)",
+        return {**asdict(self), "method": "meta device + fake process group (seedfast/distributed/plan.py)",
                 "torch": torch.__version__}
 
     def table(self) -> str:

@@ -1,13 +1,12 @@
 """The data-parallel side of a sharded step: which rank rolls out and trains on which groups, and the few scalars
 the ranks must agree on (global token and sequence counts, micro-batch counts, metric sums).
 
-Nothing here moves parameters or gradients: FSDP2 and DTensor do that (dist/parallelize.py). See docs/scaling.md.
+Nothing here moves parameters or gradients: FSDP2 and DTensor do that (distributed/parallelize.py). See docs/scaling.md.
 """
 
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any

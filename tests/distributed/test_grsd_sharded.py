@@ -13,8 +13,8 @@ from dist_helpers import make_config, run_on_ranks
 from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.config import load_config
-from seedfast.dist.data import DataParallel
-from seedfast.dist.parallelize import apply_fsdp
+from seedfast.distributed.data import DataParallel
+from seedfast.distributed.parallelize import apply_fsdp
 from seedfast.model.decoder import build_decoder
 from seedfast.runtime.optim import adamw
 from seedfast.train.privileged import Reflections

@@ -14,9 +14,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from seedfast.config import LossConfig
-from seedfast.dist.mesh import MESH_DIMS
-from seedfast.dist.parallelize import apply_tp
-from seedfast.dist.vocab_head import tp_fused_loss, tp_linear_logprob
+from seedfast.distributed.mesh import MESH_DIMS
+from seedfast.distributed.parallelize import apply_tp
+from seedfast.distributed.vocab_head import tp_fused_loss, tp_linear_logprob
 from seedfast.model.decoder import build_decoder
 from seedfast.ops import fused_loss, linear_logprob, tiles
 from seedfast.scoring.packing import pack_single

@@ -1,6 +1,7 @@
 """model.dtype over optim.master_dtype, and dist.reduce_dtype (FSDP2 mixed precision), set through the config as
-`seedfast train` sets them (runtime/setup.py shard_policy): fp32 master weights and optimizer states, bf16 weights in forward and
-backward, gradients reduced across ranks in fp32; the update stays close to the fp32 one (bf16 rounding only)."""
+`seedfast train` sets them (runtime/setup.py shard_policy): fp32 master weights and optimizer states, bf16 weights in
+forward and backward, gradients reduced across ranks in fp32; the update stays close to the fp32 one (bf16 rounding
+only)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch.distributed as dist
 from dist_helpers import grouped_samples, make_config, run_on_ranks
 
 from seedfast.config import LossConfig, load_config
-from seedfast.dist.data import split_whole_groups
+from seedfast.distributed.data import split_whole_groups
 from seedfast.model.decoder import build_decoder
 from seedfast.runtime.setup import shard_policy
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward

@@ -1,4 +1,4 @@
-"""Whole groups per rank for the rollout, token-balanced samples for the update (seedfast/dist/data.py)."""
+"""Whole groups per rank for the rollout, token-balanced samples for the update (seedfast/distributed/data.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch.distributed as dist
 from dist_helpers import run_on_ranks
 
 from seedfast.context.sample import StepSample
-from seedfast.dist.data import DataParallel, assign_groups, balance_samples, split_whole_groups
+from seedfast.distributed.data import DataParallel, assign_groups, balance_samples, split_whole_groups
 
 
 def test_assign_groups_balances_whole_groups_by_hand():

@@ -18,7 +18,7 @@ from dist_helpers import run_on_ranks
 
 from seedfast.config import load_config
 from seedfast.context.sample import StepSample
-from seedfast.dist.data import DataParallel, split_whole_groups
+from seedfast.distributed.data import DataParallel, split_whole_groups
 from seedfast.model.tokenizer import load_tokenizer
 from seedfast.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from seedfast.runtime.optim import grad_norm_and_clip

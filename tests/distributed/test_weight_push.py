@@ -1,4 +1,4 @@
-"""The weights pushed to a colocated rollout engine (dist/weight_push.py): on 2 gloo ranks with an FSDP2-sharded
+"""The weights pushed to a colocated rollout engine (distributed/weight_push.py): on 2 gloo ranks with an FSDP2-sharded
 (and a tensor-parallel) tiny Decoder every rank gets exactly the one-process HF state dict, bucket by bucket,
 with one bucket alive at a time."""
 
@@ -15,9 +15,9 @@ from dist_helpers import make_config, run_on_ranks
 from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.config import ConfigError
-from seedfast.dist.mesh import MESH_DIMS
-from seedfast.dist.parallelize import apply_fsdp, parallelize_decoder
-from seedfast.dist.weight_push import buckets, check_colocated, hf_named_tensors
+from seedfast.distributed.mesh import MESH_DIMS
+from seedfast.distributed.parallelize import apply_fsdp, parallelize_decoder
+from seedfast.distributed.weight_push import buckets, check_colocated, hf_named_tensors
 from seedfast.model import load_hf
 from seedfast.model.decoder import build_decoder
 

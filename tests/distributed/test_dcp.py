@@ -15,14 +15,13 @@ from dist_helpers import grouped_samples, make_config, run_on_ranks
 from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.config import LossConfig
-from seedfast.dist.checkpoint import export_hf
-from seedfast.dist.data import DataParallel, split_whole_groups
-from seedfast.dist.parallelize import apply_fsdp
+from seedfast.distributed.checkpoint import export_hf
+from seedfast.distributed.data import DataParallel, split_whole_groups
+from seedfast.distributed.parallelize import apply_fsdp
 from seedfast.model.decoder import build_decoder
 from seedfast.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from seedfast.runtime.optim import adamw
+from seedfast.runtime.optim import adamw, grad_norm_and_clip
 from seedfast.scoring.packing import pack_single
-from seedfast.runtime.optim import grad_norm_and_clip
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
 LOSS = LossConfig(opd_coef=0.0, entropy_coef=0.01, kl_coef=0.0)

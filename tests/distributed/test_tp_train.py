@@ -15,11 +15,11 @@ from dist_helpers import LargestTensor, grouped_samples, make_config, run_on_ran
 from test_fsdp_update import CASES, _full, _update
 from torch.distributed.device_mesh import init_device_mesh
 
-from seedfast.dist import vocab_head
-from seedfast.dist.data import DataParallel
-from seedfast.dist.mesh import MESH_DIMS
-from seedfast.dist.parallelize import parallelize_decoder
-from seedfast.dist.vocab_head import gumbel_noise, tp_sample_next
+from seedfast.distributed import vocab_head
+from seedfast.distributed.data import DataParallel
+from seedfast.distributed.mesh import MESH_DIMS
+from seedfast.distributed.parallelize import parallelize_decoder
+from seedfast.distributed.vocab_head import gumbel_noise, tp_sample_next
 from seedfast.model.decoder import build_decoder
 from seedfast.rollout.own_engine import Sampler
 from seedfast.scoring import score, score_reference
@@ -49,7 +49,7 @@ def _sampler_worker(rank, world):
     torch.manual_seed(0)
     ref, model, _ = _models()
     prompts = [[5, 9, 200, 3], [7, 1], [5, 9, 200, 3], [100, 101, 102, 103, 104, 105]]
-    from seedfast.dist.parallelize import unsharded
+    from seedfast.distributed.parallelize import unsharded
 
     with unsharded(model):
         # sampling at T = 1.3: the shards' draw is the whole head's draw with the same noise
@@ -89,7 +89,7 @@ def _scoring_worker(rank, world):
     ref, model, mesh = _models()
     samples = grouped_samples(5, 8)
     assert any(s.has_teacher for s in samples) and not all(s.has_teacher for s in samples)
-    from seedfast.dist.parallelize import unsharded
+    from seedfast.distributed.parallelize import unsharded
 
     with unsharded(model):
         got = score(model, samples, with_entropy=True, token_budget=64, temperature=1.1)

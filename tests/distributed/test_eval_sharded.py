@@ -16,7 +16,7 @@ import torch.distributed as dist
 from dist_helpers import run_on_ranks
 
 from seedfast.config import load_config
-from seedfast.dist.data import DataParallel
+from seedfast.distributed.data import DataParallel
 from seedfast.runtime.setup import load_policy, load_run_tokenizer, load_tasks
 from seedfast.train.evaluate import evaluate
 
