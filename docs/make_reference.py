@@ -42,7 +42,7 @@ def _bounds() -> dict[str, str]:
 
 def commands_table() -> list[str]:
     lines = ["| command | implemented in | what it does |", "|---|---|---|"]
-    for name, command in cli.COMMANDS.items():
+    for name, command in {**cli.COMMANDS, **cli.TOOLS}.items():
         lines.append(f"| `seedfast {name}` | `{command.module}:{command.attr}` | {_cell(command.help)} |")
     lines.append(f"| `seedfast {cli.SHOW_CONFIG}` | `seedfast/cli.py` | print the resolved config as YAML |")
     return lines

@@ -16,9 +16,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from seedfast.config import Config, ConfigError
+from seedfast.config import Config
 from seedfast.distributed.data import DataParallel
-from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, load_tasks, start_processes
+from seedfast.runtime.setup import (
+    device_of,
+    load_policy,
+    load_run_tokenizer,
+    load_tasks,
+    start_processes,
+    trained_policy_path,
+)
 from seedfast.train.evaluate import evaluate
 
 
@@ -38,9 +45,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 def main(cfg: Config, split: str = "eval", **_: Any) -> int:
     env = start_processes(cfg, "eval")  # one process, or this rank of torchrun's (docs/scaling.md)
     run_dir = Path(cfg.run_dir)
-    path = next((p for p in (run_dir / "hf", run_dir / "sft") if (p / "config.json").is_file()), None)
-    if path is None:
-        raise ConfigError(f"run.name: {run_dir} has no exported policy (hf/ or sft/) to evaluate")
+    path = trained_policy_path(cfg)  # hf/, else init_from / sft/ / model.path: a base model is measured too
     device = device_of(cfg)
     model = load_policy(cfg, path, device, trainable=False)
     tokenizer = load_run_tokenizer(cfg, path)

@@ -127,6 +127,13 @@ def policy_path(cfg: Config) -> Path:
     )
 
 
+def trained_policy_path(cfg: Config) -> Path:
+    """The policy a command that only plays (`seedfast eval`) reads: the run's trained export <run_dir>/hf when it
+    exists, else the policy the run would start from (`policy_path`: init_from, this run's sft/, model.path)."""
+    hf = Path(cfg.run_dir) / "hf"
+    return hf if _is_hf_folder(hf) else policy_path(cfg)
+
+
 def load_policy(cfg: Config, path: Path, device: torch.device, trainable: bool = True,
                 dtype: torch.dtype | None = None) -> torch.nn.Module:
     """The HF model at `path` in `dtype` (default model.dtype, the compute dtype) on `device`, with

@@ -87,6 +87,17 @@ def test_policy_path_one_order_init_from_then_sft_then_model_path(tmp_path):
         setup.policy_path(load_config(None, [*keys, f"trainer.init_from={tmp_path / 'nothing'}"]))
 
 
+def test_eval_reads_the_trained_export_then_the_start_order(tmp_path):
+    """`seedfast eval` measures a base model.path too (the start of a real model), and the trained hf/ once there."""
+    base = hf_folder(tmp_path / "base")
+    keys = [f"run.out_dir={tmp_path}", "run.name=r", f"model.path={base}"]
+    assert setup.trained_policy_path(load_config(None, keys)) == base
+    sft = hf_folder(tmp_path / "r" / "sft")
+    assert setup.trained_policy_path(load_config(None, keys)) == sft
+    trained = hf_folder(tmp_path / "r" / "hf")
+    assert setup.trained_policy_path(load_config(None, keys)) == trained
+
+
 def test_policy_path_names_a_wrong_model_path(tmp_path):
     with pytest.raises(ConfigError, match="model.path"):
         setup.policy_path(load_config(None, [f"run.out_dir={tmp_path}", f"model.path={tmp_path / 'none'}"]))
