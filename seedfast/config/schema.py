@@ -223,9 +223,9 @@ class GRSDConfig:
 class OptimConfig:
     lr: float = opt(1e-6, "AdamW learning rate of RL", gt=0)
     weight_decay: float = opt(0.01, "AdamW weight decay", ge=0)
-    grad_clip: float | None = opt(1.0, "global gradient-norm clip; null = off", gt=0)
-    betas: list[float] = opt([0.9, 0.999], "AdamW betas")
-    eps: float = opt(1e-8, "AdamW epsilon", gt=0)
+    grad_clip: float | None = opt(1.0, "global gradient-norm clip, RL and SFT; null = off", gt=0)
+    betas: list[float] = opt([0.9, 0.999], "AdamW betas, RL and SFT")
+    eps: float = opt(1e-8, "AdamW epsilon, RL and SFT", gt=0)
     master_dtype: Literal["fp32", "bf16", "fp16"] = opt(
         "fp32", "dtype of the trained (master) weights and AdamW states, RL and SFT; below fp32 an update of ~lr "
                 "rounds away (a warning measures how much: docs/scaling.md, 'Precision')")

@@ -38,13 +38,14 @@ def adamw(params: Any, **options: Any) -> torch.optim.AdamW:
         return torch.optim.AdamW(params, **options)
 
 
-def decoupled_adamw(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+def decoupled_adamw(model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999),
+                    eps: float = 1e-8) -> torch.optim.AdamW:
     """`adamw` over the model's trainable parameters, weight decay on matrices only (not on norms and biases)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     rest = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
-    return adamw([g for g in groups if g["params"]], lr=lr)
+    return adamw([g for g in groups if g["params"]], lr=lr, betas=tuple(betas), eps=eps)
 
 
 def grad_norm_and_clip(optimizer: torch.optim.Optimizer, max_norm: float | None) -> float:

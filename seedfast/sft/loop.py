@@ -223,14 +223,15 @@ def evaluate_loss(model: torch.nn.Module, examples: Sequence[SFTExample],
 def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, *, seed: int = 0,
               max_seconds: float | None = None, log_fn: Callable[[dict[str, Any]], None] | None = None,
               progress: bool = False, schedule: str | None = None, grad_clip: float | None = 1.0,
+              betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
               masters: MasterWeights | None = None, sharding: Sharding | None = None) -> SFTStats:
     """Fine-tune `model` (a seedfast Decoder) on `examples` with cfg (seedfast.config.SFTConfig).
 
     cfg.epochs passes, each a seeded shuffle packed into batches of at most cfg.batch_tokens tokens, one
     AdamW step per batch (lr with cfg.warmup_steps and `schedule`, default cfg.schedule if the config has
-    it, else cosine), gradient norm clipped to `grad_clip`. With `masters` (runtime/precision.py), `model` is their
-    module that computes and the optimizer steps the master weights. Stops between steps once `max_seconds`
-    (default cfg.max_seconds) have passed. `log_fn` gets one metrics dict per step.
+    it, else cosine), gradient norm clipped to `grad_clip`, AdamW `betas` and `eps`. With `masters`
+    (runtime/precision.py), `model` is their module that computes and the optimizer steps the master weights. Stops
+    between steps once `max_seconds` (default cfg.max_seconds) have passed. `log_fn` gets one metrics dict per step.
 
     With `sharding` (a model sharded by sharding.shard; every rank passes the same examples and seed), each
     rank trains on its share of every step (module docstring); the stats and logged metrics are global, and
@@ -242,7 +243,8 @@ def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, 
     plan = plan_batches([len(e.input_ids) for e in examples], cfg.batch_tokens, cfg.epochs, seed)
     per_epoch = [sum(e == epoch for e, _ in plan) for epoch in range(cfg.epochs)]
     place = [i - sum(per_epoch[:e]) + 1 for i, (e, _) in enumerate(plan)]  # steps done in its epoch, incl.
-    optimizer = decoupled_adamw(masters.master if masters is not None else model, cfg.lr, cfg.weight_decay)
+    optimizer = decoupled_adamw(masters.master if masters is not None else model, cfg.lr, cfg.weight_decay,
+                                betas=betas, eps=eps)
     if masters is not None:
         masters.attach(optimizer)
     prompt_weight = getattr(cfg, "prompt_loss_weight", 1.0)

@@ -398,7 +398,8 @@ def main(cfg: Config, sharding: Sharding | None = None, **_flags: Any) -> int:
             log({"event": "copy_warmup", "steps": cfg.sft.copy_warmup_steps, "loss": last})
     stats: SFTStats = train_sft(compute, examples, cfg.sft, seed=cfg.run.seed, log_fn=log,
                                 progress=is_main and cfg.log.progress and sys.stderr.isatty(),
-                                masters=masters, sharding=sharding)
+                                masters=masters, sharding=sharding, grad_clip=cfg.optim.grad_clip,
+                                betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
     out = cfg.run_dir / SFT_DIR
     if sharding is None:
         save_policy(model.cpu(), tokenizer, out, DTYPES[cfg.model.dtype])

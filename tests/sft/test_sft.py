@@ -225,6 +225,30 @@ def test_bf16_compute_over_fp32_master_weights_lowers_the_loss(tok, bc):
 # ------------------------------------------------------------------------------------------- seedfast sft
 
 
+def test_main_trains_with_the_optim_sections_clip_betas_and_eps(overrides, train_games, tmp_path, monkeypatch):
+    """optim.grad_clip / betas / eps are RL's and SFT's (one AdamW setting for both; the lr stays sft.lr)."""
+    from seedfast.sft import loop
+
+    seen: dict = {}
+    real_adamw, real_clip = loop.decoupled_adamw, loop.grad_norm_and_clip
+
+    def adamw_spy(*args, **kwargs):
+        optimizer = real_adamw(*args, **kwargs)
+        seen["group"] = {k: optimizer.param_groups[0][k] for k in ("lr", "betas", "eps")}
+        return optimizer
+
+    def clip_spy(optimizer, max_norm):
+        seen.setdefault("clip", set()).add(max_norm)
+        return real_clip(optimizer, max_norm)
+
+    monkeypatch.setattr(loop, "decoupled_adamw", adamw_spy)
+    monkeypatch.setattr(loop, "grad_norm_and_clip", clip_spy)
+    cfg = load_config(None, [*overrides(train_games, tmp_path), "sft.epochs=1", "sft.lr=0.003",
+                             "optim.grad_clip=0.25", "optim.betas=[0.8,0.95]", "optim.eps=0.001"])
+    assert sft.main(cfg) == 0
+    assert seen["group"] == {"lr": 0.003, "betas": (0.8, 0.95), "eps": 0.001} and seen["clip"] == {0.25}
+
+
 def test_main_trains_saves_a_loadable_hf_folder_and_logs(overrides, train_games, tmp_path, capsys):
     cfg = load_config(None, [*overrides(train_games, tmp_path), "sft.skill_augment=true", "sft.epochs=2",
                              "sft.skill_augment_fraction=1.0", "skill.insertion=after_task"])
