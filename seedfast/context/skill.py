@@ -1,7 +1,7 @@
 """How a skill is written into a prompt: the one rendering that SFT and the RL teacher context share.
 
-    S = skill_segment(tokenizer, "Plan: take key > open chest")   # ids of "Skill: Plan: ...\n"
-    teacher prompt = P[:k] + S + P[k:]                              # k = insertion_index(segments, mode)
+    S = skill_segment(tokenizer, "Workflow: ... go south -> take passkey. ...")   # ids of "Skill: Workflow: ...\n"
+    teacher prompt = P[:k] + S + P[k:]          # k = insertion_index(segments, mode)
 
 Every insertion point of seedfast.context.segments sits right after a newline or before a special token
 (prompt segments end with one newline). The rendered skill starts with a letter and ends with one newline,
@@ -11,7 +11,6 @@ either boundary (tests hold the two equal).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Literal
 
 SkillKind = Literal["episode", "step"]
@@ -43,14 +42,6 @@ def skill_segment(tokenizer, text: str, kind: SkillKind = "episode",
     if ids[-len(newline):] != newline:  # a tokenizer that merges the newline into the last word
         ids = list(tokenizer.encode(render_skill(text, kind).rstrip("\n"), add_special_tokens=False))
     return ids[: max_tokens - len(newline)] + newline
-
-
-def oracle_plan(walkthrough: Sequence[str], step_index: int) -> str:
-    """The oracle skill of a step: the walkthrough's remaining actions as a plan."""
-    remaining = [" ".join(a.split()) for a in walkthrough[step_index:]]
-    if not remaining:
-        raise ValueError(f"step_index={step_index} is past the end of a {len(walkthrough)}-action plan")
-    return "Plan: " + " > ".join(remaining)
 
 
 class SkillIds:

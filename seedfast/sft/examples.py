@@ -3,7 +3,9 @@
 Three kinds, each built exactly as the policy will later be asked:
 - behaviour cloning (`bc`): the agent loop's prompt of every walkthrough step (rollout.prompts, same
   history window and truncation), answered with `<action>CMD</action>` and the end-of-turn token that
-  stops generation; `bc_skill`: the same with an oracle plan inserted at the configured insertion point.
+  stops generation; `bc_skill`: the same prompt in the RL teacher's context, holding a skill the analyzers
+  write for a trajectory of that game, placed and rendered as the RL teacher places it (docs/demo.md, 'The
+  skill the policy reads is the skill the analyzers write').
 - skill writing (`skill`): the analyzer prompt of a trajectory (skills.prompts, shortened like the self
   analyzer does) answered with the oracle's canonical JSON, on successes and a few failures.
 - `jsonl`: (messages -> answer) pairs from a file, e.g. <run_dir>/collect/skill_sft.jsonl.
@@ -23,13 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seedfast.context.segments import INSERTION_MODES, insertion_index
-from seedfast.context.skill import oracle_plan, skill_segment
+from seedfast.context.segments import INSERTION_MODES
+from seedfast.context.skill import SkillIds
+from seedfast.context.teacher import build_step_sample, place_skills
 from seedfast.envs.trajectory import Trajectory
 from seedfast.rollout.prompts import Prompt, PromptStyle, Turn, build_prompt
 from seedfast.skills.analyzers import _PROMPT_SHAPES, OracleAnalyzer
 from seedfast.skills.policy_text import chat_prompt_ids
 from seedfast.skills.prompts import build_analyzer_messages, canonical_answer
+from seedfast.skills.result import SkillResult, teacher_texts
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 EXAMPLE_KINDS = ("bc", "bc_skill", "skill", "jsonl", "copy")
@@ -108,42 +112,91 @@ def fit_prompt(tokenizer: Any, task: str, history: Sequence[Turn], observation: 
 def bc_examples(tokenizer: Any, trajectories: Sequence[Trajectory], *, style: PromptStyle,
                 max_prompt_tokens: int | None = None, prompt_loss: bool = False,
                 skill_insertion: str | None = None, skill_fraction: float = 0.0,
-                max_skill_tokens: int | None = None, seed: int = 0) -> list[SFTExample]:
+                max_skill_tokens: int | None = None, seed: int = 0,
+                skills: Sequence[Sequence[SkillResult]] | None = None, skill_mode: str = "episode_only",
+                teacher_mode: str = "step_priority") -> list[SFTExample]:
     """One `bc` example per step of each trajectory, plus `bc_skill` copies of a `skill_fraction` share of
-    them (chosen with `seed`) whose prompt holds the step's oracle plan at `skill_insertion`.
+    them (chosen with `seed`) whose prompt is the RL teacher's context of that step.
 
-    The trajectories' actions are the targets (walkthroughs). A skill prompt fits `max_prompt_tokens` with
-    the skill counted, the truncation rule of docs/algorithms.md, 'Teacher context and insertion points'.
+    The trajectories' actions are the targets (walkthroughs). `skills[j]` are the analyzer results the copies
+    of trajectory j may read, one drawn per copy with `seed` (default: the oracle analyzer's result for
+    trajectory j, what the RL teacher gives a winner). A copy holds what the teacher would insert for the
+    drawn result under `skill_mode` and `teacher_mode`: the episode skill at `skill_insertion`, a step skill
+    late, rendered by context.skill.SkillIds with `max_skill_tokens` (train/batch.py does the same). A skill
+    prompt fits `max_prompt_tokens` with the skill counted, history dropped first (docs/algorithms.md,
+    'Teacher context and insertion points'); a copy whose drawn result gives this step nothing is left out.
     """
     if skill_insertion is not None and skill_insertion not in INSERTION_MODES:
         raise ValueError(f"skill_insertion {skill_insertion!r} is not one of {INSERTION_MODES}")
     if not 0.0 <= skill_fraction <= 1.0:
         raise ValueError(f"skill_fraction must be in [0, 1], got {skill_fraction!r}")
-    steps = [(t, i) for t in trajectories for i in range(len(t.steps))]
-    plain = [_bc_example(tokenizer, t, i, style, max_prompt_tokens, prompt_loss) for t, i in steps]
+    if skills is not None and len(skills) != len(trajectories):
+        raise ValueError(f"skills has {len(skills)} entries for {len(trajectories)} trajectories")
+    steps = [(j, i) for j, t in enumerate(trajectories) for i in range(len(t.steps))]
+    plain = [_bc_example(tokenizer, trajectories[j], i, style, max_prompt_tokens, prompt_loss) for j, i in steps]
     if skill_insertion is None or skill_fraction == 0.0:
         return plain
-    chosen = sorted(random.Random(seed).sample(range(len(steps)), round(skill_fraction * len(steps))))
-    with_skill = [_bc_example(tokenizer, *steps[j], style, max_prompt_tokens, prompt_loss,
-                              skill=(skill_insertion, max_skill_tokens)) for j in chosen]
+    rng = random.Random(seed)
+    chosen = sorted(rng.sample(range(len(steps)), round(skill_fraction * len(steps))))
+    if skills is None:
+        skills = [[r] for r in OracleAnalyzer(skill_mode).analyze(list(trajectories))]
+    ids = SkillIds(tokenizer, max_tokens=max_skill_tokens)
+    with_skill = []
+    for k in chosen:
+        j, i = steps[k]
+        readable = [r for r in skills[j] if r.valid]
+        if not readable:
+            continue
+        episode, step_skills = teacher_texts(rng.choice(readable), skill_mode)
+        teacher = _TeacherSkills(skill_insertion, episode, step_skills.get(i), teacher_mode, ids)
+        example = _bc_skill_example(tokenizer, trajectories[j], i, style, max_prompt_tokens, prompt_loss, teacher)
+        if example is not None:
+            with_skill.append(example)
     return plain + with_skill
 
 
+@dataclass(frozen=True)
+class _TeacherSkills:
+    """What the RL teacher inserts in one step's prompt: texts, where they go, and how they become ids."""
+
+    insertion: str
+    episode: str | None
+    step: str | None
+    teacher_mode: str
+    ids: SkillIds
+
+    def pieces(self, points: dict[str, int]) -> list[tuple[str, list[int]]]:
+        placed = place_skills(points, self.insertion, self.episode, self.step, self.teacher_mode)
+        return [(mode, self.ids(text)) for mode, text in placed]
+
+
 def _bc_example(tokenizer: Any, trajectory: Trajectory, index: int, style: PromptStyle, limit: int | None,
-                prompt_loss: bool, skill: tuple[str, int | None] | None = None) -> SFTExample:
+                prompt_loss: bool) -> SFTExample:
     step = trajectory.steps[index]
     history = [Turn(s.observation, s.action) for s in trajectory.steps[:index]]
-    skill_ids: list[int] = []
-    if skill is not None:
-        skill_ids = skill_segment(tokenizer, oracle_plan(trajectory.actions, index), max_tokens=skill[1])
-    budget = None if limit is None else max(limit - len(skill_ids), 0)
-    prompt, shortened = fit_prompt(tokenizer, trajectory.task, history, step.observation,
-                                   step.admissible_actions, index, style, budget)
-    ids = prompt.ids
-    if skill is not None:
-        at = insertion_index(prompt.segments, skill[0])
-        ids = ids[:at] + skill_ids + ids[at:]
-    return make_example(ids, action_response_ids(tokenizer, step.action), kind="bc_skill" if skill else "bc",
+    prompt, shortened = fit_prompt(tokenizer, trajectory.task, history, step.observation, step.admissible_actions,
+                                   index, style, limit)
+    return make_example(prompt.ids, action_response_ids(tokenizer, step.action), kind="bc",
+                        source=f"{trajectory.game_id} step {index}", prompt_loss=prompt_loss,
+                        max_prompt_tokens=limit, truncated=shortened)
+
+
+def _bc_skill_example(tokenizer: Any, trajectory: Trajectory, index: int, style: PromptStyle, limit: int | None,
+                      prompt_loss: bool, teacher: _TeacherSkills) -> SFTExample | None:
+    step = trajectory.steps[index]
+    history = [Turn(s.observation, s.action) for s in trajectory.steps[:index]]
+    answer = action_response_ids(tokenizer, step.action)
+    # the pieces' lengths do not depend on the prompt: measure them on the untruncated one
+    full = build_prompt(tokenizer, trajectory.task, history, step.observation, step.admissible_actions, index, style)
+    length = sum(len(ids) for _, ids in teacher.pieces(full.insert_points()))
+    if length == 0:
+        return None
+    budget = None if limit is None else max(limit - length, 0)
+    prompt, shortened = fit_prompt(tokenizer, trajectory.task, history, step.observation, step.admissible_actions,
+                                   index, style, budget)
+    # the scorer's own splice (context.sample.StepSample): the teacher prompt RL scores, token for token
+    sample, _ = build_step_sample(prompt.segments, answer, teacher.pieces(prompt.insert_points()))
+    return make_example(sample.teacher_prompt_ids().tolist(), answer, kind="bc_skill",
                         source=f"{trajectory.game_id} step {index}", prompt_loss=prompt_loss,
                         max_prompt_tokens=limit, truncated=shortened)
 

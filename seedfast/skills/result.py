@@ -51,6 +51,15 @@ def count_reasons(results: Iterable[SkillResult]) -> dict[str, int]:
     return dict(Counter(result.reason for result in results))
 
 
+def teacher_texts(result: SkillResult, skill_mode: str) -> tuple[str | None, dict[int, str]]:
+    """What the teacher context takes from a valid result under `skill_mode`: (episode skill, step skills)."""
+    check_skill_mode(skill_mode)
+    if not result.valid:
+        return None, {}
+    episode = result.skill if skill_mode != "step_only" else None
+    return episode, dict(result.step_skills) if skill_mode != "episode_only" else {}
+
+
 def check_skill_mode(skill_mode: str) -> str:
     if skill_mode not in SKILL_MODES:
         raise ValueError(f"skill_mode {skill_mode!r} is not one of {SKILL_MODES}")

@@ -25,6 +25,7 @@ from seedfast.skills.analyzers import make_analyzer
 from seedfast.skills.chat_client import ChatClient
 from seedfast.skills.library import SkillLibrary
 from seedfast.skills.policy_text import chat_prompt_ids, generate_texts
+from seedfast.skills.result import teacher_texts
 
 
 @dataclass
@@ -71,9 +72,7 @@ def _seed_skills(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, t
     episode: list[str | None] = [None] * len(trajectories)
     step: list[dict[int, str]] = [{} for _ in trajectories]
     for i, r in enumerate(results):
-        if r.valid:
-            episode[i] = r.skill if cfg.skill.skill_mode != "step_only" else None
-            step[i] = dict(r.step_skills) if cfg.skill.skill_mode != "episode_only" else {}
+        episode[i], step[i] = teacher_texts(r, cfg.skill.skill_mode)  # what SFT's bc_skill copies read too
     n = max(len(trajectories), 1)
     metrics = {"skill/parse_rate": sum(e is not None or bool(s) for e, s in zip(episode, step)) / n}
     for reason, count in reasons.items():

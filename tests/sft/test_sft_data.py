@@ -1,4 +1,5 @@
-"""SFT data on real TextWorld games: agent-loop prompts, loss masks, skill insertion, skill writing, JSONL."""
+"""SFT data on real TextWorld games: agent-loop prompts, loss masks, skill copies (the RL teacher's prompt), skill
+writing, JSONL."""
 
 import json
 import re
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from seedfast.context.segments import INSERTION_MODES
-from seedfast.context.skill import oracle_plan, render_skill, skill_segment
+from seedfast.context.skill import render_skill, skill_segment
 from seedfast.envs.slots import LocalEnvSlots
 from seedfast.envs.textworld_env import TextWorldEnv
 from seedfast.envs.textworld_games import load_manifest
@@ -27,8 +28,8 @@ from seedfast.sft.examples import (
     skill_writing_examples,
 )
 from seedfast.sft.replay import replay_games
-from seedfast.sft.run import tokenizer_corpus
-from seedfast.skills.analyzers import OracleAnalyzer, SelfAnalyzer
+from seedfast.sft.run import reader_skills, tokenizer_corpus
+from seedfast.skills.analyzers import OracleAnalyzer, SelfAnalyzer, oracle_answer
 from seedfast.skills.parse import parse_skill_response
 from seedfast.skills.policy_text import chat_prompt_ids
 from seedfast.skills.prompts import analyzer_sft_messages
@@ -133,25 +134,83 @@ def test_loss_mask_covers_the_answer_and_with_prompt_loss_the_prompt(tok, succes
 
 
 @pytest.mark.parametrize("mode", INSERTION_MODES)
-def test_skill_augmentation_inserts_the_remaining_plan_at_the_insertion_point(tok, successes, mode):
+def test_skill_copies_hold_the_skill_the_oracle_analyzer_writes_at_the_insertion_point(tok, successes, mode):
     examples = bc_examples(tok, successes, style=STYLE, skill_insertion=mode, skill_fraction=1.0)
     plain, skilled = by_source(examples, "bc"), by_source(examples, "bc_skill")
     assert plain.keys() == skilled.keys() and len(examples) == 2 * len(plain)
     for t in successes:
+        skill = oracle_answer(t)["episode_skill"]  # what analyzer=oracle gives this winner in RL
+        assert skill.startswith("Workflow") and " -> ".join(t.actions) in skill
         for i, step in enumerate(t.steps):
             history = [Turn(s.observation, s.action) for s in t.steps[:i]]
             prompt = build_prompt(tok, t.task, history, step.observation, step.admissible_actions, i, STYLE)
             k = prompt.insert_points()[mode]
-            plan = "Plan: " + " > ".join(s.action for s in t.steps[i:])
-            skill = tok.encode(f"Skill: {plan}\n", add_special_tokens=False)
+            inserted = tok.encode(f"Skill: {skill}\n", add_special_tokens=False)
             answer = action_response_ids(tok, step.action)
             example = skilled[f"{t.game_id} step {i}"]
-            assert example.input_ids == prompt.ids[:k] + skill + prompt.ids[k:] + answer
+            assert example.input_ids == prompt.ids[:k] + inserted + prompt.ids[k:] + answer
             assert plain[f"{t.game_id} step {i}"].input_ids == prompt.ids + answer
             # the inserted ids are those of the text with the skill inserted: no merge across either boundary
             cut = len(tok.decode(prompt.ids[:k]))
-            text = prompt.text[:cut] + f"Skill: {plan}\n" + prompt.text[cut:]
+            text = prompt.text[:cut] + f"Skill: {skill}\n" + prompt.text[cut:]
             assert tok.encode(text, add_special_tokens=False) == example.input_ids[: -len(answer)]
+
+
+@pytest.mark.parametrize("insertion, skill_mode, teacher_mode", [
+    ("before_response", "episode_only", "step_priority"), ("after_task", "episode_only", "step_priority"),
+    ("after_task", "episode_step", "additive"), ("prepend", "episode_step", "step_priority"),
+])
+def test_a_skill_copy_is_the_teacher_prompt_rl_scores(tok, tasks, successes, insertion, skill_mode, teacher_mode):
+    """The RL path (agent-loop records -> train/batch.build_samples) and SFT's bc_skill copy, on the same steps
+    with the same analyzer output: the same teacher prompt, token for token (docs/demo.md)."""
+    from seedfast.config import load_config
+    from seedfast.train.batch import build_samples
+    from seedfast.train.privileged import Privileged
+
+    limit = 1024
+    cfg = load_config(None, [f"skill.insertion={insertion}", f"skill.skill_mode={skill_mode}",
+                             f"skill.teacher_mode={teacher_mode}", "skill.max_skill_tokens=40",
+                             f"rollout.max_prompt_length={limit}"])
+    with LocalEnvSlots(TextWorldEnv, len(tasks)) as envs:
+        result = run_agent_loop(WalkthroughEngine(tok, tasks), tok, tasks, envs,
+                                AgentLoopConfig(n=1, max_steps=4, style=STYLE))
+    oracle = OracleAnalyzer(skill_mode).analyze(result.trajectories)
+    privileged = Privileged([r.skill if skill_mode != "step_only" else None for r in oracle],
+                            [dict(r.step_skills) for r in oracle] if skill_mode != "episode_only" else [])
+    samples, _ = build_samples(cfg, result.steps, privileged, tok)
+    by_game = {t.game_id: r for t, r in zip(result.trajectories, oracle)}
+    copies = {}
+    for t in successes:
+        copies.update(by_source(bc_examples(tok, [t], style=STYLE, max_prompt_tokens=limit, skill_insertion=insertion,
+                                            skill_fraction=1.0, max_skill_tokens=40, skills=[[by_game[t.game_id]]],
+                                            skill_mode=skill_mode, teacher_mode=teacher_mode), "bc_skill"))
+    assert len(samples) == len(copies) == sum(len(t.steps) for t in successes)
+    cut = 0
+    for record, sample in zip(result.steps, samples):
+        game = result.trajectories[record.trajectory_index].game_id
+        copy = copies[f"{game} step {record.step_index}"]
+        assert sample.has_teacher
+        assert copy.input_ids == sample.teacher_prompt_ids().tolist() + list(record.response_ids)
+        cut += len(tok.encode(render_skill(by_game[game].skill), add_special_tokens=False)) > 40
+    assert cut, "no skill was long enough to test the max_skill_tokens cut"
+
+
+def test_skill_copies_read_what_the_analyzer_writes_for_winners_and_losers(tok, replays):
+    skills = reader_skills(replays)
+    assert [len(s) for s in skills] == [1 + len(g.failures) for g in replays]
+    written = {g.game_id: {r.skill for r in s} for g, s in zip(replays, skills)}
+    examples = bc_examples(tok, [g.success for g in replays], style=STYLE, skill_insertion="before_response",
+                           skill_fraction=1.0, skills=skills, seed=1)
+    read = {"Workflow": 0, "Avoid": 0}
+    for example in by_source(examples, "bc_skill").values():
+        game, index = example.source.split(" step ")
+        step = next(g.success for g in replays if g.game_id == game).steps[int(index)]
+        text = tok.decode(example.input_ids)
+        inside = [s for s in written[game] if f"Skill: {s}\n" in text]
+        assert len(inside) == 1, example.source
+        read[inside[0].split(":")[0].split()[0]] += 1
+        assert text.endswith(f"<action>{step.action}</action><|im_end|>")  # the walkthrough's action, always
+    assert read["Workflow"] and read["Avoid"], read
 
 
 def test_skill_fraction_picks_that_share_of_steps_reproducibly(tok, successes):
@@ -171,13 +230,13 @@ def test_skill_prompt_fits_the_limit_by_dropping_history_first(tok, successes):
     full = bc_examples(tok, [t], style=STYLE, skill_insertion="before_response", skill_fraction=1.0)
     step2 = by_source(full, "bc_skill")[f"{t.game_id} step 1"]
     answer = len(action_response_ids(tok, t.steps[1].action))
-    limit = len(step2.input_ids) - answer - 1  # one token short: the history turn must go, the plan stays
+    limit = len(step2.input_ids) - answer - 1  # one token short: the history turn must go, the skill stays
     fitted = bc_examples(tok, [t], style=STYLE, max_prompt_tokens=limit, skill_insertion="before_response",
                          skill_fraction=1.0)
     fitted = by_source(fitted, "bc_skill")[f"{t.game_id} step 1"]
     assert fitted.truncated and len(fitted.input_ids) - answer <= limit
     text = tok.decode(fitted.input_ids)
-    assert "[Step 1] Observation" not in text and render_skill(oracle_plan(t.actions, 1)) in text
+    assert "[Step 1] Observation" not in text and render_skill(oracle_answer(t)["episode_skill"]) in text
 
 
 def test_render_and_segment_of_a_skill(tok):
@@ -187,12 +246,9 @@ def test_render_and_segment_of_a_skill(tok):
     assert ids == tok.encode("Skill: Plan: go south > take passkey\n", add_special_tokens=False)
     cut = skill_segment(tok, "Plan: go south > take passkey", max_tokens=4)
     assert len(cut) == 4 and tok.decode(cut).endswith("\n") and cut[:3] == ids[:3]
-    assert oracle_plan(["go south", "take  passkey"], 1) == "Plan: take passkey"
     for bad, err in (("  ", ValueError), (3, TypeError)):
         with pytest.raises(err):
             render_skill(bad)
-    with pytest.raises(ValueError, match="past the end"):
-        oracle_plan(["go south"], 1)
 
 
 def test_replays_hold_the_walkthrough_win_and_failed_variants(replays, tasks):
