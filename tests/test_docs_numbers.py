@@ -218,6 +218,21 @@ def pool_gain(alg: str) -> Agg:
 
 DEMO_ROW = ("| {} | {} | {} | {} | {} | {} → {} / {} → {} / {} → {} | {} / {} | {} min |")
 
+
+def tp(name: str, split: str, candidate: str, key: str = "delta_mean", *more, scale: float = 1.0) -> J:
+    """A teacher_probe result: one skill candidate on the RL pool's ('train_pool') or held-out walkthroughs."""
+    return j(f"teacher_probe_{name}.json", "splits", split, "candidates", candidate, key, *more, scale=scale)
+
+
+def tp_row(name: str) -> tuple:
+    """Δ of the oracle winner's skill on pool / held-out steps, and the share of steps it raised (%)."""
+    return (tp(name, "train_pool", "oracle_win"), tp(name, "heldout", "oracle_win"),
+            tp(name, "train_pool", "oracle_win", "share_raised", scale=100.0),
+            tp(name, "heldout", "oracle_win", "share_raised", scale=100.0))
+
+
+TP_FILES = ("step_plan_reader", "episode_reader", "numbered_episode", "episode_step")
+
 PERF, KERN, DEMO_MD, README = "docs/performance.md", "docs/kernels.md", "docs/demo.md", "README.md"
 
 REGISTRY: list[Q] = [
@@ -359,6 +374,33 @@ REGISTRY: list[Q] = [
        diff(mean(*per_seed(lambda s: held(s, "grpo"))), mean(*per_seed(lambda s: held(s, "seed")))),
        mean(*per_seed(lambda s: held(s, "seed"))), mean(*per_seed(lambda s: held(s, "grpo"))))),
     Q(DEMO_MD, "parse {}% of the time", (Agg("mean", (seed_metric("skill/parse_rate"),), 100.0),)),
+    # ---- docs/demo.md: the skill the policy reads (benchmarks/teacher_probe.py) ----
+    Q(DEMO_MD, "walkthrough's actions, Δ {} nats per step on the pool games and {} on held-out ones ({}% and {}% of "
+               "steps raised), while the step plan it was trained on raised them (+{} / +{}). It read the first "
+               "action of the list: `go` steps +{}, `take` steps {} on the pool games",
+      tp_row("step_plan_reader") + (tp("step_plan_reader", "train_pool", "step_plan"),
+                                    tp("step_plan_reader", "heldout", "step_plan"),
+                                    tp("step_plan_reader", "train_pool", "oracle_win", "by_action", "go", "delta_mean"),
+                                    tp("step_plan_reader", "train_pool", "oracle_win", "by_action", "take",
+                                       "delta_mean"))),
+    Q(DEMO_MD, "spliced prompt to {}e-6", (hi(*(j(f"teacher_probe_{n}.json", "splice_max_abs_diff", scale=1e6)
+                                                 for n in TP_FILES)),)),
+    Q(DEMO_MD, "(the episode skills are {}–{} tokens on average)",
+      (lo(*(tp("step_plan_reader", sp, c, "skill_tokens_mean") for sp in ("train_pool", "heldout")
+            for c in ("oracle_win", "oracle_fail", "self_win"))),
+       hi(*(tp("step_plan_reader", sp, c, "skill_tokens_mean") for sp in ("train_pool", "heldout")
+            for c in ("oracle_win", "oracle_fail", "self_win"))))),
+    Q(DEMO_MD, "| step plan; analyzers write the episode skill (before) | {} | {} | {}% / {}% |",
+      tp_row("step_plan_reader")),
+    Q(DEMO_MD, "| the episode skill (`skill_mode: episode_only`) | +{} | {} | {}% / {}% |", tp_row("episode_reader")),
+    Q(DEMO_MD, "numbered as the prompt numbers steps (\"[Step 1] go south [Step 2] …\") | {} | {} | {}% / {}% |",
+      tp_row("numbered_episode")),
+    Q(DEMO_MD, "(`episode_step`, the demo's)** | **+{}** | **+{}** | **{}% / {}%** |", tp_row("episode_step")),
+    Q(DEMO_MD, "a loser's skill lowers the walkthrough's actions (Δ {} pool, {} held-out)",
+      (tp("episode_step", "train_pool", "oracle_fail"), tp("episode_step", "heldout", "oracle_fail"))),
+    Q(DEMO_MD, "help on the pool games it was trained on (+{}, {}% of steps) and hurt on held-out ones ({})",
+      (tp("episode_step", "train_pool", "self_win"), tp("episode_step", "train_pool", "self_win", "share_raised",
+                                                        scale=100.0), tp("episode_step", "heldout", "self_win"))),
     Q(DEMO_MD, "JSON; {}% at the weak seed 1)",
       (run(DEMO[1], "seed_metrics", "seed", "skill/parse_rate", scale=100.0),)),
 ]
