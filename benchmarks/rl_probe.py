@@ -6,7 +6,9 @@ SFT_RUN is a finished demo run (runs/SFT_RUN/sft holds its SFT policy). Trains e
 demo.algorithms from that start exactly as the demo does, rolls out the no-learning control on the same draws,
 evaluates held-out success the demo's way (every held-out game played app.demo.HELDOUT_REPEATS times at
 rollout.eval_temperature) and prints, per algorithm, training-pool success over the first quarter and the last
-half of the updates beside the control's, and held-out success before and after. Appends one JSON line per run,
+half of the updates beside the control's, held-out success before and after, and the mean over updates of the
+report's evidence metrics (app/report.py EVIDENCE: the teacher gap on winners and losers, gate mean, teacher-valid
+rate, ...). Appends one JSON line per run,
 with the machine and versions, to benchmarks/results/rl_probe.jsonl. This is how the demo's RL pool was chosen
 (docs/demo.md): a second SFT is not needed to try an RL setting.
 """
@@ -23,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, git_commit, machine_info, print_table, versions  # noqa: E402
 
 from seedfast.app.demo import HELDOUT_REPEATS  # noqa: E402
+from seedfast.app.report import EVIDENCE  # noqa: E402
 from seedfast.config import load_config  # noqa: E402
 from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, load_tasks  # noqa: E402
 from seedfast.train.evaluate import evaluate  # noqa: E402
@@ -64,8 +67,10 @@ def main(sft_run: str, name: str, overrides: list[str]) -> dict:
                      evaluate(cfg, trainer.policy, tokenizer, heldout, seed=cfg.run.seed)["eval/success_rate"])
         finally:
             trainer.close()
+        evidence = {k: sum(r[k] for r in history if k in r) / sum(k in r for r in history)
+                    for k in EVIDENCE if any(k in r for r in history)}
         runs[algorithm] = {"pool_success": [r["train/success_rate"] for r in history], "heldout_after": after,
-                           "wall_s": round(time.perf_counter() - t, 1)}
+                           "evidence": evidence, "wall_s": round(time.perf_counter() - t, 1)}
 
     control_half = first_quarter_last_half(runs["control"]["pool_success"])[1]
     rows = []
@@ -77,6 +82,9 @@ def main(sft_run: str, name: str, overrides: list[str]) -> dict:
                      "held-out after": "-" if r["heldout_after"] is None else f"{r['heldout_after']:.3f}",
                      "wall s": r["wall_s"]})
     print_table(rows, list(rows[0]), title=f"rl_probe {name} from {sft_run} {' '.join(overrides)}")
+    for algorithm, r in runs.items():
+        if r["evidence"]:
+            print(algorithm, " ".join(f"{k}={v:.3f}" for k, v in r["evidence"].items()))
     record = {"name": name, "sft_run": sft_run, "overrides": overrides, "heldout_before": before,
               "heldout_games": len(eval_tasks), "heldout_repeats": HELDOUT_REPEATS, "runs": runs,
               "git_commit": git_commit(), "machine": machine_info(), "versions": versions("torch", "seedfast")}
