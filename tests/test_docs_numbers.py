@@ -233,6 +233,11 @@ def tp_row(name: str) -> tuple:
 
 TP_FILES = ("step_plan_reader", "episode_reader", "numbered_episode", "episode_step")
 
+
+def probe_run(name: str, algorithm: str, *keys) -> J:
+    """A value of one algorithm in one line of rl_probe.jsonl, by the line's name."""
+    return j("rl_probe.jsonl", {"name": name}, "runs", algorithm, *keys)
+
 PERF, KERN, DEMO_MD, README = "docs/performance.md", "docs/kernels.md", "docs/demo.md", "README.md"
 
 REGISTRY: list[Q] = [
@@ -401,6 +406,16 @@ REGISTRY: list[Q] = [
     Q(DEMO_MD, "help on the pool games it was trained on (+{}, {}% of steps) and hurt on held-out ones ({})",
       (tp("episode_step", "train_pool", "self_win"), tp("episode_step", "train_pool", "self_win", "share_raised",
                                                         scale=100.0), tp("episode_step", "heldout", "self_win"))),
+    Q(DEMO_MD, "SEED's ℓskill − ℓθ is {} on winners' tokens and {} on losers' (issue #21 measured",
+      (probe_run("oracle_fixed", "seed", "evidence", "skill/teacher_gap_win"),
+       probe_run("oracle_fixed", "seed", "evidence", "skill/teacher_gap_lose"))),
+    Q(DEMO_MD, "gate mean {}, teacher context valid on {} of samples; pool success, first quarter → last half: "
+               "control {} → {}, GRPO {} → {}, SEED {} → {}; held-out success from {} to {} (GRPO) and {} (SEED)",
+      (probe_run("oracle_fixed", "seed", "evidence", "loss/gate_mean"),
+       probe_run("oracle_fixed", "seed", "evidence", "samples/teacher_valid_rate"),
+       *(probe_run("oracle_fixed", a, k) for a in ("control", "grpo", "seed") for k in ("first_quarter", "last_half")),
+       j("rl_probe.jsonl", {"name": "oracle_fixed"}, "heldout_before"),
+       probe_run("oracle_fixed", "grpo", "heldout_after"), probe_run("oracle_fixed", "seed", "heldout_after"))),
     Q(DEMO_MD, "JSON; {}% at the weak seed 1)",
       (run(DEMO[1], "seed_metrics", "seed", "skill/parse_rate", scale=100.0),)),
 ]
