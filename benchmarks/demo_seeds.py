@@ -25,8 +25,13 @@ from _common import RESULTS_DIR, write_results  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_name(config: str, seed: int) -> str:
+    """The run folder of one seed: the config's file name and the seed (demo_cpu_seed0, ...)."""
+    return f"{Path(config).stem}_seed{seed}"
+
+
 def run_seed(config: str, seed: int, extra: list[str]) -> tuple[Path, float]:
-    name = f"demo_cpu_seed{seed}"
+    name = run_name(config, seed)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "seedfast", "demo", config, f"run.seed={seed}", f"run.name={name}", *extra],
                    cwd=ROOT, check=True)
@@ -90,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     runs = {}
     for seed in args.seeds:
-        run_dir = ROOT / "runs" / f"demo_cpu_seed{seed}"
+        run_dir = ROOT / "runs" / run_name(args.config, seed)
         wall = None
         if not args.collect_only:
             run_dir, wall = run_seed(args.config, seed, args.overrides)

@@ -6,7 +6,8 @@ number of updates from the same SFT checkpoint and seed, plus a no-learning cont
 and sampling seeds, with the SFT policy and no update) → held-out eval of each → report.md + report.png.
 
 Held-out success before and after is measured on every held-out game HELDOUT_REPEATS times (same sampler seed for
-each policy): one episode per game over 32 games has a standard error of ~0.08, the size of the effect.
+each policy): one episode per game over 32 games has a standard error of ~0.08, the size of the effect. A greedy
+evaluation (rollout.eval_temperature: 0) plays each game once: its repeats would be the same episode.
 """
 
 from __future__ import annotations
@@ -33,6 +34,19 @@ from seedfast.train.evaluate import evaluate, random_policy_success
 from seedfast.train.rl import Trainer
 
 HELDOUT_REPEATS = 4
+
+
+def heldout_repeats(cfg: Config) -> int:
+    """Plays of each held-out game per evaluation: one when greedy, HELDOUT_REPEATS when sampled."""
+    return 1 if cfg.rollout.eval_temperature == 0 else HELDOUT_REPEATS
+
+
+def model_line(cfg: Config, n_params: int) -> str:
+    if cfg.model.path:
+        return f"{Path(cfg.model.path).name}, {n_params / 1e6:.1f}M parameters, pretrained"
+    tiny = cfg.model.tiny
+    return (f"Qwen3-style decoder, hidden {tiny.hidden}, {tiny.layers} layers, {n_params / 1e6:.2f}M parameters, "
+            "trained from scratch")
 
 
 def _say(msg: str) -> None:
@@ -66,7 +80,8 @@ def main(cfg: Config, **_: Any) -> int:
     eval_tasks = load_tasks(cfg, "eval")
     if cfg.trainer.eval_games:
         eval_tasks = eval_tasks[: cfg.trainer.eval_games]
-    heldout = eval_tasks * HELDOUT_REPEATS
+    repeats = heldout_repeats(cfg)
+    heldout = eval_tasks * repeats
     # one environment pool for every rollout and evaluation below: its workers start once
     envs = make_env_slots(cfg, env_slot_count(cfg, len(heldout)))
     try:
@@ -107,9 +122,8 @@ def main(cfg: Config, **_: Any) -> int:
 
     setup = {
         "games": f"{e.game_type} levels {e.levels}: {len(load_tasks(cfg, 'train'))} training, "
-                 f"{len(eval_tasks)} held-out (each played {HELDOUT_REPEATS} times per evaluation)",
-        "model": f"Qwen3-style decoder, hidden {cfg.model.tiny.hidden}, {cfg.model.tiny.layers} layers, "
-                 f"{sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters, trained from scratch",
+                 f"{len(eval_tasks)} held-out (each played {repeats} times per evaluation)",
+        "model": model_line(cfg, sum(p.numel() for p in policy.parameters())),
         "RL": f"{cfg.trainer.steps} updates x {cfg.rollout.tasks_per_batch} games x {cfg.rollout.n} trajectories, "
               f"lr {cfg.optim.lr}, seed {cfg.run.seed}, same SFT start for every algorithm",
         "RL pool": (f"a fixed pool of {cfg.rollout.task_pool} training games, drawn again every update "

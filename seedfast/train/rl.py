@@ -10,6 +10,7 @@ scheduler: a run killed at any moment and resumed reproduces the uninterrupted r
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import random
 import time
@@ -81,6 +82,28 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+SKILLS_NAME = "skills.jsonl"
+SKILLS_PER_STEP = 4
+
+
+def record_skills(path: Path, step: int, trajectories: list, privileged: Privileged) -> None:
+    """Append the privileged text (SEED/SDAR skills, GRSD guidance) of the step's first SKILLS_PER_STEP trajectories,
+    a winner among them when there is one: what the teacher read, for a person to look at (one write of whole
+    lines; resuming drops the lines of steps not in the checkpoint, as metrics.jsonl does)."""
+    chosen = list(range(min(SKILLS_PER_STEP, len(trajectories))))
+    winner = next((i for i, t in enumerate(trajectories) if t.won), None)
+    if winner is not None and winner not in chosen:
+        chosen[-1] = winner
+    lines = []
+    for i in chosen:
+        t = trajectories[i]
+        lines.append(json.dumps({"step": step, "game_id": t.game_id, "won": t.won, "actions": t.actions,
+                                 "episode": privileged.episode[i],
+                                 "steps": privileged.step[i] if privileged.step else {}}))
+    with open(path, "a") as f:
+        f.write("".join(line + "\n" for line in lines))
 
 
 def task_pool(tasks: list[Task], size: int | None, seed: int) -> list[Task]:
@@ -197,6 +220,8 @@ class Trainer:
                 privileged = privileged_text(cfg, trajectories, engine=self.engine, tokenizer=self.tokenizer,
                                              group_of=group_of, judge=self.judge)
             metrics.update(privileged.metrics)
+            if self.is_main:
+                record_skills(self.run_dir / SKILLS_NAME, step, trajectories, privileged)
         with timer.phase("sync"):  # vLLM sleeps through scoring and the update (its memory is theirs)
             metrics.update({**self.sync_metrics, **self.engine.after_rollout()})
         samples, sample_metrics = build_samples(cfg, records, privileged, self.tokenizer)
@@ -342,6 +367,7 @@ class Trainer:
                 self.bad_steps = state.get("bad_steps", 0)
         if self.is_main:  # rank 0 alone writes metrics and TensorBoard
             truncate_metrics(self.run_dir / "metrics.jsonl", start - 1)
+            truncate_metrics(self.run_dir / SKILLS_NAME, start - 1)
             self.log = MetricsLogger(self.run_dir, tensorboard=cfg.log.tensorboard,
                                      wandb_project=cfg.log.wandb_project)
         else:

@@ -1,5 +1,7 @@
 """End to end on the tiny model and real games: each algorithm runs a few updates with the loss terms it should have."""
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -8,7 +10,8 @@ from seedfast.config import load_config
 from seedfast.envs.trajectory import Trajectory
 from seedfast.rollout.agent_loop import Task
 from seedfast.runtime.profiling import PhaseTimer
-from seedfast.train.rl import Trainer, choose_tasks, groups_with_signal, task_pool
+from seedfast.train.privileged import Privileged
+from seedfast.train.rl import SKILLS_NAME, Trainer, choose_tasks, groups_with_signal, record_skills, task_pool
 
 
 def _run(overrides, tiny_policy, train_games, tmp_path, *extra):
@@ -49,6 +52,12 @@ def test_each_algorithm_runs_with_its_loss_terms(algorithm, overrides, tiny_poli
     assert _changed(tiny_policy, trainer.policy), "parameters did not change"
     assert (cfg.run_dir / "hf" / "config.json").is_file()
     assert (cfg.run_dir / "metrics.jsonl").read_text().count("\n") == 2
+    skills = cfg.run_dir / SKILLS_NAME
+    if algorithm == "grpo":
+        assert not skills.exists()
+    else:  # what the teacher read, for a person: a few trajectories of every update
+        rows = [json.loads(line) for line in skills.read_text().splitlines()]
+        assert {r["step"] for r in rows} == {0, 1} and all(set(r) >= {"episode", "steps", "won"} for r in rows)
 
 
 def test_failing_self_analyzer_masks_opd_and_is_counted(overrides, tiny_policy, train_games, tmp_path):
@@ -97,3 +106,13 @@ def test_groups_with_signal_counts_groups_with_a_win_and_a_loss():
 
     trajectories = [traj(0, True), traj(0, False), traj(1, False), traj(1, False), traj(2, True), traj(2, True)]
     assert groups_with_signal(trajectories) == pytest.approx(1 / 3)
+
+
+def test_recorded_skills_include_a_winner_when_one_won(tmp_path):
+    trajectories = [Trajectory(task=f"t{i}", game_id=f"g{i}", won=i == 6) for i in range(8)]
+    privileged = Privileged(episode=[f"skill {i}" for i in range(8)], step=[{0: f"step {i}"} for i in range(8)])
+    record_skills(tmp_path / "s.jsonl", 3, trajectories, privileged)
+    rows = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [r["game_id"] for r in rows] == ["g0", "g1", "g2", "g6"]
+    assert rows[-1] == {"step": 3, "game_id": "g6", "won": True, "actions": [], "episode": "skill 6",
+                        "steps": {"0": "step 6"}}

