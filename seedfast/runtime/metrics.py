@@ -1,4 +1,5 @@
-"""Metrics: one JSON line per step in `metrics.jsonl`, mirrored to TensorBoard (and wandb when configured).
+"""Metrics: one JSON line per step (RL: `metrics.jsonl`, SFT: `sft_metrics.jsonl`), its scalars mirrored to
+TensorBoard (log.tensorboard) and W&B (log.wandb_project); event rows (what is not a step) go to the JSON lines only.
 
 On resume the log is cut back to the checkpointed step, so a run killed after logging step n but before
 checkpointing it does not log step n twice; a torn last line (killed mid-write) is dropped too.
@@ -53,18 +54,25 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 class MetricsLogger:
+    """The JSON lines `name` under `run_dir`, TensorBoard events under run_dir/`tb_dir` and a W&B run: `log` writes a
+    step to all three, `event` to the JSON lines only. `fresh` starts the JSON lines afresh (else they are appended
+    to: a resumed run cuts them back first, truncate_metrics)."""
+
     def __init__(self, run_dir: str | Path, tensorboard: bool = True, wandb_project: str | None = None,
-                 config: dict[str, Any] | None = None):
+                 config: dict[str, Any] | None = None, *, name: str = "metrics.jsonl", tb_dir: str = "tb",
+                 fresh: bool = False):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / "metrics.jsonl"
+        self.path = self.run_dir / name
+        if fresh:
+            self.path.write_text("")
         self._tb = None
         self._wandb = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(self.run_dir / "tb"))
+                self._tb = SummaryWriter(str(self.run_dir / tb_dir))
             except ImportError:  # tensorboard is an optional extra
                 self._tb = None
         if wandb_project:
@@ -74,10 +82,7 @@ class MetricsLogger:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        self._append(row)
         scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
         if self._tb is not None:
             for k, v in scalars.items():
@@ -85,6 +90,16 @@ class MetricsLogger:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
+
+    def event(self, row: dict[str, Any]) -> None:
+        """A row that is not a step (e.g. the data's counts, a summary): the JSON lines only."""
+        self._append({k: _clean(v) for k, v in row.items()})
+
+    def _append(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     def close(self) -> None:
         if self._tb is not None:
@@ -94,9 +109,12 @@ class MetricsLogger:
 
 
 class NullLogger:
-    """What ranks other than 0 of a sharded run log to: nothing (rank 0 writes metrics.jsonl and TensorBoard)."""
+    """What ranks other than 0 of a sharded run log to: nothing (rank 0 writes the metrics and TensorBoard)."""
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def event(self, row: dict[str, Any]) -> None:
         pass
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ from seedfast.model.packing import make_cu_seqlens
 from seedfast.ops import linear_logprob
 from seedfast.runtime.optim import decoupled_adamw, grad_norm_and_clip, lr_at
 from seedfast.runtime.precision import MasterWeights
+from seedfast.runtime.progress import ProgressBar
 from seedfast.sft.examples import EXAMPLE_KINDS, SFTExample
 
 
@@ -249,7 +250,7 @@ def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, 
         masters.attach(optimizer)
     prompt_weight = getattr(cfg, "prompt_loss_weight", 1.0)
     stats = SFTStats(0, 0.0, 0, 0, None, None, 0.0, False)
-    bar = _progress_bar(len(plan)) if progress else None
+    bar = ProgressBar(len(plan), "sft") if progress else None
     was_training = model.training
     model.train()
     start = time.perf_counter()
@@ -281,19 +282,11 @@ def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, 
                         "elapsed_s": round(stats.elapsed_s, 3),
                         "tokens_per_s": round(stats.tokens / max(stats.elapsed_s, 1e-9), 1), **result.by_kind})
             if bar is not None:
-                bar[0].update(bar[1], advance=1, description=f"sft loss {value:.3f}")
+                bar.advance(f"sft loss {value:.3f}")
     finally:
         if bar is not None:
-            bar[0].stop()
+            bar.close()
     stats.elapsed_s = time.perf_counter() - start
     model.train(was_training)
     return stats
 
-
-def _progress_bar(total: int):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    task = bar.add_task("sft", total=total)
-    bar.start()
-    return bar, task

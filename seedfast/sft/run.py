@@ -1,6 +1,7 @@
 """`seedfast sft CONFIG`: stage-1 supervised fine-tuning (skill writing, + behaviour cloning for tiny models).
 
     main(cfg)  ->  <run_dir>/sft/ (config.json, safetensors, tokenizer)  +  <run_dir>/sft_metrics.jsonl
+                   (+ TensorBoard in <run_dir>/tb/sft and W&B, as log.* asks)
 
 Data (sft/examples.py): skill-writing pairs from sft.data (default: this run's collect output, when it exists);
 with sft.behaviour_cloning, every walkthrough step of the training games as the agent loop prompts it
@@ -31,6 +32,8 @@ from seedfast.context.skill import render_skill
 from seedfast.model import DecoderConfig, build_decoder, load_hf, save_hf
 from seedfast.model.tokenizer import load_tokenizer, render_chat, save_tokenizer, train_tokenizer
 from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, PromptStyle, Turn, user_parts
+from seedfast.runtime.metrics import MetricsLogger, NullLogger
+from seedfast.runtime.progress import shows_progress
 from seedfast.sft import examples as sft_data
 from seedfast.sft.copy_warmup import copy_warmup
 from seedfast.sft.loop import SFTStats, Sharding, evaluate_loss, train_sft  # noqa: F401 (re-exported)
@@ -41,8 +44,8 @@ from seedfast.skills.prompts import build_analyzer_messages
 from seedfast.skills.result import SkillResult
 
 __all__ = ["SFTStart", "Sharding", "build_tiny", "evaluate_loss", "initial_model", "initial_policy",
-           "initial_tokenizer", "main", "pairs_path", "reader_skills", "save_policy", "sft_examples", "sft_start",
-           "tokenizer_corpus", "train_sft"]
+           "initial_tokenizer", "main", "metrics_logger", "pairs_path", "reader_skills", "save_policy", "sft_examples",
+           "sft_start", "tokenizer_corpus", "train_sft"]
 
 SFT_DIR, METRICS_NAME, TOKENIZER_DIR = "sft", "sft_metrics.jsonl", "tokenizer"
 FINGERPRINT_NAME = "seedfast_corpus.sha256"  # beside a tokenizer trained here: what it was trained on
@@ -281,19 +284,6 @@ def save_policy(model: torch.nn.Module, tokenizer: Any, out: str | Path, dtype: 
     return _write_folder(Path(out), write)
 
 
-class JsonlLog:
-    """One JSON object per line, the file started afresh."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("")
-
-    def __call__(self, row: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-
-
 @dataclass
 class SFTStart:
     """What SFT starts from: the same on every rank of a sharded run."""
@@ -369,37 +359,65 @@ def sft_start(cfg: Config, device: torch.device, sharding: Sharding | None = Non
     return SFTStart(model, tokenizer, examples, counts, games)
 
 
+def metrics_logger(cfg: Config, is_main: bool = True) -> MetricsLogger | NullLogger:
+    """Rank 0's log of `seedfast sft`: <run_dir>/sft_metrics.jsonl started afresh, each step's scalars also to
+    TensorBoard in <run_dir>/tb/sft (log.tensorboard; RL's are in its own run folder's tb/) and to W&B
+    (log.wandb_project). The other ranks log nothing."""
+    if not is_main:
+        return NullLogger()
+    return MetricsLogger(cfg.run_dir, tensorboard=cfg.log.tensorboard, wandb_project=cfg.log.wandb_project,
+                         name=METRICS_NAME, tb_dir=f"tb/{SFT_DIR}", fresh=True)
+
+
+def _log_step(log: MetricsLogger | NullLogger) -> Callable[[dict[str, Any]], None]:
+    """train_sft's log_fn: its row {"step": n, ...} as a step of `log`."""
+    return lambda row: log.log(row["step"], {k: v for k, v in row.items() if k != "step"})
+
+
 def main(cfg: Config, sharding: Sharding | None = None, **_flags: Any) -> int:
     """Entry point of `seedfast sft CONFIG`: one process, or (with `sharding`, built by app/sft.py under torchrun)
     one rank of a sharded run: the same steps, each rank training on its share; rank 0 alone writes the metrics
     and the output folder (gathered from every rank)."""
-    from seedfast.runtime.precision import DTYPES
-    from seedfast.runtime.setup import device_of, require_one_process, trainable_policy
+    from seedfast.runtime.setup import device_of, require_one_process
 
     if sharding is None:
         require_one_process("sft")
     torch.manual_seed(cfg.run.seed)
-    device = device_of(cfg)
-    start = sft_start(cfg, device, sharding)
-    model, tokenizer, examples, counts = start.model, start.tokenizer, start.examples, start.counts
+    start = sft_start(cfg, device_of(cfg), sharding)
+    is_main = sharding is None or sharding.is_main
+    log = metrics_logger(cfg, is_main)  # after the data: a config error leaves the last run's metrics alone
+    try:
+        stats, out = _train_and_save(cfg, start, sharding, log)
+    finally:
+        log.close()
+    if is_main:
+        losses = f"loss {stats.first_loss:.3f} -> {stats.last_loss:.3f}" if stats.steps else "no step"
+        print(f"sft: {stats.steps} steps ({stats.epochs:.2f} epochs, {stats.elapsed_s:.0f} s) on "
+              f"{start.counts['examples']} examples, {losses}; saved {out}")
+    return 0
+
+
+def _train_and_save(cfg: Config, start: SFTStart, sharding: Sharding | None,
+                    log: MetricsLogger | NullLogger) -> tuple[SFTStats, Path]:
+    """main's training from `start` and the saved policy: (the stats, the output folder)."""
+    from seedfast.runtime.precision import DTYPES
+    from seedfast.runtime.setup import trainable_policy
+
+    model, tokenizer, examples = start.model, start.tokenizer, start.examples
     model = model.to(DTYPES[cfg.optim.master_dtype])  # the trained weights (runtime/precision.py)
     if sharding is not None and sharding.shard is not None:
         model = sharding.shard(model)  # FSDP2 computes in model.dtype over these masters
     compute, masters = trainable_policy(cfg, model)
     is_main = sharding is None or sharding.is_main
 
-    log = JsonlLog(cfg.run_dir / METRICS_NAME) if is_main else None
-    if log is not None:
-        log({"event": "data", "games": start.games, **counts})
+    log.event({"event": "data", "games": start.games, **start.counts})
     if cfg.sft.copy_warmup_steps:
         last = copy_warmup(compute, ordinary_ids(tokenizer), cfg.sft.copy_warmup_steps, lr=cfg.sft.lr,
                            seed=cfg.run.seed, sharding=sharding, masters=masters)
-        if log is not None:
-            log({"event": "copy_warmup", "steps": cfg.sft.copy_warmup_steps, "loss": last})
-    stats: SFTStats = train_sft(compute, examples, cfg.sft, seed=cfg.run.seed, log_fn=log,
-                                progress=is_main and cfg.log.progress and sys.stderr.isatty(),
-                                masters=masters, sharding=sharding, grad_clip=cfg.optim.grad_clip,
-                                betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
+        log.event({"event": "copy_warmup", "steps": cfg.sft.copy_warmup_steps, "loss": last})
+    stats: SFTStats = train_sft(compute, examples, cfg.sft, seed=cfg.run.seed, log_fn=_log_step(log),
+                                progress=shows_progress(cfg, is_main), masters=masters, sharding=sharding,
+                                grad_clip=cfg.optim.grad_clip, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
     out = cfg.run_dir / SFT_DIR
     if sharding is None:
         save_policy(model.cpu(), tokenizer, out, DTYPES[cfg.model.dtype])
@@ -412,9 +430,5 @@ def main(cfg: Config, sharding: Sharding | None = None, **_flags: Any) -> int:
         if is_main:
             save_policy(model, tokenizer, out, DTYPES[cfg.model.dtype], state=state)
         dist.barrier()  # no rank ends before the folder is in place
-    if log is not None:
-        log({"event": "done", **vars(stats), "out": str(out)})
-        losses = f"loss {stats.first_loss:.3f} -> {stats.last_loss:.3f}" if stats.steps else "no step"
-        print(f"sft: {stats.steps} steps ({stats.epochs:.2f} epochs, {stats.elapsed_s:.0f} s) on "
-              f"{counts['examples']} examples, {losses}; saved {out}")
-    return 0
+    log.event({"event": "done", **vars(stats), "out": str(out)})
+    return stats, out

@@ -37,6 +37,7 @@ from seedfast.runtime.metrics import MetricsLogger, NullLogger, truncate_metrics
 from seedfast.runtime.optim import grad_norm_and_clip
 from seedfast.runtime.precision import DTYPES
 from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, mfu
+from seedfast.runtime.progress import ProgressBar, shows_progress
 from seedfast.runtime.setup import (
     agent_config,
     device_of,
@@ -374,6 +375,7 @@ class Trainer:
             self.log = NullLogger()
         window = ProfileWindow(cfg.trainer.profile_range())
         history = []
+        bar = ProgressBar(cfg.trainer.steps, cfg.algorithm, start) if shows_progress(cfg, self.is_main) else None
         try:
             for step in range(start, cfg.trainer.steps):
                 self.step = step
@@ -387,6 +389,8 @@ class Trainer:
                 window.after_step(step)
                 self.log.log(step, metrics)
                 history.append({"step": step, **metrics})
+                if bar is not None:
+                    bar.advance(f"{cfg.algorithm} success {metrics.get('train/success_rate', float('nan')):.2f}")
                 if (cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0) or last:
                     save_checkpoint(ckpt_dir, step + 1, self.trained, self.optimizer, self.scheduler,
                                     {"bad_steps": self.bad_steps}, keep=cfg.trainer.keep_checkpoints)
@@ -398,6 +402,8 @@ class Trainer:
             if self.is_main:
                 self.tokenizer.save_pretrained(str(self.run_dir / "hf"))
         finally:
+            if bar is not None:
+                bar.close()
             self.log.close()
         return history
 

@@ -286,6 +286,32 @@ def test_main_trains_saves_a_loadable_hf_folder_and_logs(overrides, train_games,
     assert data["examples/jsonl"] == 1 and data["examples"] == 1
 
 
+def test_main_logs_each_steps_scalars_to_tensorboard_and_its_events_to_the_jsonl_only(overrides, train_games,
+                                                                                         tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = load_config(None, [*overrides(train_games, tmp_path), "log.tensorboard=true"])
+    cfg.run_dir.mkdir(parents=True)
+    (cfg.run_dir / "sft_metrics.jsonl").write_text('{"step": 99, "loss": 0.0}\n')  # a stale run's
+    assert sft.main(cfg) == 0
+    rows = [json.loads(line) for line in (cfg.run_dir / "sft_metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in rows if "event" in r] == ["data", "done"]
+    steps = [r for r in rows if "event" not in r]
+    assert [r["step"] for r in steps] == list(range(1, rows[-1]["steps"] + 1))
+    tb = EventAccumulator(str(cfg.run_dir / "tb" / "sft")).Reload()
+    assert [(e.step, e.value) for e in tb.Scalars("loss")] == [(r["step"], pytest.approx(r["loss"])) for r in steps]
+    assert {"lr", "grad_norm", "tokens"} <= set(tb.Tags()["scalars"])
+    assert not {"games", "examples", "steps", "step"} & set(tb.Tags()["scalars"])  # events and the step itself
+    assert not list((cfg.run_dir / "tb").glob("events.*"))  # <run_dir>/tb itself is RL's
+
+    other_rank = sft.metrics_logger(cfg, is_main=False)
+    other_rank.event({"event": "data"})
+    other_rank.log(1, {"loss": 0.0})
+    other_rank.close()
+    assert [json.loads(line) for line in (cfg.run_dir / "sft_metrics.jsonl").read_text().splitlines()] == rows
+
+
 @pytest.mark.parametrize("override, message", [
     ("model.path={tmp}/nowhere", r"model\.path=.*is not an HF model folder"),
     ("env.games_dir={tmp}/no_games", r"env\.games_dir"),
