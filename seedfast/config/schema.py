@@ -117,8 +117,9 @@ class EnvConfig:
     n_train: int | None = opt(16, "TextWorld: training games per level; ALFWorld: games, null = all", ge=1)
     n_eval: int | None = opt(8, "TextWorld: held-out games per level; ALFWorld: games, null = all", ge=1)
     games_dir: str = opt("games", "where games are generated (TextWorld) or read from (ALFWorld data)")
-    games_seed: int = opt(0, "first seed of game generation, apart from run.seed so game pools stay fixed", ge=0)
-    workers: int = opt(0, "processes used to generate games; 0 = all CPUs", ge=0)
+    games_seed: int = opt(0, "TextWorld: first seed of game generation, apart from run.seed so game pools stay fixed",
+                          ge=0)
+    workers: int = opt(0, "TextWorld: processes used to generate games; 0 = all CPUs", ge=0)
     max_steps: int = opt(50, "environment steps per episode before it counts as failed", ge=1)
     history_k: int = opt(5, "past (observation, action) pairs kept in each step prompt", ge=0)
     invalid_penalty: float = opt(0.1, "reward subtracted at a step whose action is invalid", ge=0)
@@ -222,16 +223,17 @@ class GRSDConfig:
 @dataclass
 class OptimConfig:
     lr: float = opt(1e-6, "AdamW learning rate of RL", gt=0)
-    weight_decay: float = opt(0.01, "AdamW weight decay", ge=0)
+    weight_decay: float = opt(0.01, "AdamW weight decay of RL (SFT's: sft.weight_decay)", ge=0)
     grad_clip: float | None = opt(1.0, "global gradient-norm clip, RL and SFT; null = off", gt=0)
     betas: list[float] = opt([0.9, 0.999], "AdamW betas, RL and SFT")
     eps: float = opt(1e-8, "AdamW epsilon, RL and SFT", gt=0)
     master_dtype: Literal["fp32", "bf16", "fp16"] = opt(
         "fp32", "dtype of the trained (master) weights and AdamW states, RL and SFT; below fp32 an update of ~lr "
                 "rounds away (a warning measures how much: docs/scaling.md, 'Precision')")
-    warmup_steps: int = opt(0, "linear warm-up updates", ge=0)
-    schedule: Literal["constant", "cosine"] = opt("constant", "learning-rate schedule after warm-up")
-    min_lr_ratio: float = opt(0.0, "cosine floor as a fraction of lr", ge=0, le=1)
+    warmup_steps: int = opt(0, "linear warm-up updates of RL (SFT's: sft.warmup_steps)", ge=0)
+    schedule: Literal["constant", "cosine"] = opt(
+        "constant", "RL learning-rate schedule after warm-up (SFT's: sft.schedule)")
+    min_lr_ratio: float = opt(0.0, "RL cosine floor as a fraction of lr", ge=0, le=1)
 
 
 @dataclass
@@ -310,9 +312,13 @@ class CollectConfig:
 
 @dataclass
 class LogConfig:
-    tensorboard: bool = opt(True, "write TensorBoard events to <run_dir>/tb")
-    wandb_project: str | None = opt(None, "Weights & Biases project; null = off")
-    progress: bool = opt(True, "progress bars on the terminal")
+    tensorboard: bool = opt(True, "each step's scalars as TensorBoard events, SFT's in <run_dir>/tb/sft, RL's in "
+                                  "<run_dir>/tb (the demo's: <run_dir>/<algorithm>/tb); needs the tensorboard "
+                                  "package (the report extra), else none are written")
+    wandb_project: str | None = opt(None, "Weights & Biases project of SFT's and RL's step metrics, one W&B run "
+                                          "each; null = off")
+    progress: bool = opt(True, "a progress bar of SFT's optimizer steps and of RL's updates, on stderr when it is "
+                               "a terminal")
 
 
 @dataclass
@@ -330,12 +336,12 @@ class Config:
     skill: SkillConfig = section(SkillConfig, "skills and analyzers")
     loss: LossConfig = section(LossConfig, "loss")
     grsd: GRSDConfig = section(GRSDConfig, "GRSD")
-    optim: OptimConfig = section(OptimConfig, "optimizer")
+    optim: OptimConfig = section(OptimConfig, "optimizer of RL, and of SFT where an option says so")
     trainer: TrainerConfig = section(TrainerConfig, "trainer")
     dist: DistConfig = section(DistConfig, "scale-out over torchrun processes (FSDP2, tensor parallel)")
     sft: SFTConfig = section(SFTConfig, "supervised fine-tuning")
     collect: CollectConfig = section(CollectConfig, "stage-1 collection")
-    log: LogConfig = section(LogConfig, "logging")
+    log: LogConfig = section(LogConfig, "logging of the commands that train: sft, train, demo")
     demo: DemoConfig = section(DemoConfig, "CPU demo")
 
     @property
