@@ -22,6 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, write_results  # noqa: E402
 
+from seedfast.config import load_config  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -57,7 +59,7 @@ def summarize(runs: dict[int, dict]) -> dict:
     return out
 
 
-def plot(runs: dict[int, dict], path: Path) -> None:
+def plot(runs: dict[int, dict], path: Path, temperature: float = 1.0) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,7 +78,7 @@ def plot(runs: dict[int, dict], path: Path) -> None:
                         [max(c[i] for c in curves) for i in range(n)], alpha=0.15, **({"color": "grey"} if
                                                                                      name == "control" else {}))
     ax.set_xlabel("RL update")
-    ax.set_ylabel("training-pool success (T=1.0)")
+    ax.set_ylabel(f"training-pool success (T={temperature:g})")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"seeds {', '.join(map(str, runs))}: mean and min-max band")
     ax.legend(fontsize=8)
@@ -105,7 +107,7 @@ def main() -> None:
     result = {"config": args.config, "overrides": args.overrides, "seeds": args.seeds,
               "summary": summarize(runs), "runs": {str(k): v for k, v in runs.items()}}
     path = write_results(args.name, result, packages=("torch", "transformers", "tokenizers", "textworld"))
-    plot(runs, RESULTS_DIR / f"{args.name}.png")
+    plot(runs, RESULTS_DIR / f"{args.name}.png", load_config(ROOT / args.config).rollout.temperature)
     print(f"{'what':40s} {'mean':>7s} {'min':>7s} {'max':>7s}")
     for key, v in result["summary"].items():
         print(f"{key:40s} {v['mean']:7.3f} {v['min']:7.3f} {v['max']:7.3f}")

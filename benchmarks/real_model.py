@@ -36,16 +36,16 @@ def seconds_per_update(run_dir: Path) -> dict[str, float]:
     return out
 
 
-def skills_written(run_dir: Path) -> list[dict]:
-    """A few skills SEED's analyzer (the policy itself) wrote, winners' first, from the first and the last update."""
+def skills_written(run_dir: Path) -> dict:
+    """A few skills SEED's analyzer (the policy itself) wrote, parsed ones first, then winners', earliest first; and
+    how many of the recorded trajectories got a skill that parsed."""
     path = run_dir / "seed" / "skills.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    if not rows:
-        return []
-    last = max(r["step"] for r in rows)
-    picked = [r for r in rows if r["step"] in (0, last)]
-    picked.sort(key=lambda r: (not r["won"], r["step"]))
-    return picked[:SKILLS_SHOWN]
+    parsed = [r for r in rows if r["episode"] is not None or r["steps"]]
+    shown: dict[str, dict] = {}  # one example per distinct text: a group's trajectories often get the same skill
+    for r in sorted(rows, key=lambda r: (r["episode"] is None and not r["steps"], not r["won"], r["step"])):
+        shown.setdefault(json.dumps([r["episode"], r["steps"]]), r)
+    return {"recorded": len(rows), "parsed": len(parsed), "examples": list(shown.values())[:SKILLS_SHOWN]}
 
 
 def main() -> None:
@@ -56,7 +56,8 @@ def main() -> None:
     parser.add_argument("--name", default="real_model", help="results/NAME.json and NAME.png")
     parser.add_argument("overrides", nargs="*", help="dotted overrides passed to every run")
     args = parser.parse_args()
-    model = load_config(ROOT / args.config).model.path
+    cfg = load_config(ROOT / args.config)
+    model = cfg.model.path
     if model and not (ROOT / model / "config.json").is_file():
         sys.exit(f"{model} is not there: fetch it first with `.venv/bin/seedfast models fetch smollm2-135m`")
     runs = {}
@@ -73,7 +74,7 @@ def main() -> None:
     result = {"config": args.config, "overrides": args.overrides, "seeds": args.seeds,
               "summary": summarize(runs), "runs": {str(k): v for k, v in runs.items()}}
     path = write_results(args.name, result, packages=("torch", "transformers", "tokenizers", "textworld"))
-    plot(runs, RESULTS_DIR / f"{args.name}.png")
+    plot(runs, RESULTS_DIR / f"{args.name}.png", cfg.rollout.temperature)
     print(f"{'what':40s} {'mean':>7s} {'min':>7s} {'max':>7s}")
     for key, v in result["summary"].items():
         print(f"{key:40s} {v['mean']:7.3f} {v['min']:7.3f} {v['max']:7.3f}")
