@@ -4,9 +4,10 @@ Layout of `out_dir`:
     manifest.json                           every game made so far (and seeds that could not make one)
     <type>/<type>-L<level>-<seed>.z8        the compiled game (+ the .json TextWorld writes beside it)
 
-Seeds: train game i of a level uses `seed + i`, eval game i uses `seed + EVAL_SEED_OFFSET + i`, so the
-splits of one `seed` never share a seed (sets made with different `seed`s may). A seed for which
-TextWorld cannot build a quest is recorded as skipped and replaced by the next seed of the same split.
+Seeds (seedfast/seeds.py, first_game_seed): train game i of a level uses `seed + i`, eval game i uses
+`seed + EVAL_SEED_OFFSET + i`, so the splits of one `seed` never share a seed (sets made with different `seed`s
+may). A seed for which TextWorld cannot build a quest is recorded as skipped and replaced by the next seed of the
+same split.
 A game already in the manifest is never regenerated.
 """
 
@@ -24,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from seedfast.envs._mp import worker_context
+from seedfast.seeds import EVAL_GAME_SEED_OFFSET, first_game_seed
 
 GAME_TYPES = ("coin_collector", "treasure_hunter", "cooking")
 SPLITS = ("train", "eval")
-EVAL_SEED_OFFSET = 1_000_000
+EVAL_SEED_OFFSET = EVAL_GAME_SEED_OFFSET  # seeds.py owns it; the name stays for this module's readers
 MANIFEST_NAME = "manifest.json"
 _CHALLENGES = {"coin_collector": "tw-coin_collector", "treasure_hunter": "tw-treasure_hunter",
                "cooking": "tw-cooking"}
@@ -178,17 +180,13 @@ def envs_make_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _split_seeds(split: str, seed: int) -> int:
-    return seed if split == "train" else seed + EVAL_SEED_OFFSET
-
-
 def _missing_jobs(manifest: dict, game_type: str, wanted: dict, seed: int) -> list[dict[str, Any]]:
     """The seeds still to try so that every (split, level) can have its count of games."""
     jobs = []
     for (split, level), n in wanted.items():
         have = {e["seed"] for e in manifest["games"] if _same(e, game_type, split, level)}
         tried = have | {e["seed"] for e in manifest["skipped"] if _same(e, game_type, split, level)}
-        start = _split_seeds(split, seed)
+        start = first_game_seed(seed, split)
         n_have = sum(start <= s < start + EVAL_SEED_OFFSET for s in have)
         candidate = start
         while n_have < n:
@@ -200,7 +198,7 @@ def _missing_jobs(manifest: dict, game_type: str, wanted: dict, seed: int) -> li
 
 
 def _select(manifest: dict, game_type: str, split: str, level: int, seed: int, n: int) -> list[dict]:
-    start = _split_seeds(split, seed)
+    start = first_game_seed(seed, split)
     entries = [e for e in manifest["games"] if _same(e, game_type, split, level)
                and start <= e["seed"] < start + EVAL_SEED_OFFSET]
     return sorted(entries, key=lambda e: e["seed"])[:n]

@@ -25,6 +25,7 @@ import torch
 
 from seedfast.rollout.engine import Generation
 from seedfast.rollout.own_engine import Sampler
+from seedfast.seeds import request_seed
 
 Bucket = Sequence[tuple[str, torch.Tensor]]
 
@@ -80,15 +81,6 @@ class OwnRollout:
         return self.sampler.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids)
 
 
-def request_seed(step_seed: int, call: int, index: int) -> int:
-    """The seed of request `index` of generate call `call` within a step: a function of those three alone (copies
-    of one prompt get different seeds; a resumed run the same ones)."""
-    x = (step_seed * 0x9E3779B1 + call * 0x85EBCA77 + index * 0xC2B2AE3D) & 0xFFFFFFFFFFFF
-    x ^= x >> 17
-    x = (x * 0x27D4EB2F) & 0xFFFFFFFFFFFF
-    return (x ^ (x >> 15)) % (2**31 - 1)
-
-
 class VLLMRollout:
     """A `VLLMEngine` colocated on this rank's GPU (vllm_engine.py), synced before every rollout.
 
@@ -97,9 +89,9 @@ class VLLMRollout:
     cache and the weights for the update. With `sleep_level` 1 vLLM keeps a CPU copy of the weights while asleep
     (copied back on wake, then overwritten by the push); level 2 keeps none (less CPU memory and copying, but every
     weight must then come from the push). With `seed_requests` every request carries a seed from (step seed,
-    generate call, index), `request_seed`: copies of one prompt differ and a resumed run draws the same (up to vLLM's
-    batch-dependent numerics); vLLM draws seeded requests' noise one request at a time (a small kernel per request
-    and token), so `seed_requests=False` leaves sampling to the engine's generator, seeded once.
+    generate call, index), seeds.request_seed: copies of one prompt differ and a resumed run draws the same (up to
+    vLLM's batch-dependent numerics); vLLM draws seeded requests' noise one request at a time (a small kernel per
+    request and token), so `seed_requests=False` leaves sampling to the engine's generator, seeded once.
     """
 
     reads_policy = False

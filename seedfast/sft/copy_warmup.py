@@ -20,6 +20,7 @@ import torch
 
 from seedfast.runtime.optim import grad_norm_and_clip
 from seedfast.runtime.precision import MasterWeights
+from seedfast.seeds import copy_warmup_seed
 from seedfast.sft.examples import SFTExample
 from seedfast.sft.loop import Sharding, step_loss_backward
 
@@ -74,7 +75,7 @@ def copy_warmup(model: torch.nn.Module, token_ids: Sequence[int], steps: int, *,
     loss_value = None
     try:
         for step in range(steps):
-            examples = copy_examples(token_ids, batch_tokens, seed=seed * 1_000_003 + step)
+            examples = copy_examples(token_ids, batch_tokens, seed=copy_warmup_seed(seed, step))
             optimizer.zero_grad(set_to_none=True)
             loss_value = step_loss_backward(model, examples, range(len(examples)), sharding=sharding).loss
             grad_norm_and_clip(optimizer, 1.0)

@@ -15,6 +15,7 @@ from typing import Any
 
 from seedfast.envs.base import normalize_action
 from seedfast.envs.trajectory import Trajectory, TrajectoryStep
+from seedfast.seeds import replay_seed
 
 
 @dataclass
@@ -77,7 +78,7 @@ def replay_game(game_path: str, game_id: str, walkthrough: Sequence[str], *, fai
             raise ValueError(f"game {game_id!r}: its walkthrough {list(walkthrough)} does not win")
         out = GameReplays(game_id, success)
         if failures:
-            rng = random.Random(f"{seed}:{game_id}")
+            rng = random.Random(replay_seed(seed, game_id))
             plans = [_wrong_action_plan(success, rng)]
             if len(walkthrough) > 1:
                 plans.append(list(walkthrough[:-1]))

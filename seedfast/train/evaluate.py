@@ -3,9 +3,10 @@
 The `seedfast eval` command (seedfast/app/evaluate.py) runs `evaluate` on a run's exported policy.
 
 Split over data-parallel ranks (`dp`): the games are cut into chunks whose size does not depend on the number of
-ranks, chunk k is played with its own seed (chunk_seed) by rank k mod the ranks, and the counts are added over
-the ranks, so N ranks give exactly the metrics one process gets with `dp` of size 1 (docs/scaling.md). The policy
-is whole on every rank (no collective inside a chunk: a sharded policy is evaluated under dist's unsharded()).
+ranks, chunk k is played with its own seed (seeds.eval_chunk_seed) by rank k mod the ranks, and the counts are
+added over the ranks, so N ranks give exactly the metrics one process gets with `dp` of size 1 (docs/scaling.md).
+The policy is whole on every rank (no collective inside a chunk: a sharded policy is evaluated under dist's
+unsharded()).
 """
 
 from __future__ import annotations
@@ -19,14 +20,10 @@ from seedfast.config import Config
 from seedfast.rollout.agent_loop import Task, run_agent_loop
 from seedfast.rollout.own_engine import Sampler
 from seedfast.runtime.setup import agent_config, make_env_slots
+from seedfast.seeds import eval_chunk_seed
 
 # games per chunk of a split evaluation when env.slots is 0 (all environments at once)
 EVAL_CHUNK_GAMES = 8
-
-
-def chunk_seed(seed: int, chunk: int) -> int:
-    """The sampling seed of chunk `chunk` of a split evaluation; chunk 0 plays with `seed` itself."""
-    return (seed + chunk * 7_919) % (2**31 - 1)
 
 
 def evaluate(cfg: Config, model: torch.nn.Module, tokenizer: Any, tasks: list[Task], *, seed: int,
@@ -74,7 +71,8 @@ def _evaluate_split(cfg: Config, model: torch.nn.Module, tokenizer: Any, tasks: 
         config = agent_config(cfg, n=1, temperature=temperature)
         try:
             for k in mine:
-                result = run_agent_loop(Sampler(model, seed=chunk_seed(seed, k)), tokenizer, chunks[k], envs, config)
+                engine = Sampler(model, seed=eval_chunk_seed(seed, k))
+                result = run_agent_loop(engine, tokenizer, chunks[k], envs, config)
                 t, st = result.trajectories, result.stats
                 for i, v in enumerate((len(t), sum(x.won for x in t), sum(len(x.steps) for x in t),
                                        st.invalid_actions, st.steps, st.env_errors)):

@@ -53,6 +53,15 @@ from seedfast.runtime.setup import (
     watch_precision,
 )
 from seedfast.scoring import score, score_reference
+from seedfast.seeds import (
+    analyzer_seed,
+    loop_eval_seed,
+    sampling_seed,
+    step_seed,
+    task_choice_seed,
+    task_pool_seed,
+    update_seed,
+)
 from seedfast.train.batch import build_samples
 from seedfast.train.evaluate import evaluate
 from seedfast.train.privileged import Privileged, make_judge, privileged_text
@@ -64,10 +73,6 @@ from seedfast.train.update import (
     minibatch_loss_backward,
     rollout_gap_metrics,
 )
-
-
-def step_seed(seed: int, step: int) -> int:
-    return (seed * 1_000_003 + step * 7_919) % (2**31 - 1)
 
 
 def groups_with_signal(trajectories: list) -> float:
@@ -111,12 +116,13 @@ def task_pool(tasks: list[Task], size: int | None, seed: int) -> list[Task]:
     """The fixed RL pool: `size` of `tasks` chosen with `seed` (all of them when size is None)."""
     if size is None or size >= len(tasks):
         return list(tasks)
-    idx = np.random.default_rng([seed, 0x9001]).choice(len(tasks), size=size, replace=False)
+    idx = np.random.default_rng(task_pool_seed(seed)).choice(len(tasks), size=size, replace=False)
     return [tasks[i] for i in sorted(idx)]
 
 
 def choose_tasks(pool: list[Task], k: int, seed: int, step: int) -> list[Task]:
-    rng = np.random.default_rng([seed, step])
+    """Update `step`'s `k` tasks from the pool, drawn with (run.seed `seed`, step) alone: the same on every rank."""
+    rng = np.random.default_rng(task_choice_seed(seed, step))
     idx = rng.choice(len(pool), size=min(k, len(pool)), replace=False)
     return [pool[i] for i in sorted(idx)]
 
@@ -195,10 +201,8 @@ class Trainer:
         return result
 
     def _sampling_seed(self, step: int) -> int:
-        """The step's sampling seed: (run.seed, step), and the data-parallel rank, whose tasks differ (tensor-parallel
-        peers share a rank: their samplers must draw alike)."""
-        seed = step_seed(self.cfg.run.seed, step)
-        return seed if self.dp is None or self.dp.rank == 0 else (seed + 104_729 * self.dp.rank) % (2**31 - 1)
+        """The step's sampling seed on this data-parallel rank (seeds.sampling_seed)."""
+        return sampling_seed(self.cfg.run.seed, step, 0 if self.dp is None else self.dp.rank)
 
     def _generating(self) -> Any:
         """The own engine generates with the policy itself: every FSDP2 unit gathered for the duration; vLLM
@@ -208,7 +212,8 @@ class Trainer:
     def learn(self, step: int, result: Any, timer: PhaseTimer) -> dict[str, float]:
         """Everything after the rollout: privileged text, samples, scoring, advantages, update."""
         cfg = self.cfg
-        self.engine.begin_step(self._sampling_seed(step))  # the analyzer's draws start afresh from the step's seed
+        # the analyzer's draws start afresh (seeds.analyzer_seed), whatever the rollout drew
+        self.engine.begin_step(analyzer_seed(cfg.run.seed, step, 0 if self.dp is None else self.dp.rank))
         self.policy.eval()
         trajectories, records = result.trajectories, result.steps
         metrics: dict[str, float] = {f"rollout/{k}": float(v) for k, v in result.stats.as_dict().items()}
@@ -307,7 +312,7 @@ class Trainer:
     def _update(self, batch: UpdateBatch, use_opd: bool) -> dict[str, float]:
         cfg = self.cfg
         n = len(batch.samples)
-        gen = torch.Generator().manual_seed(step_seed(cfg.run.seed, self.step) + 1)
+        gen = torch.Generator().manual_seed(update_seed(cfg.run.seed, self.step))
         out: dict[str, float] = {}
         applied = 0
         for _ in range(cfg.trainer.ppo_epochs):
@@ -412,7 +417,7 @@ class Trainer:
         before = counters_of(self.envs)
         with unsharded(self.policy):  # sharded: each data-parallel rank plays its chunks of games
             metrics = evaluate(self.cfg, self.policy, self.tokenizer, self.eval_tasks,
-                               seed=step_seed(self.cfg.run.seed, step) + 2, envs=self.envs, dp=self.dp)
+                               seed=loop_eval_seed(self.cfg.run.seed, step), envs=self.envs, dp=self.dp)
         moved = counter_delta(before, counters_of(self.envs), "eval/env_")
         if self.dp is not None and moved:  # every rank's environments
             moved = dict(zip(moved, self.dp.sum(list(moved.values()))))

@@ -14,8 +14,9 @@ import torch
 from seedfast.config import ConfigError
 from seedfast.distributed.weight_push import buckets, check_colocated, hf_named_tensors
 from seedfast.model import DecoderConfig, build_decoder, save_hf
-from seedfast.rollout.colocated import OwnRollout, VLLMRollout, build_rollout, request_seed
+from seedfast.rollout.colocated import OwnRollout, VLLMRollout, build_rollout
 from seedfast.rollout.own_engine import Sampler
+from seedfast.seeds import request_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fake_vllm import install_fake_vllm, prompts, update  # noqa: E402

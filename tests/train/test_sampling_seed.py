@@ -1,11 +1,12 @@
-"""The rollout's sampling seed: (run.seed, step) in one process, and different per data-parallel rank (their tasks
-differ; the same noise on every rank would correlate their samples); tensor-parallel peers share a data-parallel
-rank and so a seed, as the vocabulary-parallel sampler needs."""
+"""The rollout's sampling seed (seeds.sampling_seed, through Trainer._sampling_seed): (run.seed, step) in one
+process, and different per data-parallel rank (their tasks differ; the same noise on every rank would correlate their
+samples); tensor-parallel peers share a data-parallel rank and so a seed, as the vocabulary-parallel sampler needs."""
 
 from types import SimpleNamespace
 
 from seedfast.config import load_config
-from seedfast.train.rl import Trainer, step_seed
+from seedfast.seeds import step_seed
+from seedfast.train.rl import Trainer
 
 
 def _seed(dp_rank, step, run_seed=3):
