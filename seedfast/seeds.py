@@ -60,10 +60,11 @@ def task_choice_seed(run_seed: int, step: int) -> list[int]:
     return [run_seed, step]
 
 
-def loop_eval_seed(run_seed: int, step: int) -> int:
-    """The trainer's in-loop evaluation after update `step` (train/rl.py Trainer._evaluate): apart from the step's
-    other streams."""
-    return step_seed(run_seed, step) + 2
+def eval_seed(run_seed: int) -> int:
+    """Every evaluation of a run (in-loop after any update, `seedfast eval` afterwards): the run's seed itself, not
+    the step's, so one policy gets one set of numbers wherever it is evaluated and successive evaluations differ
+    by the policy alone (the same draws)."""
+    return run_seed
 
 
 def eval_chunk_seed(seed: int, chunk: int) -> int:

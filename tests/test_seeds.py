@@ -27,7 +27,7 @@ def test_sampling_seed_per_data_parallel_rank_is_frozen():
 
 def test_update_and_evaluation_seeds_are_frozen():
     assert [seeds.update_seed(3, t) for t in (0, 5)] == [3000010, 3039605]
-    assert seeds.loop_eval_seed(3, 5) == 3039606
+    assert seeds.eval_seed(11) == 11
     assert [seeds.eval_chunk_seed(11, k) for k in range(4)] == [11, 7930, 15849, 23768]
     assert seeds.eval_chunk_seed(2**31 - 2, 3) == 23756
 

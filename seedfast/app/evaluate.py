@@ -1,5 +1,8 @@
 """`seedfast eval RUN [--split train|eval]`: the run's exported policy (hf/, else its SFT output sft/) on the
-train or held-out games, one greedy-by-default trajectory per game (train/evaluate.py); writes eval_<split>.json.
+train or held-out games, one trajectory per game at rollout.eval_temperature; writes eval_<split>.json. It runs
+train/evaluate.py's evaluate_policy, the very evaluation the trainer runs in the loop: the same games (the held-out
+ones cut to trainer.eval_games), seed (seeds.eval_seed(run.seed)) and chunks, so a policy gets the numbers here
+that its run logged for it.
 
 One code path for 1 and N processes: under torchrun with dist.strategy=fsdp the games are split over the ranks
 (train/evaluate.py: fixed chunks, each with its own seed, counts added over the ranks), so N processes write the
@@ -18,15 +21,8 @@ from typing import Any
 
 from seedfast.config import Config
 from seedfast.distributed.data import DataParallel
-from seedfast.runtime.setup import (
-    device_of,
-    load_policy,
-    load_run_tokenizer,
-    load_tasks,
-    start_processes,
-    trained_policy_path,
-)
-from seedfast.train.evaluate import evaluate
+from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, start_processes, trained_policy_path
+from seedfast.train.evaluate import evaluate_policy
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -49,10 +45,10 @@ def main(cfg: Config, split: str = "eval", **_: Any) -> int:
     device = device_of(cfg)
     model = load_policy(cfg, path, device, trainable=False)
     tokenizer = load_run_tokenizer(cfg, path)
-    tasks = load_tasks(cfg, "train" if split == "train" else "eval")
     dp = DataParallel(rank=env.rank, size=env.world)  # every process; the default group when there are several
-    metrics = evaluate(cfg, model, tokenizer, tasks, seed=cfg.run.seed, dp=dp)
+    metrics = evaluate_policy(cfg, model, tokenizer, "train" if split == "train" else "eval", dp=dp)
     if env.is_main:
         print(json.dumps(metrics, indent=1))
+        run_dir.mkdir(parents=True, exist_ok=True)  # a policy that never ran here (init_from, model.path) has none
         write_json_atomic(run_dir / f"eval_{split}.json", metrics)
     return 0

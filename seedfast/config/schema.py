@@ -243,7 +243,8 @@ class TrainerConfig:
     mini_batches: int = opt(1, "optimizer steps per epoch (the batch is split into this many)", ge=1)
     micro_batch_tokens: int = opt(16384, "packed tokens per forward/backward (a sample is never split)", ge=1)
     eval_every: int = opt(10, "evaluate every this many updates; 0 = only at the end", ge=0)
-    eval_games: int | None = opt(None, "eval games per evaluation; null = env.n_eval", ge=1)
+    eval_games: int | None = opt(None, "held-out games per evaluation, in the loop and in `seedfast eval`; null = "
+                                         "env.n_eval", ge=1)
     checkpoint_every: int = opt(10, "checkpoint every this many updates; 0 = only at the end", ge=0)
     keep_checkpoints: int = opt(2, "newest checkpoints kept on disk", ge=1)
     max_bad_steps: int = opt(3, "non-finite (NaN/inf) updates in a row before the run stops", ge=1)

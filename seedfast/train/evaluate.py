@@ -1,6 +1,9 @@
 """Evaluation on held-out games: success rate, reward, episode length, invalid-action rate.
 
-The `seedfast eval` command (seedfast/app/evaluate.py) runs `evaluate` on a run's exported policy.
+`evaluate_policy` is THE evaluation of a run's policy: the `seedfast eval` command (seedfast/app/evaluate.py) and
+the trainer's in-loop evaluation (train/rl.py `Trainer._evaluate`) both call it, so one policy, config and run.seed
+give one set of numbers: the games of `evaluation_tasks`, the seed of seeds.eval_seed, rollout.eval_temperature, in
+chunks. `evaluate` is its engine, also called directly by the demo and the benchmarks on games of their choosing.
 
 Split over data-parallel ranks (`dp`): the games are cut into chunks whose size does not depend on the number of
 ranks, chunk k is played with its own seed (seeds.eval_chunk_seed) by rank k mod the ranks, and the counts are
@@ -17,13 +20,52 @@ from typing import Any
 import torch
 
 from seedfast.config import Config
+from seedfast.distributed.data import DataParallel
+from seedfast.envs.slots import counter_delta, counters_of
 from seedfast.rollout.agent_loop import Task, run_agent_loop
 from seedfast.rollout.own_engine import Sampler
-from seedfast.runtime.setup import agent_config, make_env_slots
-from seedfast.seeds import eval_chunk_seed
+from seedfast.runtime.setup import agent_config, load_tasks, make_env_slots
+from seedfast.seeds import eval_chunk_seed, eval_seed
 
 # games per chunk of a split evaluation when env.slots is 0 (all environments at once)
 EVAL_CHUNK_GAMES = 8
+
+
+def evaluation_tasks(cfg: Config, split: str = "eval") -> list[Task]:
+    """The games an evaluation of `split` plays, in manifest order: the train games (env.n_train), or the held-out
+    games (env.n_eval) cut to trainer.eval_games."""
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    tasks = load_tasks(cfg, split)
+    if split == "eval" and cfg.trainer.eval_games:
+        tasks = tasks[: cfg.trainer.eval_games]
+    return tasks
+
+
+def evaluate_policy(cfg: Config, model: torch.nn.Module, tokenizer: Any, split: str = "eval", *, envs: Any = None,
+                    dp: Any = None) -> dict[str, float]:
+    """The evaluation of a run's policy that `seedfast eval` and the in-loop evaluation share (module docstring):
+    `evaluation_tasks(cfg, split)`, one trajectory each at rollout.eval_temperature, seeded with
+    seeds.eval_seed(run.seed), always in chunks (`evaluate` with `dp`; one process is the rank of a `dp` of size
+    1), plus what the environments went through (eval/env_* counters, added over the ranks).
+
+    `envs`: the slots to play in (a run's pool; at least a chunk's games, as env_slot_count gives, so every chunk is
+    one wave); default: as many as a chunk's games, made here and closed. Every rank of `dp` must call it."""
+    dp = dp if dp is not None else DataParallel(rank=0, size=1)
+    tasks = evaluation_tasks(cfg, split)
+    own_envs = envs is None
+    if own_envs:
+        envs = make_env_slots(cfg, max(1, min(len(tasks), cfg.env.slots or EVAL_CHUNK_GAMES)))
+    try:
+        before = counters_of(envs)
+        metrics = evaluate(cfg, model, tokenizer, tasks, seed=eval_seed(cfg.run.seed), envs=envs, dp=dp)
+        moved = counter_delta(before, counters_of(envs), "eval/env_")
+    finally:
+        if own_envs:
+            envs.close()
+    if moved:  # every rank's environments
+        moved = dict(zip(moved, dp.sum(list(moved.values()))))
+    return {**metrics, **moved}
 
 
 def evaluate(cfg: Config, model: torch.nn.Module, tokenizer: Any, tasks: list[Task], *, seed: int,

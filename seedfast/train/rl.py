@@ -53,17 +53,9 @@ from seedfast.runtime.setup import (
     watch_precision,
 )
 from seedfast.scoring import score, score_reference
-from seedfast.seeds import (
-    analyzer_seed,
-    loop_eval_seed,
-    sampling_seed,
-    step_seed,
-    task_choice_seed,
-    task_pool_seed,
-    update_seed,
-)
+from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, task_choice_seed, task_pool_seed, update_seed
 from seedfast.train.batch import build_samples
-from seedfast.train.evaluate import evaluate
+from seedfast.train.evaluate import evaluate_policy, evaluation_tasks
 from seedfast.train.privileged import Privileged, make_judge, privileged_text
 from seedfast.train.reflection import reflection_update
 from seedfast.train.step_plan import plan_step
@@ -152,9 +144,7 @@ class Trainer:
         self.optimizer, self.scheduler = rl_optimizer(cfg, self.trained)
         self.rounding = watch_precision(cfg, self.optimizer, self.masters)
         self.train_tasks = task_pool(load_tasks(cfg, "train"), cfg.rollout.task_pool, cfg.run.seed)
-        self.eval_tasks = load_tasks(cfg, "eval")
-        if cfg.trainer.eval_games:
-            self.eval_tasks = self.eval_tasks[: cfg.trainer.eval_games]
+        self.eval_tasks = evaluation_tasks(cfg, "eval")  # what `seedfast eval` plays: sizes the slots below
         self.own_envs = envs is None
         self.envs = make_env_slots(cfg, env_slot_count(cfg, len(self.eval_tasks))) if envs is None else envs
         self.env_metrics: dict[str, float] = {}
@@ -390,7 +380,7 @@ class Trainer:
                 metrics["time/step"] = time.perf_counter() - t0
                 last = step + 1 == cfg.trainer.steps
                 if (cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0) or last:
-                    metrics.update(self._evaluate(step))
+                    metrics.update(self._evaluate())
                 window.after_step(step)
                 self.log.log(step, metrics)
                 history.append({"step": step, **metrics})
@@ -412,16 +402,11 @@ class Trainer:
             self.log.close()
         return history
 
-    def _evaluate(self, step: int) -> dict[str, float]:
-        """Held-out metrics, played in the run's environment slots, and what the environments went through."""
-        before = counters_of(self.envs)
+    def _evaluate(self) -> dict[str, float]:
+        """Held-out metrics, played in the run's environment slots, and what the environments went through: the
+        evaluation `seedfast eval` runs (train/evaluate.py evaluate_policy), so both give one policy one result."""
         with unsharded(self.policy):  # sharded: each data-parallel rank plays its chunks of games
-            metrics = evaluate(self.cfg, self.policy, self.tokenizer, self.eval_tasks,
-                               seed=loop_eval_seed(self.cfg.run.seed, step), envs=self.envs, dp=self.dp)
-        moved = counter_delta(before, counters_of(self.envs), "eval/env_")
-        if self.dp is not None and moved:  # every rank's environments
-            moved = dict(zip(moved, self.dp.sum(list(moved.values()))))
-        return {**metrics, **moved}
+            return evaluate_policy(self.cfg, self.policy, self.tokenizer, "eval", envs=self.envs, dp=self.dp)
 
     def close(self) -> None:
         close = getattr(self.envs, "close", None)
