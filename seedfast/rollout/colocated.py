@@ -43,11 +43,12 @@ class RolloutEngine(Protocol):
     def after_rollout(self) -> dict[str, float]: ...
 
     def generate(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, stop_ids: Sequence[int] = ()) -> list[list[int]]: ...
+                 top_p: float = 1.0, stop_ids: Sequence[int] = (), *, seed: int | None = None
+                 ) -> list[list[int]]: ...
 
     def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int,
-                      temperature: float = 1.0, top_p: float = 1.0, stop_ids: Sequence[int] = ()
-                      ) -> list[Generation]: ...
+                      temperature: float = 1.0, top_p: float = 1.0, stop_ids: Sequence[int] = (), *,
+                      seed: int | None = None) -> list[Generation]: ...
 
 
 class OwnRollout:
@@ -72,13 +73,14 @@ class OwnRollout:
         return {}
 
     def generate(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, stop_ids: Sequence[int] = ()) -> list[list[int]]:
-        return self.sampler.generate(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids)
+                 top_p: float = 1.0, stop_ids: Sequence[int] = (), *, seed: int | None = None) -> list[list[int]]:
+        return self.sampler.generate(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, seed)
 
     def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int,
-                      temperature: float = 1.0, top_p: float = 1.0, stop_ids: Sequence[int] = ()
-                      ) -> list[Generation]:
-        return self.sampler.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids)
+                      temperature: float = 1.0, top_p: float = 1.0, stop_ids: Sequence[int] = (), *,
+                      seed: int | None = None) -> list[Generation]:
+        """`seed`: the sampler restarts from it (as after begin_step(seed))."""
+        return self.sampler.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, seed)
 
 
 class VLLMRollout:
@@ -145,7 +147,10 @@ class VLLMRollout:
         self.asleep = True
         return {"sync/sleep_seconds": self.clock() - t}
 
-    def _seeds(self, n: int) -> list[int] | None:
+    def _seeds(self, n: int, seed: int | None = None) -> list[int] | None:
+        """Per-request seeds: from `seed` as for the first call after begin_step(seed), else from the step."""
+        if seed is not None:
+            return [request_seed(int(seed), 0, i) for i in range(n)]
         if self.step_seed is None or not self.seed_requests:
             return None
         seeds = [request_seed(self.step_seed, self.calls, i) for i in range(n)]
@@ -157,16 +162,16 @@ class VLLMRollout:
             raise RuntimeError("the vLLM rollout engine is asleep: generate between before_rollout and after_rollout")
 
     def generate(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, stop_ids: Sequence[int] = ()) -> list[list[int]]:
-        gens = self.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids)
+                 top_p: float = 1.0, stop_ids: Sequence[int] = (), *, seed: int | None = None) -> list[list[int]]:
+        gens = self.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, seed=seed)
         return [g.token_ids for g in gens]
 
     def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int,
-                      temperature: float = 1.0, top_p: float = 1.0, stop_ids: Sequence[int] = ()
-                      ) -> list[Generation]:
+                      temperature: float = 1.0, top_p: float = 1.0, stop_ids: Sequence[int] = (), *,
+                      seed: int | None = None) -> list[Generation]:
         self._check_awake()
         return self.engine.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids,
-                                         seeds=self._seeds(len(prompt_token_lists)))
+                                         seeds=self._seeds(len(prompt_token_lists), seed))
 
 
 def build_rollout(engine: str, policy: torch.nn.Module, model_path: str | Path | None = None, *, seed: int = 0,

@@ -27,6 +27,7 @@ import torch
 
 from seedfast.rollout.engine import Generation
 from seedfast.rollout.sampling import check_sampling_args
+from seedfast.seeds import request_seed
 
 EXTENSION = "seedfast.rollout.vllm_engine.WeightSyncExtension"
 # tensors vLLM keeps under their HF names (not fused into qkv_proj / gate_up_proj), summed as they are pushed and
@@ -102,8 +103,10 @@ class VLLMEngine:
         top_p: float = 1.0,
         stop_ids: Sequence[int] = (),
         seeds: Sequence[int] | None = None,
+        *,
+        seed: int | None = None,
     ) -> list[list[int]]:
-        gens = self.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, seeds)
+        gens = self.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, seeds, seed=seed)
         return [g.token_ids for g in gens]
 
     def generate_full(
@@ -114,8 +117,12 @@ class VLLMEngine:
         top_p: float = 1.0,
         stop_ids: Sequence[int] = (),
         seeds: Sequence[int] | None = None,
+        *,
+        seed: int | None = None,
     ) -> list[Generation]:
-        """Completions of every prompt; `seeds` (one per prompt) seeds each request's own sampler."""
+        """Completions of every prompt; `seeds` (one per prompt) seeds each request's own sampler; `seed` (the
+        engine protocol's, rollout/engine.py) gives them seeds.request_seed(seed, 0, i), as the first generate call
+        of a colocated step seeded with `seed` does."""
         check_sampling_args(temperature, top_p)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
@@ -125,6 +132,10 @@ class VLLMEngine:
                 raise ValueError(f"prompt {i} is empty: generation needs at least one prompt token")
         # without `seeds` no per-request seed: copies of one prompt (a GRPO group) must draw different samples; the
         # engine's generator, seeded once, keeps runs reproducible. With `seeds`, give copies different seeds.
+        if seed is not None:
+            if seeds is not None:
+                raise ValueError("pass seeds (one per prompt) or seed, not both")
+            seeds = [request_seed(int(seed), 0, i) for i in range(len(prompts))]
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds must have one entry per prompt ({len(prompts)}), got {len(seeds)}")
 

@@ -16,7 +16,7 @@ _END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 class GenerationEngine(Protocol):
     def generate(self, prompt_token_lists: list[list[int]], max_new_tokens: int, temperature: float,
-                 top_p: float, stop_ids: list[int]) -> list[list[int]]: ...
+                 top_p: float, stop_ids: list[int], *, seed: int | None = None) -> list[list[int]]: ...
 
 
 def chat_prompt_ids(tokenizer: Any, messages: Messages) -> list[int]:

@@ -5,6 +5,7 @@ reset_prefix_cache. A real vLLM engine is checked by the gpu test at the end."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 
@@ -14,8 +15,10 @@ import torch
 from seedfast.config import ConfigError
 from seedfast.distributed.weight_push import buckets, check_colocated, hf_named_tensors
 from seedfast.model import DecoderConfig, build_decoder, save_hf
-from seedfast.rollout.colocated import OwnRollout, VLLMRollout, build_rollout
+from seedfast.rollout.colocated import OwnRollout, RolloutEngine, VLLMRollout, build_rollout
+from seedfast.rollout.engine import GenerationEngine, generate_full
 from seedfast.rollout.own_engine import Sampler
+from seedfast.rollout.vllm_engine import VLLMEngine
 from seedfast.seeds import request_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -206,6 +209,40 @@ def test_request_seeds_come_from_the_step_and_differ_across_copies(fake_vllm, po
     rollout.generate(group, 8)
     assert calls == [None]
     assert all(0 <= request_seed(s, c, i) < 2**31 - 1 for s in (0, 2**31 - 2) for c in (0, 9) for i in (0, 999))
+
+
+@pytest.mark.parametrize("engine", [Sampler, VLLMEngine, OwnRollout, VLLMRollout])
+def test_every_engine_takes_the_protocol_seed(engine):
+    """The engine protocol (rollout/engine.py, and RolloutEngine) names the seed the engines take: `seed=`, a
+    keyword, on generate and generate_full."""
+    for method in ("generate", "generate_full"):
+        params = inspect.signature(getattr(engine, method)).parameters
+        assert "seed" in params and params["seed"].default is None, f"{engine.__name__}.{method}"
+    for protocol in (GenerationEngine, RolloutEngine):
+        assert inspect.signature(protocol.generate).parameters["seed"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_a_seeded_call_draws_as_the_first_call_after_seeding(fake_vllm, policy_and_folder):
+    """generate(..., seed=s) is a function of s alone: the first call after begin_step(s) (own and vLLM rollouts),
+    or of an engine built with seed s (the own Sampler); the engine's own stream plays no part."""
+    policy, folder = policy_and_folder
+    group = [prompts()[0]] * 3
+    vllm = build_rollout("vllm", policy, folder, dtype="fp32", sleep=False)
+    vllm.before_rollout(push(policy))
+    for rollout in (OwnRollout(policy, seed=0), vllm):
+        rollout.begin_step(5)
+        first = rollout.generate(group, 8, temperature=1.0)
+        rollout.begin_step(9)
+        rollout.generate(group, 8, temperature=1.0)  # the stream moves on
+        assert rollout.generate(group, 8, temperature=1.0, seed=5) == first
+        assert [g.token_ids for g in generate_full(rollout, group, 8, temperature=1.0, seed=5)] == first
+        assert rollout.generate(group, 8, temperature=1.0, seed=6) != first
+    sampler = Sampler(policy, seed=1)
+    sampler.generate(group, 8, temperature=1.0)
+    assert sampler.generate(group, 8, temperature=1.0, seed=5) == Sampler(policy, seed=5).generate(
+        group, 8, temperature=1.0)
+    with pytest.raises(ValueError, match="not both"):
+        vllm.engine.generate(group, 8, seeds=[1, 2, 3], seed=5)
 
 
 # ---------------------------------------------------------------- OwnRollout and the checks
