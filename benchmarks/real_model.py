@@ -48,6 +48,12 @@ def skills_written(run_dir: Path) -> dict:
     return {"recorded": len(rows), "parsed": len(parsed), "examples": list(shown.values())[:SKILLS_SHOWN]}
 
 
+def sft_data(run_dir: Path) -> dict:
+    """What SFT trained on: examples by kind and tokens (the first row of sft_metrics.jsonl)."""
+    first = json.loads((run_dir / "sft_metrics.jsonl").read_text().splitlines()[0])
+    return {k: v for k, v in first.items() if k not in ("event", "pairs_file")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -70,6 +76,7 @@ def main() -> None:
         summary["wall_s"] = wall if wall is not None else sum(summary["timings"].values())
         summary["seconds_per_update"] = seconds_per_update(run_dir)
         summary["skills_written"] = skills_written(run_dir)
+        summary["sft_data"] = sft_data(run_dir)
         runs[seed] = summary
     result = {"config": args.config, "overrides": args.overrides, "seeds": args.seeds,
               "summary": summarize(runs), "runs": {str(k): v for k, v in runs.items()}}

@@ -119,6 +119,7 @@ LP1, LP2 = "logprob_cpu_t1.json", "logprob_cpu.json"
 KM = "kernel_model.json"
 DEMO = [("demo_seeds.json", "0"), ("demo_seeds.json", "1"), ("demo_seeds.json", "2"),
         ("demo_seeds_untuned.json", "3"), ("demo_seeds_untuned.json", "4")]
+RM = [("real_model.json", "0"), ("real_model.json", "1")]
 SFT3 = [("demo_seeds_sft3.json", "0"), ("demo_seeds_sft3.json", "1"), ("demo_seeds_sft3.json", "2"),
         ("demo_seeds_untuned_sft3.json", "3"), ("demo_seeds_untuned_sft3.json", "4")]
 
@@ -379,6 +380,41 @@ REGISTRY: list[Q] = [
        diff(mean(*per_seed(lambda s: held(s, "grpo"))), mean(*per_seed(lambda s: held(s, "seed")))),
        mean(*per_seed(lambda s: held(s, "seed"))), mean(*per_seed(lambda s: held(s, "grpo"))))),
     Q(DEMO_MD, "parse {}% of the time", (Agg("mean", (seed_metric("skill/parse_rate"),), 100.0),)),
+    # ---- docs/demo.md: a real pretrained model (benchmarks/real_model.py, models_fetch.py) ----
+    Q(DEMO_MD, "converted to a fp32 HF folder in {} s on this box", (j("models_fetch.json", "wall_s"),)),
+    Q(DEMO_MD, "the SFT start's held-out success is {} and {} (seeds 0 and 1, greedy, 24 games) against a random "
+               "admissible policy's {} and {}",
+      (held(RM[0]), held(RM[1]), run(RM[0], "random_floor"), run(RM[1], "random_floor"))),
+    Q(DEMO_MD, "GRPO {} and {} s per update, SEED {} and {} s",
+      tuple(run(s, "seconds_per_update", a) for a in ("grpo", "seed") for s in RM)),
+    Q(DEMO_MD, "the whole run, games to report, {} and {} min.",
+      tuple(J(s[0], ("runs", s[1], "wall_s"), 1 / 60) for s in RM)),
+    *(Q(DEMO_MD, DEMO_ROW.replace("| {} |", f"| {label} (135M) |", 1), demo_row(src)) for label, src in zip("01", RM)),
+    Q(DEMO_MD, "(SFT {} → GRPO {}, SEED {}, means of the two seeds;",
+      (mean(*per_seed(held, RM)), mean(*per_seed(lambda s: held(s, "grpo"), RM)),
+       mean(*per_seed(lambda s: held(s, "seed"), RM)))),
+    Q(DEMO_MD, "(the control's last half {}), and only {} of the groups had a win and a loss",
+      (mean(*(pool(s, "control", "last_half") for s in RM)),
+       mean(*(run(s, "seed_metrics", a, "train/groups_with_signal") for s in RM for a in ("grpo", "seed"))))),
+    Q(DEMO_MD, "SEED's held-out success is {} above GRPO's (two games of 24 at seed 0, none at seed 1) and its "
+               "pool's last half {} below",
+      (diff(mean(*per_seed(lambda s: held(s, "seed"), RM)), mean(*per_seed(lambda s: held(s, "grpo"), RM))),
+       diff(mean(*(pool(s, "grpo", "last_half") for s in RM)), mean(*(pool(s, "seed", "last_half") for s in RM))))),
+    Q(DEMO_MD, "parse {}% of the time (seeds 0 and 1: {}% and {}%)",
+      (Agg("mean", tuple(run(s, "seed_metrics", "seed", "skill/parse_rate") for s in RM), 100.0),
+       *(run(s, "seed_metrics", "seed", "skill/parse_rate", scale=100.0) for s in RM))),
+    Q(DEMO_MD, "by {} nats on winners' tokens and {} on losers' (near zero, slightly down), the gate halves it (gate "
+               "mean {}) and the OPD term is {} per token. A 135M model, SFT'd on {} and {}",
+      tuple(mean(*(run(s, "seed_metrics", "seed", k) for s in RM))
+            for k in ("skill/teacher_gap_win", "skill/teacher_gap_lose", "loss/gate_mean", "loss/opd_term"))
+      + tuple(run(s, "sft_data", "examples/skill") for s in RM)),
+    Q(README, "The fetch took {} s here", (j("models_fetch.json", "wall_s"),)),
+    Q(README, "takes {} s (GRPO) and {} s (SEED) at seed 1, a whole run {}–{} min. Held-out success rose from the SFT "
+              "start's {} to {} (GRPO) and {} (SEED)",
+      (run(RM[1], "seconds_per_update", "grpo"), run(RM[1], "seconds_per_update", "seed"),
+       J(RM[1][0], ("runs", RM[1][1], "wall_s"), 1 / 60), J(RM[0][0], ("runs", RM[0][1], "wall_s"), 1 / 60),
+       mean(*per_seed(held, RM)), mean(*per_seed(lambda s: held(s, "grpo"), RM)),
+       mean(*per_seed(lambda s: held(s, "seed"), RM)))),
     # ---- docs/demo.md: the skill the policy reads (benchmarks/teacher_probe.py) ----
     Q(DEMO_MD, "walkthrough's actions, Δ {} nats per step on the pool games and {} on held-out ones ({}% and {}% of "
                "steps raised), while the step plan it was trained on raised them (+{} / +{}). It read the first "

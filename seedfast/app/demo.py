@@ -120,9 +120,10 @@ def main(cfg: Config, **_: Any) -> int:
     timings["control"] = time.perf_counter() - t
     _say(f"no-learning control: {len(control_history)} rollouts in {timings['control']:.0f} s")
 
+    plays = "once" if repeats == 1 else f"{repeats} times"
     setup = {
         "games": f"{e.game_type} levels {e.levels}: {len(load_tasks(cfg, 'train'))} training, "
-                 f"{len(eval_tasks)} held-out (each played {repeats} times per evaluation)",
+                 f"{len(eval_tasks)} held-out (each played {plays} per evaluation)",
         "model": model_line(cfg, sum(p.numel() for p in policy.parameters())),
         "RL": f"{cfg.trainer.steps} updates x {cfg.rollout.tasks_per_batch} games x {cfg.rollout.n} trajectories, "
               f"lr {cfg.optim.lr}, seed {cfg.run.seed}, same SFT start for every algorithm",
