@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,9 @@ class MetricsLogger:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._tb = SummaryWriter(str(self.run_dir / tb_dir))
-            except ImportError:  # tensorboard is an optional extra
-                self._tb = None
+            except ImportError:  # tensorboard is an optional extra: say so, once per logger, instead of silence
+                warnings.warn("log.tensorboard=true, but the tensorboard package is not installed "
+                              "(pip install -e '.[report]'): no TensorBoard events are written", stacklevel=2)
         if wandb_project:
             import wandb  # optional; only when configured
 

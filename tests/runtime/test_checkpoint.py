@@ -78,3 +78,22 @@ def test_metrics_truncate_drops_steps_after_the_checkpoint_and_torn_lines(tmp_pa
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert rows[2]["loss"] == 1.0 and rows[2]["nan"] == "nan"
     json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+def test_tensorboard_asked_for_but_missing_is_said_not_silent(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError("no tensorboard here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    with pytest.warns(UserWarning, match="log.tensorboard=true"):
+        log = MetricsLogger(tmp_path, tensorboard=True)
+    log.log(0, {"loss": 1.0})
+    log.close()
+    assert read_metrics(tmp_path / "metrics.jsonl")[0]["loss"] == 1.0
+    assert not (tmp_path / "tb").exists()
