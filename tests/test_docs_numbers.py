@@ -415,6 +415,11 @@ REGISTRY: list[Q] = [
        J(RM[1][0], ("runs", RM[1][1], "wall_s"), 1 / 60), J(RM[0][0], ("runs", RM[0][1], "wall_s"), 1 / 60),
        mean(*per_seed(held, RM)), mean(*per_seed(lambda s: held(s, "grpo"), RM)),
        mean(*per_seed(lambda s: held(s, "seed"), RM)))),
+    Q(DEMO_MD, "from the seed-0 SFT policy, {} and {} s per update on the two ranks, then again with one more update "
+               "and `trainer.resume=auto`: it went on from the DCP checkpoint at step {}",
+      (j("real_model_sharded.json", "two_ranks", "rows", 0, "time/step"),
+       j("real_model_sharded.json", "two_ranks", "rows", 1, "time/step"),
+       j("real_model_sharded.json", "resumed", "steps", -1))),
     # ---- docs/demo.md: the skill the policy reads (benchmarks/teacher_probe.py) ----
     Q(DEMO_MD, "walkthrough's actions, Δ {} nats per step on the pool games and {} on held-out ones ({}% and {}% of "
                "steps raised), while the step plan it was trained on raised them (+{} / +{}). It read the first "
