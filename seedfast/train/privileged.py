@@ -47,10 +47,13 @@ class Privileged:
     reflections: Reflections | None = None
 
 
-def _external_client(cfg: Config) -> ChatClient:
+def _external_client(cfg: Config, **overrides: Any) -> ChatClient:
+    """The skill.external endpoint's client; the analyzer caps its answer at skill.max_analysis_tokens, as collect's
+    does (app/collect.py make_analyzer), the GRSD judge keeps the client's default."""
     ext = cfg.skill.external
     return ChatClient(base_url=ext.endpoint, model=ext.model, api_key_env=ext.api_key_env, timeout_s=ext.timeout_s,
-                      max_retries=ext.retries, max_concurrency=ext.concurrency, temperature=ext.temperature)
+                      max_retries=ext.retries, max_concurrency=ext.concurrency, temperature=ext.temperature,
+                      **overrides)
 
 
 def _seed_skills(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, tokenizer: Any) -> Privileged:
@@ -61,7 +64,8 @@ def _seed_skills(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, t
                                  max_prompt_tokens=cfg.rollout.max_prompt_length,
                                  temperature=cfg.skill.analysis_temperature)
     elif kind == "external":
-        analyzer = make_analyzer("external", client=_external_client(cfg), skill_mode=cfg.skill.skill_mode)
+        analyzer = make_analyzer("external", client=_external_client(cfg, max_tokens=cfg.skill.max_analysis_tokens),
+                                 skill_mode=cfg.skill.skill_mode)
     else:
         analyzer = make_analyzer("oracle", skill_mode=cfg.skill.skill_mode)
     try:

@@ -32,3 +32,26 @@ def test_the_plan_of_each_algorithm(overrides, privileged, teacher, score_pass, 
 def test_kl_follows_its_coefficient_and_on_policy_its_epochs():
     assert plan("loss.kl_coef=0").kl is False and plan("loss.kl_coef=0.01").kl is True
     assert plan().on_policy and not plan("trainer.ppo_epochs=2").on_policy
+
+
+
+def test_rl_external_analyzer_caps_its_answer_at_max_analysis_tokens(monkeypatch):
+    """RL's external analyzer asks for at most skill.max_analysis_tokens, as collect's does (#22 item 1, #24)."""
+    from seedfast.train import privileged
+
+    built = {}
+
+    class Built(Exception):
+        pass
+
+    def capture(kind, **kwargs):
+        built.update(kind=kind, **kwargs)
+        raise Built
+
+    monkeypatch.setattr(privileged, "make_analyzer", capture)
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    cfg = load_config(None, ["skill.analyzer=external", "skill.external.endpoint=http://127.0.0.1:9/v1",
+                             "skill.external.model=m", "skill.max_analysis_tokens=77"])
+    with pytest.raises(Built):
+        privileged._seed_skills(cfg, [], engine=None, tokenizer=None)
+    assert built["kind"] == "external" and built["client"].max_tokens == 77
