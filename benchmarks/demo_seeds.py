@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,6 +88,35 @@ def plot(runs: dict[int, dict], path: Path, temperature: float = 1.0) -> None:
     plt.close(fig)
 
 
+def collect(config: str, seeds: list[int], overrides: list[str], collect_only: bool,
+            more: Callable[[Path], dict] | None = None) -> dict[int, dict]:
+    """Each seed's demo_summary.json (the run made first unless collect_only), with its wall time and what `more`
+    reads from the run folder."""
+    runs = {}
+    for seed in seeds:
+        run_dir = ROOT / "runs" / run_name(config, seed)
+        wall = None
+        if not collect_only:
+            run_dir, wall = run_seed(config, seed, overrides)
+        summary = json.loads((run_dir / "demo_summary.json").read_text())
+        summary["wall_s"] = wall if wall is not None else sum(summary["timings"].values())
+        runs[seed] = {**summary, **(more(run_dir) if more else {})}
+    return runs
+
+
+def report(name: str, config: str, overrides: list[str], runs: dict[int, dict]) -> Path:
+    """results/NAME.json and NAME.png, and the summary table on stdout."""
+    result = {"config": config, "overrides": overrides, "seeds": list(runs),
+              "summary": summarize(runs), "runs": {str(k): v for k, v in runs.items()}}
+    path = write_results(name, result, packages=("torch", "transformers", "tokenizers", "textworld"))
+    plot(runs, RESULTS_DIR / f"{name}.png", load_config(ROOT / config).rollout.temperature)
+    print(f"{'what':40s} {'mean':>7s} {'min':>7s} {'max':>7s}")
+    for key, v in result["summary"].items():
+        print(f"{key:40s} {v['mean']:7.3f} {v['min']:7.3f} {v['max']:7.3f}")
+    print(f"wrote {path} and {RESULTS_DIR / f'{name}.png'}")
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -95,23 +125,7 @@ def main() -> None:
     parser.add_argument("--name", default="demo_seeds", help="results/NAME.json and NAME.png")
     parser.add_argument("overrides", nargs="*", help="dotted overrides passed to every run")
     args = parser.parse_args()
-    runs = {}
-    for seed in args.seeds:
-        run_dir = ROOT / "runs" / run_name(args.config, seed)
-        wall = None
-        if not args.collect_only:
-            run_dir, wall = run_seed(args.config, seed, args.overrides)
-        summary = json.loads((run_dir / "demo_summary.json").read_text())
-        summary["wall_s"] = wall if wall is not None else sum(summary["timings"].values())
-        runs[seed] = summary
-    result = {"config": args.config, "overrides": args.overrides, "seeds": args.seeds,
-              "summary": summarize(runs), "runs": {str(k): v for k, v in runs.items()}}
-    path = write_results(args.name, result, packages=("torch", "transformers", "tokenizers", "textworld"))
-    plot(runs, RESULTS_DIR / f"{args.name}.png", load_config(ROOT / args.config).rollout.temperature)
-    print(f"{'what':40s} {'mean':>7s} {'min':>7s} {'max':>7s}")
-    for key, v in result["summary"].items():
-        print(f"{key:40s} {v['mean']:7.3f} {v['min']:7.3f} {v['max']:7.3f}")
-    print(f"wrote {path} and {RESULTS_DIR / f'{args.name}.png'}")
+    report(args.name, args.config, args.overrides, collect(args.config, args.seeds, args.overrides, args.collect_only))
 
 
 if __name__ == "__main__":

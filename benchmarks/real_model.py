@@ -19,8 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, write_results  # noqa: E402
-from demo_seeds import ROOT, plot, run_name, run_seed, summarize  # noqa: E402
+from demo_seeds import ROOT, collect, report  # noqa: E402
 
 from seedfast.config import load_config  # noqa: E402
 
@@ -62,33 +61,16 @@ def main() -> None:
     parser.add_argument("--name", default="real_model", help="results/NAME.json and NAME.png")
     parser.add_argument("overrides", nargs="*", help="dotted overrides passed to every run")
     args = parser.parse_args()
-    cfg = load_config(ROOT / args.config)
-    model = cfg.model.path
+    model = load_config(ROOT / args.config).model.path
     if model and not (ROOT / model / "config.json").is_file():
         sys.exit(f"{model} is not there: fetch it first with `.venv/bin/seedfast models fetch smollm2-135m`")
-    runs = {}
-    for seed in args.seeds:
-        run_dir = ROOT / "runs" / run_name(args.config, seed)
-        wall = None
-        if not args.collect_only:
-            run_dir, wall = run_seed(args.config, seed, args.overrides)
-        summary = json.loads((run_dir / "demo_summary.json").read_text())
-        summary["wall_s"] = wall if wall is not None else sum(summary["timings"].values())
-        summary["seconds_per_update"] = seconds_per_update(run_dir)
-        summary["skills_written"] = skills_written(run_dir)
-        summary["sft_data"] = sft_data(run_dir)
-        runs[seed] = summary
-    result = {"config": args.config, "overrides": args.overrides, "seeds": args.seeds,
-              "summary": summarize(runs), "runs": {str(k): v for k, v in runs.items()}}
-    path = write_results(args.name, result, packages=("torch", "transformers", "tokenizers", "textworld"))
-    plot(runs, RESULTS_DIR / f"{args.name}.png", cfg.rollout.temperature)
-    print(f"{'what':40s} {'mean':>7s} {'min':>7s} {'max':>7s}")
-    for key, v in result["summary"].items():
-        print(f"{key:40s} {v['mean']:7.3f} {v['min']:7.3f} {v['max']:7.3f}")
+    runs = collect(args.config, args.seeds, args.overrides, args.collect_only,
+                   lambda run_dir: {"seconds_per_update": seconds_per_update(run_dir),
+                                    "skills_written": skills_written(run_dir), "sft_data": sft_data(run_dir)})
+    report(args.name, args.config, args.overrides, runs)
     for seed, r in runs.items():
         evidence = ", ".join(f"{k} {v:.3f}" for k, v in r["seed_metrics"].get("seed", {}).items())
         print(f"seed {seed}: s/update {r['seconds_per_update']}; SEED {evidence}")
-    print(f"wrote {path} and {RESULTS_DIR / f'{args.name}.png'}")
 
 
 if __name__ == "__main__":
