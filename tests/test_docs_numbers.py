@@ -120,6 +120,7 @@ KM = "kernel_model.json"
 DEMO = [("demo_seeds.json", "0"), ("demo_seeds.json", "1"), ("demo_seeds.json", "2"),
         ("demo_seeds_untuned.json", "3"), ("demo_seeds_untuned.json", "4")]
 RM = [("real_model.json", "0"), ("real_model.json", "1")]
+DEMO_ES = [("demo_seeds_episode_step.json", str(s)) for s in _load("demo_seeds_episode_step.json")["seeds"]]
 SFT3 = [("demo_seeds_sft3.json", "0"), ("demo_seeds_sft3.json", "1"), ("demo_seeds_sft3.json", "2"),
         ("demo_seeds_untuned_sft3.json", "3"), ("demo_seeds_untuned_sft3.json", "4")]
 
@@ -380,6 +381,20 @@ REGISTRY: list[Q] = [
        diff(mean(*per_seed(lambda s: held(s, "grpo"))), mean(*per_seed(lambda s: held(s, "seed")))),
        mean(*per_seed(lambda s: held(s, "seed"))), mean(*per_seed(lambda s: held(s, "grpo"))))),
     Q(DEMO_MD, "parse {}% of the time", (Agg("mean", (seed_metric("skill/parse_rate"),), 100.0),)),
+    # ---- docs/demo.md: after the skill-format fix (demo_seeds_episode_step.json) ----
+    *(Q(DEMO_MD, DEMO_ROW.replace("| {} |", f"| {src[1]} (episode_step) |", 1), demo_row(src)) for src in DEMO_ES),
+    Q(DEMO_MD, "(means: GRPO {} → {}, SEED {} → {}, control {} → {})",
+      tuple(mean(*(pool(s, a, p) for s in DEMO_ES)) for a in ("grpo", "seed", "control")
+            for p in ("first_quarter", "last_half"))),
+    Q(DEMO_MD, "SFT start: GRPO " + ", ".join(["{}"] * len(DEMO_ES)) + "; SEED " + ", ".join(["{}"] * len(DEMO_ES)),
+      per_seed(change("grpo"), DEMO_ES) + per_seed(change("seed"), DEMO_ES)),
+    Q(DEMO_MD, "pool last half is {} below GRPO's and its held-out success {} below: still no gain from SEED",
+      (diff(mean(*(pool(s, "grpo", "last_half") for s in DEMO_ES)),
+            mean(*(pool(s, "seed", "last_half") for s in DEMO_ES))),
+       diff(mean(*per_seed(lambda s: held(s, "grpo"), DEMO_ES)), mean(*per_seed(lambda s: held(s, "seed"), DEMO_ES))))),
+    Q(DEMO_MD, "(ℓskill − ℓθ {} on winners' tokens, {} on losers'; skill parse rate {}, gate mean {})",
+      tuple(mean(*(run(s, "seed_metrics", "seed", k) for s in DEMO_ES))
+            for k in ("skill/teacher_gap_win", "skill/teacher_gap_lose", "skill/parse_rate", "loss/gate_mean"))),
     # ---- docs/demo.md: a real pretrained model (benchmarks/real_model.py, models_fetch.py) ----
     Q(DEMO_MD, "converted to a fp32 HF folder in {} s on this box", (j("models_fetch.json", "wall_s"),)),
     Q(DEMO_MD, "the SFT start's held-out success is {} and {} (seeds 0 and 1, greedy, 24 games) against a random "
