@@ -47,16 +47,27 @@ def tiny_overrides(games_dir, out_dir) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def train_games(tmp_path_factory):
+def shared_games(tmp_path_factory):
+    """shared_games(name, levels, n_train, n_eval): TextWorld games generated once for the whole run, in a folder
+    every xdist worker shares (make_games keeps what is there)."""
     pytest.importorskip("textworld")
     from seedfast.envs.textworld_games import make_games
 
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent
-    out = base / "seedfast_train_games"
-    make_games(out, "treasure_hunter", [3], 2, 1, seed=0, workers=1)
-    return out
+
+    def make(name: str, levels: list[int], n_train: int, n_eval: int):
+        out = base / name
+        make_games(out, "treasure_hunter", levels, n_train, n_eval, seed=0, workers=1)
+        return out
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def train_games(shared_games):
+    return shared_games("seedfast_train_games", [3], 2, 1)
 
 
 @pytest.fixture(scope="session")

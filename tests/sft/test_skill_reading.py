@@ -12,7 +12,6 @@ from it; with a step skill per critical step (episode_step, the demo's) it does.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -43,15 +42,8 @@ READING_MARGIN = 0.3
 
 
 @pytest.fixture(scope="module")
-def demo_sft(tmp_path_factory):
-    pytest.importorskip("textworld")
-    from seedfast.envs.textworld_games import make_games
-
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent
-    games = base / "seedfast_reading_games"
-    make_games(games, "treasure_hunter", [3, 4, 5, 6], 3, 0, seed=0, workers=1)
+def demo_sft(tmp_path_factory, shared_games):
+    games = shared_games("seedfast_reading_games", [3, 4, 5, 6], 3, 0)
     out = tmp_path_factory.mktemp("reading")
     cfg = load_config(DEMO_CONFIG, [
         f"env.games_dir={games}", "env.n_train=3", "env.n_eval=1", "env.isolation=inline", f"run.out_dir={out}",
