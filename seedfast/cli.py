@@ -152,6 +152,14 @@ def _resolve(name: str, args: argparse.Namespace) -> tuple[Config, dict[str, Any
     return cfg, flags
 
 
+def _end_processes(completed: bool) -> None:
+    """The process group a sharded command started under torchrun ends with the command (distributed/mesh.py)."""
+    if "torch.distributed" in sys.modules:  # a one-process command never imported it: nothing to end
+        from seedfast.distributed.mesh import end_process_group
+
+        end_process_group(completed)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     top = _top_parser()
@@ -174,7 +182,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         command = COMMANDS[name]
         run = getattr(importlib.import_module(command.module), command.attr)
-        return int(run(cfg, **flags) or 0)
+        completed = False
+        try:
+            code = int(run(cfg, **flags) or 0)
+            completed = True
+            return code
+        finally:
+            _end_processes(completed)
     except ConfigError as e:
         print(f"seedfast {name}: config error: {e}", file=sys.stderr)
         return 2

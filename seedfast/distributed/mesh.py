@@ -99,6 +99,17 @@ def init_process_group(device: torch.device, env: DistEnv | None = None) -> Dist
     return env
 
 
+def end_process_group(completed: bool) -> None:
+    """Tear down the process group a command started (nothing when none was): after a barrier when the command
+    completed, so no rank leaves while a peer still uses the group (a peer leaving first can abort a gloo rank:
+    "terminate called without an active exception"); at once after a failure, whose peers may never reach one."""
+    if not dist.is_initialized():
+        return
+    if completed:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def build_mesh(shape: MeshShape, device: torch.device) -> DeviceMesh:
     """The ("dp_shard", "tp") mesh over the started process group; tp ranks are consecutive (intra-node)."""
     if not dist.is_initialized():

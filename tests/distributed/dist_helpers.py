@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from seedfast.context.sample import StepSample
+from seedfast.distributed.mesh import end_process_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scoring"))
 from scoring_helpers import make_config, random_samples  # noqa: E402
@@ -33,13 +34,15 @@ def _entry(rank: int, world: int, port: int, fn, args) -> None:
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    done = False
     try:
         fn(rank, world, *args)
+        done = True
     except BaseException:
         traceback.print_exc()
         raise
     finally:
-        dist.destroy_process_group()
+        end_process_group(done)  # as the CLI ends a command: a barrier first when every rank got there
 
 
 def run_on_ranks(world: int, fn, *args) -> None:

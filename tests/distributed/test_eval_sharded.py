@@ -1,7 +1,7 @@
 """Evaluation split over 2 CPU processes (gloo) equals one process exactly: train/evaluate.py's chunks (each with
 its own seed) give the same success rate, episode length, invalid rate and environment errors on 1 and 2 ranks,
-and `seedfast eval` under 2 ranks writes the eval_<split>.json one process writes, rank 0 alone writing it
-(docs/scaling.md)."""
+and `seedfast eval` under 2 ranks writes the eval_<split>.json one process writes, rank 0 alone writing it, and
+ends its process group when done (docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,7 @@ def test_one_chunk_is_the_unsplit_evaluation(overrides, acting_policy, train_gam
 
 
 def _app_worker(rank: int, world: int, overrides: list[str]) -> None:
+    from seedfast import cli
     from seedfast.app import evaluate as app
 
     replaced = []
@@ -84,9 +85,11 @@ def _app_worker(rank: int, world: int, overrides: list[str]) -> None:
 
     app.os.replace = spy
     try:
-        assert app.main(load_config(None, overrides), split="train") == 0
+        assert cli.main(["eval", *overrides, "--split", "train"]) == 0
     finally:
         app.os.replace = real
+    assert not dist.is_initialized()  # the command ended the process group it ran in
+    dist.init_process_group("gloo", rank=rank, world_size=world)  # a fresh one, to compare what each rank wrote
     every: list = [None] * world
     dist.all_gather_object(every, replaced)
     assert every[0] == [str(Path(load_config(None, overrides).run_dir) / "eval_train.json")]

@@ -75,6 +75,7 @@ def _worker(rank, world, port, cases):
         for case in cases:
             _run_case(rank, world, **case)
         _check_dtensor_rejected(world)
+        dist.barrier()  # no rank tears gloo down while a peer still uses it (tests/distributed/dist_helpers.py)
     finally:
         dist.destroy_process_group()
 
