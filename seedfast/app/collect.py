@@ -5,12 +5,12 @@ labelled by skill.collect_analyzer, written to collect.out (default <run_dir>/co
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 from seedfast.config import Config, ConfigError
 from seedfast.rollout.agent_loop import Task
 from seedfast.rollout.collect import collect_skill_data
+from seedfast.runtime.paths import collect_dir
 from seedfast.runtime.setup import (
     agent_config,
     build_engine,
@@ -28,7 +28,7 @@ def main(cfg: Config, **_flags: Any) -> int:
     tokenizer = load_run_tokenizer(cfg, path)
     engine = build_engine(cfg, path, device_of(cfg))
     tasks = collect_tasks(cfg)
-    out_dir = Path(cfg.collect.out) if cfg.collect.out else cfg.run_dir / "collect"
+    out_dir = collect_dir(cfg)
     summary = collect_skill_data(
         engine, tokenizer, tasks, lambda n_slots: make_env_slots(cfg, n_slots), make_analyzer(cfg, engine, tokenizer),
         out_dir, agent_config(cfg, n=cfg.collect.rollouts_per_task, temperature=cfg.rollout.temperature),

@@ -21,6 +21,7 @@ from typing import Any
 from seedfast.app.report import EVIDENCE, curve_means, write_json, write_report
 from seedfast.config import Config
 from seedfast.envs.textworld_games import make_games
+from seedfast.runtime.paths import RunPaths
 from seedfast.runtime.setup import (
     device_of,
     env_slot_count,
@@ -55,8 +56,8 @@ def _say(msg: str) -> None:
 
 def main(cfg: Config, **_: Any) -> int:
     t_start = time.perf_counter()
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    paths = RunPaths.of(cfg)
+    paths.root.mkdir(parents=True, exist_ok=True)
     cfg.save()
     timings: dict[str, float] = {}
 
@@ -70,7 +71,7 @@ def main(cfg: Config, **_: Any) -> int:
     t = time.perf_counter()
     sft.main(cfg)
     timings["sft"] = time.perf_counter() - t
-    sft_dir = run_dir / "sft"
+    sft_dir = paths.sft
     _say(f"SFT done in {timings['sft']:.0f} s -> {sft_dir}")
 
     t = time.perf_counter()
@@ -97,7 +98,7 @@ def main(cfg: Config, **_: Any) -> int:
             sub = copy.deepcopy(cfg)
             sub.algorithm = algorithm
             sub.trainer.init_from = str(sft_dir)
-            trainer = Trainer(sub, policy_dir=sft_dir, run_dir=run_dir / algorithm, envs=envs)
+            trainer = Trainer(sub, policy_dir=sft_dir, run_dir=paths.sub(algorithm).root, envs=envs)
             try:
                 histories[algorithm] = trainer.run()
                 after[algorithm] = evaluate(cfg, trainer.policy, tokenizer, heldout, seed=cfg.run.seed, envs=envs)
@@ -110,7 +111,7 @@ def main(cfg: Config, **_: Any) -> int:
         t = time.perf_counter()
         sub = copy.deepcopy(cfg)
         sub.algorithm, sub.loss.kl_coef = "grpo", 0.0  # rollouts only: no reference model needed
-        control = Trainer(sub, policy_dir=sft_dir, run_dir=run_dir / "control", envs=envs)
+        control = Trainer(sub, policy_dir=sft_dir, run_dir=paths.sub("control").root, envs=envs)
         try:
             control_history = control.control_run()
         finally:
@@ -133,12 +134,12 @@ def main(cfg: Config, **_: Any) -> int:
         "skills": f"analyzer={cfg.skill.analyzer}, insertion={cfg.skill.insertion}",
         "total wall time": f"{time.perf_counter() - t_start:.0f} s",
     }
-    report = write_report(run_dir, histories, floor=floor, before=before, after=after, timings=timings, setup=setup,
+    report = write_report(paths.root, histories, floor=floor, before=before, after=after, timings=timings, setup=setup,
                           control=control_history)
     every = {**histories, "control": control_history}
     curves = {name: [r["train/success_rate"] for r in h] for name, h in every.items()}
     signal = {name: [r.get("train/groups_with_signal") for r in h] for name, h in every.items()}
-    write_json(run_dir / "demo_summary.json", {
+    write_json(paths.demo_summary, {
         "before": before, "after": after, "random_floor": floor, "timings": timings, "setup": setup,
         "seed": cfg.run.seed, "pool_success": curves, "groups_with_signal": signal,
         "means": {name: curve_means(c) for name, c in curves.items()},

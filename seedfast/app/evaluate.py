@@ -21,6 +21,7 @@ from typing import Any
 
 from seedfast.config import Config
 from seedfast.distributed.data import DataParallel
+from seedfast.runtime.paths import RunPaths
 from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, start_processes, trained_policy_path
 from seedfast.train.evaluate import evaluate_policy
 
@@ -40,7 +41,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def main(cfg: Config, split: str = "eval", **_: Any) -> int:
     env = start_processes(cfg, "eval")  # one process, or this rank of torchrun's (docs/scaling.md)
-    run_dir = Path(cfg.run_dir)
+    paths = RunPaths.of(cfg)
     path = trained_policy_path(cfg)  # hf/, else init_from / sft/ / model.path: a base model is measured too
     device = device_of(cfg)
     model = load_policy(cfg, path, device, trainable=False)
@@ -49,6 +50,6 @@ def main(cfg: Config, split: str = "eval", **_: Any) -> int:
     metrics = evaluate_policy(cfg, model, tokenizer, "train" if split == "train" else "eval", dp=dp)
     if env.is_main:
         print(json.dumps(metrics, indent=1))
-        run_dir.mkdir(parents=True, exist_ok=True)  # a policy that never ran here (init_from, model.path) has none
-        write_json_atomic(run_dir / f"eval_{split}.json", metrics)
+        paths.root.mkdir(parents=True, exist_ok=True)  # a policy that never ran here (init_from, model.path) has none
+        write_json_atomic(paths.eval(split), metrics)
     return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from seedfast.config import Config, ConfigError
 from seedfast.distributed.plan import memory_plan
+from seedfast.runtime.paths import RunPaths
 
 
 def main(cfg: Config, world: int | None = None, json_path: str | None = None) -> int:
@@ -18,7 +19,7 @@ def main(cfg: Config, world: int | None = None, json_path: str | None = None) ->
         world = cfg.dist.dp_shard * cfg.dist.tp
     plan = memory_plan(cfg, world)
     print(plan.table())
-    out = Path(json_path) if json_path else cfg.run_dir / f"plan_world{plan.world}_tp{plan.tp}.json"
+    out = Path(json_path) if json_path else RunPaths.of(cfg).plan(plan.world, plan.tp)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
     print(f"wrote {out}")

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from seedfast.runtime.paths import RunPaths
+
 # per-update metrics that say whether the teacher carried signal (means over updates in the report)
 EVIDENCE = ("skill/parse_rate", "samples/teacher_valid_rate", "loss/gate_mean", "loss/opd_term",
             "skill/teacher_gap_win", "skill/teacher_gap_lose", "train/groups_with_signal", "time/step")
@@ -83,7 +85,8 @@ def write_report(run_dir: Path, histories: dict[str, list[dict[str, Any]]], *, f
                  after: dict[str, dict[str, float]], timings: dict[str, float], setup: dict[str, Any],
                  control: list[dict[str, Any]] | None = None) -> Path:
     held_out = held_out_points(histories, before["eval/success_rate"], after)
-    png = plot_curves(histories, run_dir / "report.png", floor, held_out, before["eval/success_rate"], control)
+    paths = RunPaths(run_dir)
+    png = plot_curves(histories, paths.report_png, floor, held_out, before["eval/success_rate"], control)
     lines = ["# seedfast CPU demo", "", "Measured on this run, whatever it shows.", ""]
     lines += [f"- {k}: {v}" for k, v in setup.items()]
     lines += ["", "| policy | held-out success | invalid-action rate | episode length |", "|---|---|---|---|"]
@@ -113,7 +116,7 @@ def write_report(run_dir: Path, histories: dict[str, list[dict[str, Any]]], *, f
     lines += ["", "Wall time per phase (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items())]
     if png is not None:
         lines += ["", f"![success vs update]({png.name})"]
-    path = run_dir / "report.md"
+    path = paths.report_md
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, path)

@@ -30,6 +30,7 @@ from seedfast.config.loading import (
 )
 from seedfast.config.schema import (
     ALFWORLD_TASK_TYPES,
+    CONFIG_FILE,
     TEXTWORLD_GAME_TYPES,
     Algorithm,
     CollectConfig,
@@ -57,7 +58,7 @@ from seedfast.config.schema import (
 )
 
 __all__ = [
-    "ALFWORLD_TASK_TYPES", "TEXTWORLD_GAME_TYPES", "Algorithm", "CollectConfig", "Config", "ConfigError",
+    "ALFWORLD_TASK_TYPES", "CONFIG_FILE", "TEXTWORLD_GAME_TYPES", "Algorithm", "CollectConfig", "Config", "ConfigError",
     "ConfigWarning", "DemoConfig", "EnvConfig", "ExternalAnalyzerConfig", "GRSDConfig", "LogConfig", "LossConfig",
     "ModelConfig", "OptimConfig", "Option", "RolloutConfig", "RunConfig", "SFTConfig", "SkillConfig",
     "TinyModelConfig", "TrainerConfig", "apply_overrides", "config_from_dict", "format_value", "load_config", "opt",

@@ -26,6 +26,7 @@ import yaml
 
 from seedfast.config.schema import (
     ALFWORLD_TASK_TYPES,
+    CONFIG_FILE,
     TEXTWORLD_GAME_TYPES,
     Config,
     ConfigError,
@@ -401,7 +402,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
     if path is not None:
         path = Path(path)
         if path.is_dir():
-            path = path / "config.yaml"
+            path = path / CONFIG_FILE
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         data = parse_yaml(path.read_text(), str(path))

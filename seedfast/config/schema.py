@@ -27,6 +27,8 @@ class ConfigWarning(UserWarning):
 
 
 Algorithm = Literal["grpo", "sdar", "seed", "grsd"]
+# the file a run folder keeps its resolved config in (Config.save writes it, load_config reads a folder through it)
+CONFIG_FILE = "config.yaml"
 TEXTWORLD_GAME_TYPES = ("treasure_hunter", "coin_collector", "cooking")
 # ALFWorld's own names, the part of a game folder before the first '-' (envs/alfworld.py TASK_TYPES); 'all' = every one
 ALFWORLD_TASK_TYPES = (
@@ -359,7 +361,7 @@ class Config:
 
     def save(self, path: str | Path | None = None) -> Path:
         """Write the resolved config (default: <run_dir>/config.yaml) and return its path."""
-        out = Path(path) if path is not None else self.run_dir / "config.yaml"
+        out = Path(path) if path is not None else self.run_dir / CONFIG_FILE
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(self.to_yaml())
         return out

@@ -25,6 +25,8 @@ from seedfast.rollout.records import RolloutStats
 from seedfast.skills.prompts import analyzer_sft_messages
 from seedfast.skills.result import SkillResult, count_reasons
 
+PAIRS_FILE = "skill_sft.jsonl"  # in the output folder: what `seedfast sft` reads when sft.data is unset
+
 
 @dataclass
 class CollectSummary:
@@ -74,7 +76,7 @@ def collect_skill_data(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pairs = [_sft_line(t, label, skill_mode) for t, label in zip(trajectories, labels) if label.valid]
-    write_jsonl_atomic(out / "skill_sft.jsonl", pairs)
+    write_jsonl_atomic(out / PAIRS_FILE, pairs)
     write_jsonl_atomic(out / "trajectories.jsonl",
                        ({**t.to_dict(), "skill": _label_dict(label)} for t, label in zip(trajectories, labels)))
     summary = CollectSummary(str(out), len(trajectories), len(pairs), count_reasons(labels), totals.as_dict())

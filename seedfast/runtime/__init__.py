@@ -1,1 +1,2 @@
-"""What SFT and RL runs share: the builders of a run, the optimizer, checkpoints, metrics, profiling."""
+"""What SFT and RL runs share: the builders of a run, the run folder's layout, the optimizer, checkpoints, metrics,
+profiling."""

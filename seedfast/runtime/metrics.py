@@ -1,5 +1,6 @@
-"""Metrics: one JSON line per step (RL: `metrics.jsonl`, SFT: `sft_metrics.jsonl`), its scalars mirrored to
-TensorBoard (log.tensorboard) and W&B (log.wandb_project); event rows (what is not a step) go to the JSON lines only.
+"""Metrics: one JSON line per step (RL: `metrics.jsonl`, SFT: `sft_metrics.jsonl`; runtime/paths.py), its scalars
+mirrored to TensorBoard (log.tensorboard) and W&B (log.wandb_project); event rows (what is not a step) go to the JSON
+lines only.
 
 On resume the log is cut back to the checkpointed step, so a run killed after logging step n but before
 checkpointing it does not log step n twice; a torn last line (killed mid-write) is dropped too.
@@ -13,6 +14,8 @@ import os
 import warnings
 from pathlib import Path
 from typing import Any
+
+from seedfast.runtime.paths import RunPaths
 
 
 def _clean(value: Any) -> Any:
@@ -55,16 +58,19 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 class MetricsLogger:
-    """The JSON lines `name` under `run_dir`, TensorBoard events under run_dir/`tb_dir` and a W&B run: `log` writes a
-    step to all three, `event` to the JSON lines only. `fresh` starts the JSON lines afresh (else they are appended
-    to: a resumed run cuts them back first, truncate_metrics)."""
+    """The JSON lines `path` (default: RL's, RunPaths.metrics), TensorBoard events under `tb_dir` (default: RL's,
+    RunPaths.tb) and a W&B run in `run_dir`: `log` writes a step to all three, `event` to the JSON lines only.
+    `fresh` starts the JSON lines afresh (else they are appended to: a resumed run cuts them back first,
+    truncate_metrics)."""
 
     def __init__(self, run_dir: str | Path, tensorboard: bool = True, wandb_project: str | None = None,
-                 config: dict[str, Any] | None = None, *, name: str = "metrics.jsonl", tb_dir: str = "tb",
+                 config: dict[str, Any] | None = None, *, path: Path | None = None, tb_dir: Path | None = None,
                  fresh: bool = False):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / name
+        paths = RunPaths(self.run_dir)
+        self.path = paths.metrics if path is None else path
+        tb_dir = paths.tb if tb_dir is None else tb_dir
         if fresh:
             self.path.write_text("")
         self._tb = None
@@ -73,7 +79,7 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(self.run_dir / tb_dir))
+                self._tb = SummaryWriter(str(tb_dir))
             except ImportError:  # tensorboard is an optional extra: say so, once per logger, instead of silence
                 warnings.warn("log.tensorboard=true, but the tensorboard package is not installed "
                               "(pip install -e '.[report]'): no TensorBoard events are written", stacklevel=2)

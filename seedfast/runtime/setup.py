@@ -21,6 +21,7 @@ from seedfast.model.tokenizer import load_tokenizer
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task
 from seedfast.rollout.prompts import PromptStyle
 from seedfast.runtime.optim import adamw, lr_at
+from seedfast.runtime.paths import RunPaths
 from seedfast.runtime.precision import DTYPES, MasterWeights, RoundingMonitor, precision_of
 
 # the commands that run over torchrun's processes with dist.strategy=fsdp (docs/scaling.md)
@@ -114,7 +115,7 @@ def policy_path(cfg: Config) -> Path:
         if not _is_hf_folder(init_from):
             raise ConfigError(f"trainer.init_from={init_from!r} is not an HF model folder (no config.json)")
         return Path(init_from)
-    sft = Path(cfg.run_dir) / "sft"
+    sft = RunPaths.of(cfg).sft
     if _is_hf_folder(sft):
         return sft
     if cfg.model.path:
@@ -130,7 +131,7 @@ def policy_path(cfg: Config) -> Path:
 def trained_policy_path(cfg: Config) -> Path:
     """The policy a command that only plays (`seedfast eval`) reads: the run's trained export <run_dir>/hf when it
     exists, else the policy the run would start from (`policy_path`: init_from, this run's sft/, model.path)."""
-    hf = Path(cfg.run_dir) / "hf"
+    hf = RunPaths.of(cfg).hf
     return hf if _is_hf_folder(hf) else policy_path(cfg)
 
 
@@ -175,11 +176,12 @@ def load_run_tokenizer(cfg: Config, path: Path) -> Any:
     (where `seedfast sft` keeps a tiny model's tokenizer)."""
     if cfg.model.tokenizer:
         return load_tokenizer(cfg.model.tokenizer)
-    for candidate in (Path(path), Path(cfg.run_dir) / "tokenizer"):
+    run_tokenizer = RunPaths.of(cfg).tokenizer
+    for candidate in (Path(path), run_tokenizer):
         if (candidate / "tokenizer_config.json").is_file():
             return load_tokenizer(candidate)
-    raise ConfigError(f"model.tokenizer: no tokenizer folder found (tried {path} and "
-                      f"{Path(cfg.run_dir) / 'tokenizer'}); set model.tokenizer")
+    raise ConfigError(f"model.tokenizer: no tokenizer folder found (tried {path} and {run_tokenizer}); "
+                      "set model.tokenizer")
 
 
 def build_engine(cfg: Config, path: Path, device: torch.device) -> Any:

@@ -31,8 +31,10 @@ from seedfast.config import Config, ConfigError
 from seedfast.context.skill import render_skill
 from seedfast.model import DecoderConfig, build_decoder, load_hf, save_hf
 from seedfast.model.tokenizer import load_tokenizer, render_chat, save_tokenizer, train_tokenizer
+from seedfast.rollout.collect import PAIRS_FILE
 from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, PromptStyle, Turn, user_parts
 from seedfast.runtime.metrics import MetricsLogger, NullLogger
+from seedfast.runtime.paths import RunPaths, collect_dir
 from seedfast.runtime.progress import shows_progress
 from seedfast.sft import examples as sft_data
 from seedfast.sft.copy_warmup import copy_warmup
@@ -47,7 +49,6 @@ __all__ = ["SFTStart", "Sharding", "build_tiny", "evaluate_loss", "initial_model
            "initial_tokenizer", "main", "metrics_logger", "pairs_path", "reader_skills", "save_policy", "sft_examples",
            "sft_start", "tokenizer_corpus", "train_sft"]
 
-SFT_DIR, METRICS_NAME, TOKENIZER_DIR = "sft", "sft_metrics.jsonl", "tokenizer"
 FINGERPRINT_NAME = "seedfast_corpus.sha256"  # beside a tokenizer trained here: what it was trained on
 NO_DATA = ("no SFT data: set sft.data to a JSONL of (messages -> answer) pairs, run `seedfast collect` "
            "first, or set sft.behaviour_cloning=true")
@@ -63,7 +64,7 @@ def pairs_path(cfg: Config) -> Path | None:
         if not path.is_file():
             raise ConfigError(f"sft.data={cfg.sft.data!r} is not a file")
         return path
-    collected = (Path(cfg.collect.out) if cfg.collect.out else cfg.run_dir / "collect") / "skill_sft.jsonl"
+    collected = collect_dir(cfg) / PAIRS_FILE
     return collected if collected.is_file() else None
 
 
@@ -204,7 +205,7 @@ def initial_tokenizer(cfg: Config, corpus: Sequence[str]) -> Any:
         return load_tokenizer(tok_dir)
     if tok_dir is not None and (tok_dir / "tokenizer_config.json").is_file():
         return load_tokenizer(tok_dir)  # model.tokenizer: the user's choice, used as it is
-    tok_dir = tok_dir or cfg.run_dir / TOKENIZER_DIR
+    tok_dir = tok_dir or RunPaths.of(cfg).tokenizer
     tiny = cfg.model.tiny
     fingerprint = corpus_fingerprint(corpus, tiny.bpe_vocab_size, tiny.bpe_min_frequency)
     stamp = tok_dir / FINGERPRINT_NAME
@@ -365,8 +366,9 @@ def metrics_logger(cfg: Config, is_main: bool = True) -> MetricsLogger | NullLog
     (log.wandb_project). The other ranks log nothing."""
     if not is_main:
         return NullLogger()
-    return MetricsLogger(cfg.run_dir, tensorboard=cfg.log.tensorboard, wandb_project=cfg.log.wandb_project,
-                         name=METRICS_NAME, tb_dir=f"tb/{SFT_DIR}", fresh=True)
+    paths = RunPaths.of(cfg)
+    return MetricsLogger(paths.root, tensorboard=cfg.log.tensorboard, wandb_project=cfg.log.wandb_project,
+                         path=paths.sft_metrics, tb_dir=paths.sft_tb, fresh=True)
 
 
 def _log_step(log: MetricsLogger | NullLogger) -> Callable[[dict[str, Any]], None]:
@@ -418,7 +420,7 @@ def _train_and_save(cfg: Config, start: SFTStart, sharding: Sharding | None,
     stats: SFTStats = train_sft(compute, examples, cfg.sft, seed=cfg.run.seed, log_fn=_log_step(log),
                                 progress=shows_progress(cfg, is_main), masters=masters, sharding=sharding,
                                 grad_clip=cfg.optim.grad_clip, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
-    out = cfg.run_dir / SFT_DIR
+    out = RunPaths.of(cfg).sft
     if sharding is None:
         save_policy(model.cpu(), tokenizer, out, DTYPES[cfg.model.dtype])
     else:

@@ -35,6 +35,7 @@ from seedfast.rollout.colocated import build_rollout
 from seedfast.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from seedfast.runtime.metrics import MetricsLogger, NullLogger, truncate_metrics
 from seedfast.runtime.optim import grad_norm_and_clip
+from seedfast.runtime.paths import RunPaths
 from seedfast.runtime.precision import DTYPES
 from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, mfu
 from seedfast.runtime.progress import ProgressBar, shows_progress
@@ -82,7 +83,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-SKILLS_NAME = "skills.jsonl"
 SKILLS_PER_STEP = 4
 
 
@@ -126,6 +126,7 @@ class Trainer:
         one pool of env_slot_count slots, built here once for the run and closed by close()."""
         self.cfg = cfg
         self.run_dir = Path(run_dir or cfg.run_dir)
+        self.paths = RunPaths(self.run_dir)
         self.device = device_of(cfg)
         start = Path(policy_dir) if policy_dir else policy_path(cfg)
         # `policy` computes (model.dtype); `trained` holds the master weights the optimizer steps and checkpoints
@@ -217,7 +218,7 @@ class Trainer:
                                              group_of=group_of, judge=self.judge)
             metrics.update(privileged.metrics)
             if self.is_main:
-                record_skills(self.run_dir / SKILLS_NAME, step, trajectories, privileged)
+                record_skills(self.paths.skills, step, trajectories, privileged)
         with timer.phase("sync"):  # vLLM sleeps through scoring and the update (its memory is theirs)
             metrics.update({**self.sync_metrics, **self.engine.after_rollout()})
         samples, sample_metrics = build_samples(cfg, records, privileged, self.tokenizer)
@@ -350,7 +351,7 @@ class Trainer:
 
     def run(self) -> list[dict[str, Any]]:
         cfg = self.cfg
-        ckpt_dir = self.run_dir / "ckpt"
+        ckpt_dir = self.paths.ckpt
         start = 0
         resume = cfg.trainer.resume
         if resume:
@@ -362,8 +363,8 @@ class Trainer:
                 start = state["step"]
                 self.bad_steps = state.get("bad_steps", 0)
         if self.is_main:  # rank 0 alone writes metrics and TensorBoard
-            truncate_metrics(self.run_dir / "metrics.jsonl", start - 1)
-            truncate_metrics(self.run_dir / SKILLS_NAME, start - 1)
+            truncate_metrics(self.paths.metrics, start - 1)
+            truncate_metrics(self.paths.skills, start - 1)
             self.log = MetricsLogger(self.run_dir, tensorboard=cfg.log.tensorboard,
                                      wandb_project=cfg.log.wandb_project)
         else:
@@ -391,11 +392,11 @@ class Trainer:
                                     {"bad_steps": self.bad_steps}, keep=cfg.trainer.keep_checkpoints)
             if self.dp is not None:
                 # every rank gathers, rank 0 writes, in the compute dtype (the master weights are in the checkpoint)
-                export_hf(self.policy, self.run_dir / "hf", dtype=DTYPES[cfg.model.dtype])
+                export_hf(self.policy, self.paths.hf, dtype=DTYPES[cfg.model.dtype])
             else:
-                save_hf(self.policy, self.run_dir / "hf")  # the module that computes: model.dtype
+                save_hf(self.policy, self.paths.hf)  # the module that computes: model.dtype
             if self.is_main:
-                self.tokenizer.save_pretrained(str(self.run_dir / "hf"))
+                self.tokenizer.save_pretrained(str(self.paths.hf))
         finally:
             if bar is not None:
                 bar.close()

@@ -9,9 +9,10 @@ from safetensors.torch import load_file
 from seedfast.config import load_config
 from seedfast.envs.trajectory import Trajectory
 from seedfast.rollout.agent_loop import Task
+from seedfast.runtime.paths import RunPaths
 from seedfast.runtime.profiling import PhaseTimer
 from seedfast.train.privileged import Privileged
-from seedfast.train.rl import SKILLS_NAME, Trainer, choose_tasks, groups_with_signal, record_skills, task_pool
+from seedfast.train.rl import Trainer, choose_tasks, groups_with_signal, record_skills, task_pool
 
 
 def _run(overrides, tiny_policy, train_games, tmp_path, *extra):
@@ -52,7 +53,7 @@ def test_each_algorithm_runs_with_its_loss_terms(algorithm, overrides, tiny_poli
     assert _changed(tiny_policy, trainer.policy), "parameters did not change"
     assert (cfg.run_dir / "hf" / "config.json").is_file()
     assert (cfg.run_dir / "metrics.jsonl").read_text().count("\n") == 2
-    skills = cfg.run_dir / SKILLS_NAME
+    skills = RunPaths.of(cfg).skills
     if algorithm == "grpo":
         assert not skills.exists()
     else:  # what the teacher read, for a person: a few trajectories of every update
