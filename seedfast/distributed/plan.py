@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -48,6 +47,7 @@ import torch.distributed as dist
 from seedfast.config import Config, ConfigError
 from seedfast.model.config import DecoderConfig
 from seedfast.model.decoder import Decoder
+from seedfast.model.hf_io import hf_config, is_hf_folder
 
 from .mesh import MESH_DIMS, mesh_shape
 from .parallelize import check_tp, parallelize_decoder
@@ -85,8 +85,8 @@ def model_config(cfg: Config) -> tuple[str, DecoderConfig]:
     """(name, architecture) of the run's policy: model.path/config.json when it exists, else a published Qwen2.5
     shape named by model.path's folder, else the tiny decoder of model.tiny (with its BPE vocabulary)."""
     path = cfg.model.path
-    if path and (Path(path) / "config.json").is_file():
-        return Path(path).name, DecoderConfig.from_hf(json.loads((Path(path) / "config.json").read_text()))
+    if path and is_hf_folder(path):
+        return Path(path).name, hf_config(path)
     if path:
         folder = Path(path).name
         for name in sorted(QWEN25, key=len, reverse=True):

@@ -26,6 +26,16 @@ INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3
 
 
+def is_hf_folder(path: str | os.PathLike) -> bool:
+    """Whether `path` is an HF model folder: it holds config.json (the file every reader opens first)."""
+    return (Path(path) / CONFIG_NAME).is_file()
+
+
+def hf_config(path: str | os.PathLike) -> DecoderConfig:
+    """The architecture of the HF model folder `path`, from its config.json."""
+    return DecoderConfig.from_hf(json.loads((Path(path) / CONFIG_NAME).read_text()))
+
+
 def load_hf(
     path: str | os.PathLike,
     dtype: torch.dtype | None = None,
@@ -36,10 +46,9 @@ def load_hf(
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"checkpoint path {str(path)!r} does not exist or is not a directory")
-    config_file = path / CONFIG_NAME
-    if not config_file.is_file():
+    if not is_hf_folder(path):
         raise ValueError(f"checkpoint {str(path)!r} has no {CONFIG_NAME}")
-    config = DecoderConfig.from_hf(json.loads(config_file.read_text()))
+    config = hf_config(path)
     with torch.device("meta"):
         model = Decoder(config, attn_backend=attn_backend)
     expected = set(model.state_dict())

@@ -16,7 +16,7 @@ import torch
 
 from seedfast.config import Config, ConfigError
 from seedfast.envs.slots import LocalEnvSlots, PoolEnvSlots
-from seedfast.model import load_hf
+from seedfast.model import is_hf_folder, load_hf
 from seedfast.model.tokenizer import load_tokenizer
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task
 from seedfast.rollout.prompts import PromptStyle
@@ -95,8 +95,12 @@ def device_of(cfg: Config) -> torch.device:
     return torch.device(kind)
 
 
-def _is_hf_folder(path: str | Path) -> bool:
-    return (Path(path) / "config.json").is_file()
+def hf_folder_key(key: str, value: str | Path) -> Path:
+    """The folder the config key `key` names, which must be an HF model folder: a ConfigError naming the key
+    otherwise, rather than a policy silently read from somewhere else."""
+    if not is_hf_folder(value):
+        raise ConfigError(f"{key}={str(value)!r} is not an HF model folder (no config.json)")
+    return Path(value)
 
 
 def policy_path(cfg: Config) -> Path:
@@ -110,18 +114,13 @@ def policy_path(cfg: Config) -> Path:
     This is the order trainer.init_from's documentation states. A fresh run has no sft/ yet, so `collect`
     (the first stage) rolls out model.path; `train` after `sft` starts from the SFT output.
     """
-    init_from = cfg.trainer.init_from
-    if init_from:
-        if not _is_hf_folder(init_from):
-            raise ConfigError(f"trainer.init_from={init_from!r} is not an HF model folder (no config.json)")
-        return Path(init_from)
+    if cfg.trainer.init_from:
+        return hf_folder_key("trainer.init_from", cfg.trainer.init_from)
     sft = RunPaths.of(cfg).sft
-    if _is_hf_folder(sft):
+    if is_hf_folder(sft):
         return sft
     if cfg.model.path:
-        if not _is_hf_folder(cfg.model.path):
-            raise ConfigError(f"model.path={cfg.model.path!r} is not an HF model folder (no config.json)")
-        return Path(cfg.model.path)
+        return hf_folder_key("model.path", cfg.model.path)
     raise ConfigError(
         f"no policy to start from: trainer.init_from and model.path are unset and {sft} holds no config.json "
         "(set model.path to an HF model folder, or run `seedfast sft` first)"
@@ -132,7 +131,7 @@ def trained_policy_path(cfg: Config) -> Path:
     """The policy a command that only plays (`seedfast eval`) reads: the run's trained export <run_dir>/hf when it
     exists, else the policy the run would start from (`policy_path`: init_from, this run's sft/, model.path)."""
     hf = RunPaths.of(cfg).hf
-    return hf if _is_hf_folder(hf) else policy_path(cfg)
+    return hf if is_hf_folder(hf) else policy_path(cfg)
 
 
 def load_policy(cfg: Config, path: Path, device: torch.device, trainable: bool = True,

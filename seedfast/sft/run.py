@@ -36,6 +36,7 @@ from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, PromptStyle, Turn, use
 from seedfast.runtime.metrics import MetricsLogger, NullLogger
 from seedfast.runtime.paths import RunPaths, collect_dir
 from seedfast.runtime.progress import shows_progress
+from seedfast.runtime.setup import hf_folder_key
 from seedfast.sft import examples as sft_data
 from seedfast.sft.copy_warmup import copy_warmup
 from seedfast.sft.loop import SFTStats, Sharding, evaluate_loss, train_sft  # noqa: F401 (re-exported)
@@ -196,10 +197,7 @@ def initial_tokenizer(cfg: Config, corpus: Sequence[str]) -> Any:
     """The tokenizer of `initial_policy` (a tiny model's trained on `corpus` and saved when there is none)."""
     tok_dir = Path(cfg.model.tokenizer) if cfg.model.tokenizer else None
     if cfg.model.path:
-        path = Path(cfg.model.path)
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"model.path={cfg.model.path!r} is not an HF model folder (no config.json)")
-        tok_dir = tok_dir or path
+        tok_dir = tok_dir or hf_folder_key("model.path", cfg.model.path)
         if not (tok_dir / "tokenizer_config.json").is_file():
             raise ConfigError(f"no tokenizer in {str(tok_dir)!r}: set model.tokenizer to a tokenizer folder")
         return load_tokenizer(tok_dir)
@@ -344,8 +342,8 @@ def sft_start(cfg: Config, device: torch.device, sharding: Sharding | None = Non
     pairs_file = pairs_path(cfg)
     if pairs_file is None and not cfg.sft.behaviour_cloning:
         raise ConfigError(NO_DATA)
-    if cfg.model.path and not (Path(cfg.model.path) / "config.json").is_file():
-        raise ConfigError(f"model.path={cfg.model.path!r} is not an HF model folder (no config.json)")
+    if cfg.model.path:
+        hf_folder_key("model.path", cfg.model.path)  # before the data: a wrong path fails first
     if sharding is None:
         tokenizer, examples, counts, games = _data_and_tokenizer(cfg, pairs_file)
     else:
