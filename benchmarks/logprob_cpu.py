@@ -87,7 +87,7 @@ def make_forward(variant: str, x: dict):
     import torch
 
     from seedfast.algo import losses
-    from seedfast.ops import fused_loss, linear_logprob
+    from seedfast.ops import LossOptions, fused_loss, linear_logprob
 
     if "_frozen" in variant:  # a frozen LM head: only hidden gets a gradient
         x["weight"].requires_grad_(False)
@@ -96,7 +96,7 @@ def make_forward(variant: str, x: dict):
     batch, seq = x["mask"].shape
     per_token_adv = x["advantages"][:, None].expand(batch, seq).reshape(-1)
     token_weights = losses.aggregation_weights(x["mask"], "token-mean").reshape(-1)
-    loss_options = SEED if variant.endswith("seed") else GRPO
+    loss_options = LossOptions(**(SEED if variant.endswith("seed") else GRPO))
 
     def naive_logprob(with_entropy: bool):
         logp = torch.log_softmax(hidden @ weight.t(), dim=-1)
@@ -110,13 +110,14 @@ def make_forward(variant: str, x: dict):
             if entropy is not None else {}
         loss, _ = losses.total_loss(lp.view(batch, seq), x["old_logprob"].view(batch, seq), x["advantages"],
                                     x["mask"], ref_logprob=x["ref_logprob"].view(batch, seq), **extra,
-                                    **loss_options)
+                                    options=loss_options)
         return loss
 
     def ours_loss():
         extra = {"teacher_logprob": x["teacher_logprob"]} if variant.endswith("seed") else {}
         loss, _ = fused_loss(hidden, weight, targets, token_weights=token_weights, advantages=per_token_adv,
-                             old_logprob=x["old_logprob"], ref_logprob=x["ref_logprob"], **extra, **loss_options)
+                             old_logprob=x["old_logprob"], ref_logprob=x["ref_logprob"], **extra,
+                             options=loss_options)
         return loss
 
     if variant == "naive_logprob":

@@ -16,6 +16,7 @@ call `.item()` when logging. They are local means over this call's valid tokens 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -24,7 +25,7 @@ from ._checks import check_2d, check_count, check_mask, check_option, check_same
 from .aggregation import AGG_MODES, Count, aggregate, aggregation_weights
 
 __all__ = [
-    "AGG_MODES", "GATES", "KL_KINDS", "PolicyTerms",
+    "AGG_MODES", "GATES", "KL_KINDS", "PLAIN_PPO", "LossOptions", "PolicyTerms",
     "aggregate", "aggregation_weights", "gate", "kl_penalty", "opd_loss", "policy_loss", "policy_terms", "soft_or",
     "total_loss",
 ]
@@ -38,6 +39,31 @@ MAX_LOG_RATIO = 20.0
 KL_CLAMP = 10.0
 
 Metrics = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LossOptions:
+    """The scalar knobs of the per-token loss (docs/algorithms.md, 'Policy loss', 'OPD gate'), one value for every
+    function that computes it: total_loss here, seedfast.ops.fused_loss, its backends' token_loss and the
+    tensor-parallel head's tp_fused_loss. The defaults are plain PPO / GRPO (every coefficient 0); the run's values
+    come from the `loss:` config (train/update.py loss_options). Each function checks the options it is given.
+
+    Aggregation is not an option here: the fused ops take it as per-token weights (aggregation_weights), and
+    total_loss as its own argument.
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0  # None: no dual clip
+    kl_coef: float = 0.0
+    kl_kind: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    opd_coef: float = 0.0
+    opd_beta: float = 5.0
+    gate: str = "gap"
+
+
+PLAIN_PPO = LossOptions()  # the default of every loss function (a module-level value: a frozen dataclass is shared)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,14 +297,11 @@ def opd_loss(logprob: torch.Tensor, teacher_logprob: torch.Tensor, mask: torch.T
 def total_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                *, entropy: torch.Tensor | None = None, ref_logprob: torch.Tensor | None = None,
                teacher_logprob: torch.Tensor | None = None, teacher_mask: torch.Tensor | None = None,
-               clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = 3.0,
-               kl_coef: float = 0.0, kl_kind: str = "low_var_kl", entropy_coef: float = 0.0,
-               opd_coef: float = 0.0, opd_beta: float = 5.0, gate: str = "gap",
-               agg: str = "token-mean", global_tokens: Count = None,
+               options: LossOptions = PLAIN_PPO, agg: str = "token-mean", global_tokens: Count = None,
                global_seqs: Count = None) -> tuple[torch.Tensor, Metrics]:
     """L = agg(pg + kl_coef·kl − entropy_coef·H) + opd_coef·agg(opd)
 
-    The loss of docs/algorithms.md, 'Total loss and aggregation'.
+    The loss of docs/algorithms.md, 'Total loss and aggregation', with the knobs of `options`.
 
     Coefficients default to 0 (plain PPO/GRPO); the run defaults are kl_coef 0.01, entropy_coef 0.001,
     opd_coef 0.01, opd_beta 5.0. A nonzero coefficient needs its tensor (ref_logprob, entropy,
@@ -287,44 +310,45 @@ def total_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: tor
     entropy (mean) with entropy; opd_loss and those of opd_loss with teacher_logprob.
     """
     func = "total_loss"
-    _check_clip(func, clip_low, clip_high, dual_clip)
+    _check_clip(func, options.clip_low, options.clip_high, options.dual_clip)
     check_option(func, "agg", agg, AGG_MODES)
-    check_option(func, "kl_kind", kl_kind, KL_KINDS)
-    check_option(func, "gate", gate, GATES)
+    check_option(func, "kl_kind", options.kl_kind, KL_KINDS)
+    check_option(func, "gate", options.gate, GATES)
     check_count(func, "global_tokens", global_tokens)
     check_count(func, "global_seqs", global_seqs)
-    for coef, name, tensor in ((kl_coef, "ref_logprob", ref_logprob), (entropy_coef, "entropy", entropy),
-                               (opd_coef, "teacher_logprob", teacher_logprob)):
+    for coef, name, tensor in ((options.kl_coef, "ref_logprob", ref_logprob),
+                               (options.entropy_coef, "entropy", entropy),
+                               (options.opd_coef, "teacher_logprob", teacher_logprob)):
         if coef != 0 and tensor is None:
             raise ValueError(f"{func}: a nonzero coefficient for {name} was given ({coef}) but {name} is None")
-    if teacher_logprob is not None and gate != "gap" and entropy is None:
-        raise ValueError(f"{func}: gate={gate!r} needs entropy (the student entropy H_t per token)")
+    if teacher_logprob is not None and options.gate != "gap" and entropy is None:
+        raise ValueError(f"{func}: gate={options.gate!r} needs entropy (the student entropy H_t per token)")
     valid, dtype = _per_token_inputs(func, logprob, mask, old_logprob=old_logprob, entropy=entropy,
                                      ref_logprob=ref_logprob, teacher_logprob=teacher_logprob)
     adv = _advantages_per_token(func, advantages, logprob)
     lp, old, adv, h, ref = (_clean(x, valid, dtype) for x in (logprob, old_logprob, adv, entropy, ref_logprob))
 
-    terms = policy_terms(lp, old, adv, clip_low, clip_high, dual_clip)
+    terms = policy_terms(lp, old, adv, options.clip_low, options.clip_high, options.dual_clip)
     per_token = terms.pg
     metrics = _policy_metrics(terms, valid)
     metrics["pg_loss"] = aggregate(terms.pg, valid, agg, global_tokens, global_seqs).detach()
     if ref is not None:
-        kl = kl_penalty(lp, ref, kl_kind)
+        kl = kl_penalty(lp, ref, options.kl_kind)
         metrics["kl"] = _masked_mean(kl, valid)
-        if kl_coef != 0:
-            per_token = per_token + kl_coef * kl
+        if options.kl_coef != 0:
+            per_token = per_token + options.kl_coef * kl
     if h is not None:
         metrics["entropy"] = _masked_mean(h, valid)
-        if entropy_coef != 0:
-            per_token = per_token - entropy_coef * h
+        if options.entropy_coef != 0:
+            per_token = per_token - options.entropy_coef * h
     loss = aggregate(per_token, valid, agg, global_tokens, global_seqs)
 
     if teacher_logprob is not None:
-        opd, opd_metrics = opd_loss(lp, teacher_logprob, valid, opd_beta, gate, h, agg, global_tokens,
+        opd, opd_metrics = opd_loss(lp, teacher_logprob, valid, options.opd_beta, options.gate, h, agg, global_tokens,
                                     global_seqs, teacher_mask)
         metrics.update(opd_metrics)
         metrics["opd_loss"] = opd.detach()
-        if opd_coef != 0:
-            loss = loss + opd_coef * opd
+        if options.opd_coef != 0:
+            loss = loss + options.opd_coef * opd
     metrics["loss"] = loss.detach()
     return loss, metrics

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from seedfast.ops import LinearLogprobOutput, get_backend
+from seedfast.ops import PLAIN_PPO, LinearLogprobOutput, LossOptions, get_backend
 from seedfast.ops.fused_loss import loss_inputs
 from seedfast.ops.token_loss import metric_means, needs_entropy
 from seedfast.ops.vocab_parallel import vocab_parallel_logprob
@@ -66,9 +66,9 @@ class _TokenLoss(torch.autograd.Function):
     a = ∂L/∂ℓθ and b = ∂L/∂H it computed in forward."""
 
     @staticmethod
-    def forward(ctx, logprob, entropy, backend: ModuleType, per_token: dict, options: dict, extra_out: dict):
+    def forward(ctx, logprob, entropy, backend: ModuleType, per_token: dict, options: LossOptions, extra_out: dict):
         loss, a, b, sums = backend.token_loss(logprob.detach(), None if entropy is None else entropy.detach(),
-                                              **per_token, **options)
+                                              **per_token, options=options)
         extra_out["sums"] = sums
         ctx.ab = (a, b)
         return loss
@@ -82,9 +82,7 @@ class _TokenLoss(torch.autograd.Function):
 def tp_fused_loss(hidden: torch.Tensor, weight: DTensor, targets: torch.Tensor, *, token_weights: torch.Tensor,
                   advantages: torch.Tensor, old_logprob: torch.Tensor | None,
                   ref_logprob: torch.Tensor | None = None, teacher_logprob: torch.Tensor | None = None,
-                  teacher_mask: torch.Tensor | None = None, clip_low: float = 0.2, clip_high: float = 0.2,
-                  dual_clip: float | None = 3.0, kl_coef: float = 0.0, kl_kind: str = "low_var_kl",
-                  entropy_coef: float = 0.0, opd_coef: float = 0.0, opd_beta: float = 5.0, gate: str = "gap",
+                  teacher_mask: torch.Tensor | None = None, options: LossOptions = PLAIN_PPO,
                   temperature: float = 1.0, ignore_index: int = -100, backend: str = "auto",
                   return_logprob: bool = False
                   ) -> tuple[torch.Tensor, dict] | tuple[torch.Tensor, dict, torch.Tensor]:
@@ -108,11 +106,10 @@ def tp_fused_loss(hidden: torch.Tensor, weight: DTensor, targets: torch.Tensor, 
     per_token, options = loss_inputs(
         func, targets, ignore_index, n, device, token_weights=token_weights, advantages=advantages,
         old_logprob=old_logprob, ref_logprob=ref_logprob, teacher_logprob=teacher_logprob, teacher_mask=teacher_mask,
-        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef, kl_kind=kl_kind,
-        entropy_coef=entropy_coef, opd_coef=opd_coef, opd_beta=opd_beta, gate=gate)
+        options=options)
     impl = get_backend(backend, device)
     out = tp_linear_logprob(hidden, weight, targets, temperature=temperature,
-                            with_entropy=needs_entropy(entropy_coef, opd_coef, gate), ignore_index=ignore_index,
+                            with_entropy=needs_entropy(options), ignore_index=ignore_index,
                             backend=impl)
     extra: dict = {}
     loss = _TokenLoss.apply(out.logprob, out.entropy, impl, per_token, options, extra)

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import torch
 
+from seedfast.algo.losses import LossOptions
+
 from .row_stats import RowStats, in_tile
 from .tiles import fused_rows, tile_budget_bytes, tile_shape
 from .token_loss import merge_metric_sums, token_loss
@@ -189,7 +191,7 @@ def _take(per_token: dict[str, torch.Tensor | None], sel: Rows) -> dict[str, tor
 
 def fused_forward_backward(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                            temperature: float, ignore_index: int, with_entropy: bool,
-                           per_token: dict[str, torch.Tensor | None], options: dict[str, object],
+                           per_token: dict[str, torch.Tensor | None], options: LossOptions,
                            need_hidden_grad: bool = True, need_weight_grad: bool = True
                            ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None, torch.Tensor | None,
                                       torch.Tensor]:
@@ -198,7 +200,7 @@ def fused_forward_backward(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     A gradient with need_*_grad=False is None and its matmul is skipped (a frozen LM head: two matmuls).
 
     `per_token` holds the [N] inputs of token_loss (old_logprob, ref_logprob, teacher_logprob,
-    teacher_mask, advantages, token_weights), `options` its keyword options. Rows with ignored
+    teacher_mask, advantages, token_weights), `options` its loss options. Rows with ignored
     targets must carry token weight 0. Falls back to forward → token_loss → backward when a block of
     whole rows would be too small for the memory budget (or the weight needs an fp32 copy).
     """
@@ -231,7 +233,7 @@ def fused_forward_backward(hidden: torch.Tensor, weight: torch.Tensor, targets: 
         probs = logp.exp_() if not with_entropy else torch.exp(logp)
         entropy = -_column_dot(probs, logp) if with_entropy else None
 
-        block_loss, a, b, block_sums = token_loss(logprob, entropy, **_take(per_token, sel), **options)
+        block_loss, a, b, block_sums = token_loss(logprob, entropy, **_take(per_token, sel), options=options)
         loss += block_loss
         sums = merge_metric_sums(sums, block_sums)
 
@@ -247,20 +249,20 @@ def fused_forward_backward(hidden: torch.Tensor, weight: torch.Tensor, targets: 
 
     if not sums:  # no valid row: still report the (empty) metric sums
         _, _, _, sums = token_loss(torch.zeros(0, device=device), None, **_take(per_token, slice(0, 0)),
-                                   **options)
+                                   options=options)
     return (loss, sums, grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
             all_logprob)
 
 
 def _three_step(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
                 ignore_index: int, with_entropy: bool, per_token: dict[str, torch.Tensor | None],
-                options: dict[str, object], need_hidden_grad: bool, need_weight_grad: bool
+                options: LossOptions, need_hidden_grad: bool, need_weight_grad: bool
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None, torch.Tensor | None,
                            torch.Tensor]:
     # Targets are not range-checked here, as in the single pass: the callers (the public ops) have done it.
     logprob, entropy, _, lse = forward(hidden, weight, targets, None, temperature, with_entropy, ignore_index,
                                        check_targets=False)
-    loss, a, b, sums = token_loss(logprob, entropy, **per_token, **options)
+    loss, a, b, sums = token_loss(logprob, entropy, **per_token, options=options)
     grad_hidden, grad_weight = backward(hidden, weight, targets, lse, entropy, a, b, temperature, ignore_index,
                                         need_hidden_grad=need_hidden_grad, need_weight_grad=need_weight_grad)
     return loss, sums, grad_hidden, grad_weight, logprob

@@ -14,6 +14,8 @@ from types import ModuleType
 import torch
 from torch.autograd.function import once_differentiable
 
+from seedfast.algo.losses import PLAIN_PPO, LossOptions
+
 from .dispatch import get_backend
 from .token_loss import metric_means, needs_entropy
 from .validate import check_linear_inputs, check_loss_options, check_per_token
@@ -24,8 +26,8 @@ Metrics = dict[str, torch.Tensor]
 class _FusedLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, backend: ModuleType,
-                temperature: float, ignore_index: int, per_token: dict, options: dict, extra_out: dict):
-        with_entropy = needs_entropy(options["entropy_coef"], options["opd_coef"], options["gate"])
+                temperature: float, ignore_index: int, per_token: dict, options: LossOptions, extra_out: dict):
+        with_entropy = needs_entropy(options)
         # Only the gradients autograd will ask for are computed: a frozen LM head costs no dW GEMM.
         need = {"need_hidden_grad": ctx.needs_input_grad[0], "need_weight_grad": ctx.needs_input_grad[1]}
         if hasattr(backend, "fused_forward_backward"):
@@ -35,7 +37,7 @@ class _FusedLoss(torch.autograd.Function):
         else:
             logprob, entropy, _, lse = backend.forward(hidden, weight, targets, None, temperature, with_entropy,
                                                        ignore_index, check_targets=False)
-            loss, a, b, sums = backend.token_loss(logprob, entropy, **per_token, **options)
+            loss, a, b, sums = backend.token_loss(logprob, entropy, **per_token, options=options)
             grad_hidden, grad_weight = backend.backward(hidden, weight, targets, lse, entropy, a, b, temperature,
                                                         ignore_index, **need)
         extra_out.update(sums=sums, logprob=logprob)
@@ -62,9 +64,7 @@ class _FusedLoss(torch.autograd.Function):
 def loss_inputs(func: str, targets: torch.Tensor, ignore_index: int, n: int, device: torch.device, *,
                 token_weights: torch.Tensor, advantages: torch.Tensor, old_logprob: torch.Tensor | None,
                 ref_logprob: torch.Tensor | None, teacher_logprob: torch.Tensor | None,
-                teacher_mask: torch.Tensor | None, clip_low: float, clip_high: float, dual_clip: float | None,
-                kl_coef: float, kl_kind: str, entropy_coef: float, opd_coef: float, opd_beta: float,
-                gate: str) -> tuple[dict, dict]:
+                teacher_mask: torch.Tensor | None, options: LossOptions) -> tuple[dict, LossOptions]:
     """(per-token inputs, loss options) of fused_loss and its tensor-parallel twin (distributed/vocab_head.py), checked
     with errors naming `func` and the tensor; token weights are 0 where the target is ignore_index."""
     per_token = {
@@ -76,23 +76,16 @@ def loss_inputs(func: str, targets: torch.Tensor, ignore_index: int, n: int, dev
         "advantages": check_per_token(func, "advantages", advantages, n, device),
         "token_weights": check_per_token(func, "token_weights", token_weights, n, device),
     }
-    check_loss_options(func, clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef,
-                       kl_kind=kl_kind, entropy_coef=entropy_coef, opd_coef=opd_coef, opd_beta=opd_beta,
-                       gate=gate, has_ref=ref_logprob is not None, has_teacher=teacher_logprob is not None)
+    options = check_loss_options(func, options, has_ref=ref_logprob is not None,
+                                 has_teacher=teacher_logprob is not None)
     per_token["token_weights"] = torch.where(targets == ignore_index, 0.0, token_weights.detach().float())
-    options = {"clip_low": float(clip_low), "clip_high": float(clip_high),
-               "dual_clip": None if dual_clip is None else float(dual_clip), "kl_coef": float(kl_coef),
-               "kl_kind": kl_kind, "entropy_coef": float(entropy_coef), "opd_coef": float(opd_coef),
-               "opd_beta": float(opd_beta), "gate": gate}
     return per_token, options
 
 
 def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                token_weights: torch.Tensor, advantages: torch.Tensor, old_logprob: torch.Tensor | None,
                ref_logprob: torch.Tensor | None = None, teacher_logprob: torch.Tensor | None = None,
-               teacher_mask: torch.Tensor | None = None, clip_low: float = 0.2, clip_high: float = 0.2,
-               dual_clip: float | None = 3.0, kl_coef: float = 0.0, kl_kind: str = "low_var_kl",
-               entropy_coef: float = 0.0, opd_coef: float = 0.0, opd_beta: float = 5.0, gate: str = "gap",
+               teacher_mask: torch.Tensor | None = None, options: LossOptions = PLAIN_PPO,
                temperature: float = 1.0, ignore_index: int = -100, backend: str = "auto",
                return_logprob: bool = False
                ) -> tuple[torch.Tensor, Metrics] | tuple[torch.Tensor, Metrics, torch.Tensor]:
@@ -103,6 +96,7 @@ def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
     Per-token [N] inputs: token_weights (aggregation weights, 0 on non-response tokens), advantages,
     old_logprob (None = on-policy: ℓold = sg(ℓθ) of this very call, so every ratio is 1 and no separate
     ℓold pass is needed), and optionally ref_logprob, teacher_logprob (ℓskill) and teacher_mask (bool or 0/1).
+    `options` holds the loss's knobs (seedfast.algo.losses.LossOptions; default: plain PPO, every coefficient 0).
     A nonzero kl_coef / opd_coef needs ref_logprob / teacher_logprob. The entropy is computed only
     when a term uses it (entropy_coef ≠ 0, or opd_coef ≠ 0 with gate "entropy" or "soft_or").
     Tokens whose target is ignore_index get weight 0. The loss is differentiable w.r.t. hidden and
@@ -116,8 +110,7 @@ def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
     per_token, options = loss_inputs(
         func, targets, ignore_index, n, device, token_weights=token_weights, advantages=advantages,
         old_logprob=old_logprob, ref_logprob=ref_logprob, teacher_logprob=teacher_logprob, teacher_mask=teacher_mask,
-        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef, kl_kind=kl_kind,
-        entropy_coef=entropy_coef, opd_coef=opd_coef, opd_beta=opd_beta, gate=gate)
+        options=options)
     impl = get_backend(backend, device)
     temperature = float(temperature)
 
@@ -126,10 +119,9 @@ def fused_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
         loss = _FusedLoss.apply(hidden, weight, targets, impl, temperature, ignore_index, per_token, options, extra)
         sums, logprob = extra["sums"], extra["logprob"]
     else:
-        with_entropy = needs_entropy(entropy_coef, opd_coef, gate)
-        logprob, entropy, _, _ = impl.forward(hidden, weight, targets, None, temperature, with_entropy,
+        logprob, entropy, _, _ = impl.forward(hidden, weight, targets, None, temperature, needs_entropy(options),
                                               ignore_index, check_targets=False)
-        loss, _, _, sums = impl.token_loss(logprob, entropy, **per_token, **options)
+        loss, _, _, sums = impl.token_loss(logprob, entropy, **per_token, options=options)
     metrics = metric_means(sums)
     metrics["loss"] = loss.detach()
     if return_logprob:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from seedfast.algo import losses
+from seedfast.algo.losses import LossOptions
 
 MetricSums = dict[str, torch.Tensor]
 
@@ -22,17 +23,15 @@ _MIN_KEYS = ("ratio_min",)
 _MAX_KEYS = ("ratio_max",)
 
 
-def needs_entropy(entropy_coef: float, opd_coef: float, gate: str) -> bool:
+def needs_entropy(options: LossOptions) -> bool:
     """Whether the loss uses the student entropy (it costs a pass over the vocabulary)."""
-    return entropy_coef != 0 or (opd_coef != 0 and gate != "gap")
+    return options.entropy_coef != 0 or (options.opd_coef != 0 and options.gate != "gap")
 
 
 def token_loss(logprob: torch.Tensor, entropy: torch.Tensor | None, old_logprob: torch.Tensor | None,
                ref_logprob: torch.Tensor | None, teacher_logprob: torch.Tensor | None,
                teacher_mask: torch.Tensor | None, advantages: torch.Tensor, token_weights: torch.Tensor, *,
-               clip_low: float, clip_high: float, dual_clip: float | None, kl_coef: float, kl_kind: str,
-               entropy_coef: float, opd_coef: float, opd_beta: float, gate: str
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, MetricSums]:
+               options: LossOptions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, MetricSums]:
     """(loss 0-dim fp32, a [N] fp32, b [N] fp32 | None, metric sums).
 
     Metric sums are weighted by token_weights (divide by sums["weight"] for means): clip_frac, kl (with
@@ -56,28 +55,28 @@ def token_loss(logprob: torch.Tensor, entropy: torch.Tensor | None, old_logprob:
     sums: MetricSums = {"weight": w.sum()}
 
     with torch.enable_grad():
-        terms = losses.policy_terms(lp, old, adv, clip_low, clip_high, dual_clip)
+        terms = losses.policy_terms(lp, old, adv, options.clip_low, options.clip_high, options.dual_clip)
         per_token = terms.pg
         if ref is not None:
-            kl = losses.kl_penalty(lp, ref, kl_kind)
+            kl = losses.kl_penalty(lp, ref, options.kl_kind)
             sums["kl"] = (w * kl).sum()
-            if kl_coef != 0:
-                per_token = per_token + kl_coef * kl
+            if options.kl_coef != 0:
+                per_token = per_token + options.kl_coef * kl
         if h is not None:
             sums["entropy"] = (w * h).sum()
-            if entropy_coef != 0:
-                per_token = per_token - entropy_coef * h
+            if options.entropy_coef != 0:
+                per_token = per_token - options.entropy_coef * h
         loss = (w * per_token).sum()
 
-        if teacher is not None and (gate == "gap" or h is not None):
+        if teacher is not None and (options.gate == "gap" or h is not None):
             m = active if teacher_mask is None else active & (teacher_mask != 0)
-            g = losses.gate(lp, teacher, opd_beta, gate, h)
+            g = losses.gate(lp, teacher, options.opd_beta, options.gate, h)
             opd = torch.where(m, g * (teacher - lp), 0.0)
             sums["teacher_weight"] = (w * m).sum()
             sums["gate"] = (w * torch.where(m, g, 0.0)).sum()
             sums["opd_term"] = (w * opd).sum()
-            if opd_coef != 0:
-                loss = loss + opd_coef * (w * opd).sum()
+            if options.opd_coef != 0:
+                loss = loss + options.opd_coef * (w * opd).sum()
 
         leaves = [lp] if h is None else [lp, h]
         grads = torch.autograd.grad(loss, leaves, allow_unused=True)

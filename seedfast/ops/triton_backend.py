@@ -29,6 +29,7 @@ import os
 
 import torch
 
+from seedfast.algo.losses import PLAIN_PPO, LossOptions
 from seedfast.kernels import autotuned as _tuned
 from seedfast.kernels import configs as _configs
 from seedfast.kernels import fused_rows as _rows
@@ -431,13 +432,13 @@ def _backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy,
 # ----------------------------------------------------------------------------------------- single pass
 
 def fused_forward_backward(hidden, weight, targets, *, temperature: float, ignore_index: int, with_entropy: bool,
-                           per_token: dict, options: dict, need_hidden_grad: bool = True,
+                           per_token: dict, options: LossOptions, need_hidden_grad: bool = True,
                            need_weight_grad: bool = True, rows: int | None = None):
     """(loss, metric sums, grad_hidden | None, grad_weight | None, logprob [N] fp32): the training loss, its
     gradients and the log-probs with the logits of every token formed once (6·N·V·d, docs/kernels.md).
 
     Same contract as seedfast/ops/chunked.py fused_forward_backward: `per_token` holds token_loss's [N] inputs
-    (ignored rows carry token weight 0), `options` its keywords. `rows` overrides the block size (tests); when
+    (ignored rows carry token weight 0), `options` its loss options. `rows` overrides the block size (tests); when
     no block of at least FUSED_MIN_ROWS rows fits SEEDFAST_TRITON_FUSED_MB, this runs forward -> token_loss ->
     backward (the two-pass path, 8·N·V·d)."""
     _validate_linear(hidden, weight, targets, None, temperature)
@@ -461,7 +462,7 @@ def fused_forward_backward(hidden, weight, targets, *, temperature: float, ignor
             torch.cuda.empty_cache()
     logprob, entropy, _, lse = forward(hidden, weight, targets, None, temperature, with_entropy, ignore_index,
                                        check_targets=False)
-    loss, a, b, sums = token_loss(logprob, entropy, **per_token, **options)
+    loss, a, b, sums = token_loss(logprob, entropy, **per_token, options=options)
     grads = backward(hidden, weight, targets, lse, entropy, a, b, temperature, ignore_index,
                      need_hidden_grad=need_hidden_grad, need_weight_grad=need_weight_grad)
     return loss, sums, *grads, logprob
@@ -503,7 +504,7 @@ def _fused(hidden, weight, targets, temperature, ignore_index, with_entropy, per
             WITH_ENTROPY=with_entropy, **stats_cfg, **stats_warps)
         block_tokens = {k: None if t is None else t[r0:r1] for k, t in per_token.items()}
         block_loss, a, b, block_sums = token_loss(logprob[r0:r1], entropy[r0:r1] if with_entropy else None,
-                                                  **block_tokens, **options)
+                                                  **block_tokens, options=options)
         loss = block_loss if loss is None else loss + block_loss
         sums = merge_metric_sums(sums, block_sums)
         has_b = b is not None
@@ -527,14 +528,13 @@ def _fused(hidden, weight, targets, temperature, ignore_index, with_entropy, per
 # ----------------------------------------------------------------------------------------- token loss
 
 def token_loss(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teacher_mask, advantages,
-               token_weights, *, clip_low=0.2, clip_high=0.2, dual_clip=3.0, kl_coef=0.0, kl_kind="low_var_kl",
-               entropy_coef=0.0, opd_coef=0.0, opd_beta=5.0, gate="gap", block: int | None = None,
+               token_weights, *, options: LossOptions = PLAIN_PPO, block: int | None = None,
                n_programs: int | None = None):
     """-> (loss 0-dim f32, a [N] f32, b [N] f32 | None, metric sums), as seedfast/ops/token_loss.py.
 
     Metric sums: weight (Σw), clip_frac, ratio_min/ratio_max (±inf without a weighted token), kl (with
     ref_logprob), entropy (with entropy), teacher_weight (Σw·m), gate and opd_term (with teacher_logprob,
-    when the gate's inputs are there). b is None when entropy_coef == 0. old_logprob None: on-policy.
+    when the gate's inputs are there). b is None when options.entropy_coef == 0. old_logprob None: on-policy.
     """
     if not isinstance(logprob, torch.Tensor) or logprob.dim() != 1:
         raise ValueError(f"logprob must be a 1-D [N] tensor, got {getattr(logprob, 'shape', type(logprob))}")
@@ -549,21 +549,21 @@ def token_loss(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teac
         if per_token[name] is None:
             raise ValueError(f"{name} is required")
     _check_per_token(n, dev, **per_token)
-    if kl_kind not in KL_KINDS:
-        raise ValueError(f"kl_kind must be one of {sorted(KL_KINDS)}, got {kl_kind!r}")
-    if gate not in GATES:
-        raise ValueError(f"gate must be one of {sorted(GATES)}, got {gate!r}")
-    if kl_coef != 0 and ref_logprob is None:
+    if options.kl_kind not in KL_KINDS:
+        raise ValueError(f"kl_kind must be one of {sorted(KL_KINDS)}, got {options.kl_kind!r}")
+    if options.gate not in GATES:
+        raise ValueError(f"gate must be one of {sorted(GATES)}, got {options.gate!r}")
+    if options.kl_coef != 0 and ref_logprob is None:
         raise ValueError("kl_coef != 0 needs ref_logprob")
-    if entropy_coef != 0 and entropy is None:
-        raise ValueError(f"entropy_coef={entropy_coef} needs entropy")
+    if options.entropy_coef != 0 and entropy is None:
+        raise ValueError(f"entropy_coef={options.entropy_coef} needs entropy")
     # As the torch backend: OPD terms exist when the gate can be evaluated (gap, or entropy given).
-    has_opd = teacher_logprob is not None and (gate == "gap" or entropy is not None)
-    if opd_coef != 0 and not has_opd:
-        raise ValueError(f"opd_coef={opd_coef} needs teacher_logprob" +
-                         ("" if teacher_logprob is None else f" and entropy for gate={gate!r}"))
-    if dual_clip is not None and not dual_clip > 1.0:
-        raise ValueError(f"dual_clip must be > 1 or None, got {dual_clip}")
+    has_opd = teacher_logprob is not None and (options.gate == "gap" or entropy is not None)
+    if options.opd_coef != 0 and not has_opd:
+        raise ValueError(f"opd_coef={options.opd_coef} needs teacher_logprob" +
+                         ("" if teacher_logprob is None else f" and entropy for gate={options.gate!r}"))
+    if options.dual_clip is not None and not options.dual_clip > 1.0:
+        raise ValueError(f"dual_clip must be > 1 or None, got {options.dual_clip}")
     _check_device(logprob)
 
     def f32(t):
@@ -573,7 +573,7 @@ def token_loss(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teac
 
     lp, ent, old, ref, teacher, tmask, adv, w = (f32(t) for t in (
         logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teacher_mask, advantages, token_weights))
-    write_b = entropy_coef != 0
+    write_b = options.entropy_coef != 0
     a = torch.empty(n, device=dev, dtype=torch.float32)
     b = torch.empty(n, device=dev, dtype=torch.float32) if write_b else None
     interp = _interpreted()
@@ -585,11 +585,12 @@ def token_loss(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teac
             lp, ent if ent is not None else lp, old, ref if ref is not None else lp,
             teacher if teacher is not None else lp, tmask if tmask is not None else lp, adv, w,
             a, b if write_b else a, stats, n,
-            float(clip_low), float(clip_high), float(dual_clip or 0.0), float(kl_coef), float(entropy_coef),
-            float(opd_coef), float(opd_beta),
-            HAS_ENTROPY=ent is not None, HAS_DUAL_CLIP=dual_clip is not None,
-            KL_KIND=KL_KINDS[kl_kind] if ref is not None else _tl.KL_NONE,
-            HAS_OPD=has_opd, HAS_TMASK=tmask is not None, GATE=GATES[gate], WRITE_B=write_b, BLOCK=block,
+            float(options.clip_low), float(options.clip_high), float(options.dual_clip or 0.0),
+            float(options.kl_coef), float(options.entropy_coef), float(options.opd_coef), float(options.opd_beta),
+            HAS_ENTROPY=ent is not None, HAS_DUAL_CLIP=options.dual_clip is not None,
+            KL_KIND=KL_KINDS[options.kl_kind] if ref is not None else _tl.KL_NONE,
+            HAS_OPD=has_opd, HAS_TMASK=tmask is not None, GATE=GATES[options.gate], WRITE_B=write_b,
+            BLOCK=block,
             **({} if interp else {"num_warps": _configs.TOKEN_LOSS_NUM_WARPS}),
         )
     col = dict(zip(_tl.STAT_NAMES, stats.unbind(1)))

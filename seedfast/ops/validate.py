@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
 from seedfast.algo import losses
+from seedfast.algo.losses import LossOptions
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
 
@@ -102,24 +104,28 @@ def check_per_token(func: str, name: str, x: object, n: int, device: torch.devic
     return x
 
 
-def check_loss_options(func: str, *, clip_low: object, clip_high: object, dual_clip: object, kl_coef: object,
-                       kl_kind: object, entropy_coef: object, opd_coef: object, opd_beta: object, gate: object,
-                       has_ref: bool, has_teacher: bool) -> None:
-    if kl_kind not in losses.KL_KINDS:
-        raise ValueError(f"{func}: unknown kl_kind={kl_kind!r}; allowed values: "
+def check_loss_options(func: str, options: object, *, has_ref: bool, has_teacher: bool) -> LossOptions:
+    """The loss options checked against the per-token inputs there are; returns them with every number a float."""
+    if not isinstance(options, LossOptions):
+        raise TypeError(f"{func}: options must be a seedfast.algo.losses.LossOptions, got {type(options).__name__}")
+    if options.kl_kind not in losses.KL_KINDS:
+        raise ValueError(f"{func}: unknown kl_kind={options.kl_kind!r}; allowed values: "
                          f"{', '.join(map(repr, losses.KL_KINDS))}")
-    if gate not in losses.GATES:
-        raise ValueError(f"{func}: unknown gate={gate!r}; allowed values: {', '.join(map(repr, losses.GATES))}")
-    for name, value in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef), ("opd_coef", opd_coef),
-                        ("opd_beta", opd_beta)):
-        _number(func, name, value)
-    if not 0.0 <= _number(func, "clip_low", clip_low) < 1.0:
-        raise ValueError(f"{func}: clip_low must be in [0, 1), got {clip_low}")
-    if _number(func, "clip_high", clip_high) < 0.0:
-        raise ValueError(f"{func}: clip_high must be >= 0, got {clip_high}")
-    if dual_clip is not None and _number(func, "dual_clip", dual_clip) <= 1.0:
-        raise ValueError(f"{func}: dual_clip must be > 1 (or None to turn it off), got {dual_clip}")
-    if kl_coef != 0 and not has_ref:
-        raise ValueError(f"{func}: kl_coef={kl_coef} needs ref_logprob, which is None")
-    if opd_coef != 0 and not has_teacher:
-        raise ValueError(f"{func}: opd_coef={opd_coef} needs teacher_logprob, which is None")
+    if options.gate not in losses.GATES:
+        raise ValueError(f"{func}: unknown gate={options.gate!r}; allowed values: "
+                         f"{', '.join(map(repr, losses.GATES))}")
+    for name in ("kl_coef", "entropy_coef", "opd_coef", "opd_beta"):
+        _number(func, name, getattr(options, name))
+    if not 0.0 <= _number(func, "clip_low", options.clip_low) < 1.0:
+        raise ValueError(f"{func}: clip_low must be in [0, 1), got {options.clip_low}")
+    if _number(func, "clip_high", options.clip_high) < 0.0:
+        raise ValueError(f"{func}: clip_high must be >= 0, got {options.clip_high}")
+    if options.dual_clip is not None and _number(func, "dual_clip", options.dual_clip) <= 1.0:
+        raise ValueError(f"{func}: dual_clip must be > 1 (or None to turn it off), got {options.dual_clip}")
+    if options.kl_coef != 0 and not has_ref:
+        raise ValueError(f"{func}: kl_coef={options.kl_coef} needs ref_logprob, which is None")
+    if options.opd_coef != 0 and not has_teacher:
+        raise ValueError(f"{func}: opd_coef={options.opd_coef} needs teacher_logprob, which is None")
+    floats = {name: float(getattr(options, name))
+              for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef", "opd_coef", "opd_beta")}
+    return replace(options, dual_clip=None if options.dual_clip is None else float(options.dual_clip), **floats)

@@ -17,7 +17,7 @@ from seedfast.algo import losses
 from seedfast.config import LossConfig
 from seedfast.context.sample import StepSample
 from seedfast.distributed.data import DataParallel
-from seedfast.ops import fused_loss
+from seedfast.ops import LossOptions, fused_loss
 from seedfast.scoring.packing import pack_single, split_by_budget
 from seedfast.scoring.prefix_kv_teacher import teacher_logprob_with_prefix
 
@@ -84,6 +84,15 @@ def _gather(t: torch.Tensor | None, batch: UpdateBatch, index: list[int]) -> tor
     return torch.cat([t[batch.token_slice(i)] for i in index])
 
 
+def loss_options(loss_cfg: LossConfig, *, use_kl: bool, use_opd: bool) -> LossOptions:
+    """The loss's knobs from the `loss:` config, the one place they are read: the KL and OPD coefficients are 0 when
+    the update has no ℓref (use_kl False) or no ℓskill (use_opd False)."""
+    return LossOptions(clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
+                       kl_coef=loss_cfg.kl_coef if use_kl else 0.0, kl_kind=loss_cfg.kl_kind,
+                       entropy_coef=loss_cfg.entropy_coef, opd_coef=loss_cfg.opd_coef if use_opd else 0.0,
+                       opd_beta=loss_cfg.opd_beta, gate=loss_cfg.gate)
+
+
 def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cfg: LossConfig, *,
                             use_kl: bool, use_opd: bool, temperature: float, token_budget: int,
                             attn_backend: str | None = None,
@@ -103,14 +112,20 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
     padding = 0
     if dp is not None:  # a rank without samples (fewer samples than ranks) runs padding micro-batches only
         padding = int(dp.max([len(groups)])[0]) - len(groups)
-    device = model.lm_head_weight.device
-    total_loss, sums, weight_sum = 0.0, {}, 0.0
     teacher_here = use_opd and batch.teacher_from_forward
+    run = _MicroBatchRun(loss_options(loss_cfg, use_kl=use_kl, use_opd=use_opd), use_kl=use_kl, use_opd=use_opd,
+                         teacher_here=teacher_here, temperature=temperature, attn_backend=attn_backend)
+    total_loss, sums, weight_sum = 0.0, {}, 0.0
     for k in range(len(groups) + padding):
+        if k < len(groups):
+            part, micro = batch, [index[g] for g in groups[k]]
+            w = torch.cat([weights_all[int(local_offsets[pos[i]]):int(local_offsets[pos[i] + 1])] for i in micro])
+        else:  # the rank's first sample at weight 0 (it contributes nothing, but runs the collectives), or a
+            # one-token stand-in on a rank with no sample at all
+            part, micro = (batch, [index[0]]) if index else (_STAND_IN, [0])
+            w = torch.zeros(len(part.samples[micro[0]].response_ids))
         with _collective_free(model, dp if teacher_here else None):
-            loss = _micro_batch(model, batch, index, groups[k] if k < len(groups) else None, weights_all,
-                                local_offsets, pos, loss_cfg, use_kl, use_opd, teacher_here, temperature,
-                                attn_backend, device, sums)
+            loss = _micro_batch(model, part, micro, w, run, sums if k < len(groups) else None)
         if loss is not None:
             total_loss += loss[0]
             weight_sum += loss[1]
@@ -121,6 +136,18 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
     out = {k: (v if k.startswith("ratio_") else v / max(teacher_weight if k in _TEACHER_MEANS else weight_sum, 1e-12))
            for k, v in sums.items()}
     return total_loss, {**out, "loss": total_loss, **gap}
+
+
+@dataclass(frozen=True)
+class _MicroBatchRun:
+    """How every micro-batch of one mini-batch runs its forward and its loss."""
+
+    options: LossOptions
+    use_kl: bool  # ℓref enters the loss
+    use_opd: bool  # ℓskill enters the loss
+    teacher_here: bool  # ℓskill comes from the update's own forward (its prefix KV)
+    temperature: float
+    attn_backend: str | None
 
 
 _TEACHER_MEANS = ("gate_mean", "opd_term")  # means over teacher-valid tokens (ops/token_loss.py metric_means)
@@ -164,37 +191,26 @@ def _reduce_sums(dp: DataParallel, total_loss: float, weight_sum: float,
     return added[0], added[1], out
 
 
-def _micro_batch(model, batch: UpdateBatch, index: list[int], group: list[int] | None, weights_all: torch.Tensor,
-                 local_offsets: torch.Tensor, pos: dict[int, int], loss_cfg: LossConfig, use_kl: bool,
-                 use_opd: bool, teacher_here: bool, temperature: float, attn_backend: str | None,
-                 device: torch.device, sums: dict[str, float]) -> tuple[float, float] | None:
-    """Forward + backward of one micro-batch; adds its metrics to `sums`, returns (loss, weight sum). group None
-    is a padding micro-batch of a data-parallel rank with fewer micro-batches than the busiest: the rank's first
-    sample at weight 0 (it contributes nothing, but runs the collectives), or a one-token stand-in on a rank with
-    no sample at all; it returns None."""
-    padding = group is None
-    if padding and not index:
-        batch, micro = _STAND_IN, [0]
-    else:
-        micro = [index[g] for g in group] if group is not None else [index[0]]
+def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, run: _MicroBatchRun,
+                 sums: dict[str, float] | None) -> tuple[float, float] | None:
+    """Forward + backward of the samples `micro` of `batch` with token weights `w`; adds its metrics to `sums`,
+    returns (loss, weight sum). sums None: a padding micro-batch (weight 0) of a data-parallel rank with fewer
+    micro-batches than the busiest, run for its collectives only; it returns None."""
+    device = model.lm_head_weight.device
     micro_samples = [batch.samples[i] for i in micro]
     packed = pack_single(micro_samples).to(device)
     out = model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids,
-                return_kv=teacher_here, attn_backend=attn_backend)
-    hidden, kv = out if teacher_here else (out, None)
-    if padding:
-        w = torch.zeros(len(micro_samples[0].response_ids))
-    else:
-        w = torch.cat([weights_all[int(local_offsets[pos[i]]):int(local_offsets[pos[i] + 1])] for i in micro])
+                return_kv=run.teacher_here, attn_backend=run.attn_backend)
+    hidden, kv = out if run.teacher_here else (out, None)
     rows = hidden[packed.rows]
     # on-policy (old_logprob None: one epoch, one mini-batch): θ_old = θ, so ℓold is the detached ℓθ that
     # fused_loss computes anyway; no separate ℓold pass, not even over the LM head
     old = None if batch.old_logprob is None else _gather(batch.old_logprob, batch, micro).to(device)
-    if teacher_here:
+    if run.teacher_here:
         teacher_logprob, teacher_mask = teacher_logprob_with_prefix(
-            model, kv, micro_samples, temperature=temperature, attn_backend=attn_backend)
+            model, kv, micro_samples, temperature=run.temperature, attn_backend=run.attn_backend)
         del kv
-    elif use_opd:
+    elif run.use_opd:
         teacher_logprob = _gather(batch.teacher_logprob, batch, micro).to(device)
         teacher_mask = _gather(batch.teacher_mask, batch, micro).to(device)
     else:
@@ -204,15 +220,12 @@ def _micro_batch(model, batch: UpdateBatch, index: list[int], group: list[int] |
         token_weights=w.to(device),
         advantages=_gather(batch.advantages, batch, micro).to(device),
         old_logprob=old,
-        ref_logprob=_gather(batch.ref_logprob, batch, micro).to(device) if use_kl else None,
+        ref_logprob=_gather(batch.ref_logprob, batch, micro).to(device) if run.use_kl else None,
         teacher_logprob=teacher_logprob, teacher_mask=teacher_mask,
-        clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
-        kl_coef=loss_cfg.kl_coef if use_kl else 0.0, kl_kind=loss_cfg.kl_kind,
-        entropy_coef=loss_cfg.entropy_coef, opd_coef=loss_cfg.opd_coef if use_opd else 0.0,
-        opd_beta=loss_cfg.opd_beta, gate=loss_cfg.gate, temperature=temperature, return_logprob=True,
+        options=run.options, temperature=run.temperature, return_logprob=True,
     )
     loss.backward()
-    if padding:
+    if sums is None:
         return None
     if old is None:
         accumulate_rollout_gap(sums, logprob, micro_samples)

@@ -4,9 +4,11 @@ import pytest
 import torch
 
 from seedfast.algo import losses
+from seedfast.algo.losses import LossOptions
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 COEFS = dict(kl_coef=0.05, entropy_coef=0.01, opd_coef=0.3)
+SOFT_OR = LossOptions(**COEFS, gate="soft_or")
 
 
 def _batch(seed: int, b: int = 5, t: int = 8, dtype=torch.float64):
@@ -32,7 +34,7 @@ def _batch(seed: int, b: int = 5, t: int = 8, dtype=torch.float64):
 @pytest.mark.parametrize("gate", ["gap", "soft_or"])
 def test_total_is_the_composition_of_its_terms(agg, gate):
     x = _batch(0)
-    loss, metrics = losses.total_loss(**x, **COEFS, gate=gate, agg=agg, kl_kind="k2")
+    loss, metrics = losses.total_loss(**x, options=LossOptions(**COEFS, gate=gate, kl_kind="k2"), agg=agg)
     pg, _ = losses.policy_loss(x["logprob"], x["old_logprob"], x["advantages"], x["mask"], agg=agg)
     kl = losses.aggregate(losses.kl_penalty(x["logprob"], x["ref_logprob"], "k2"), x["mask"], agg)
     ent = losses.aggregate(x["entropy"], x["mask"], agg)
@@ -48,7 +50,7 @@ def test_total_is_the_composition_of_its_terms(agg, gate):
 def test_total_matches_a_scalar_token_loop():
     """The loss of docs/algorithms.md written token by token in plain Python (token-mean, k3, gap gate)."""
     x = _batch(1)
-    loss, _ = losses.total_loss(**x, **COEFS, opd_beta=5.0)
+    loss, _ = losses.total_loss(**x, options=LossOptions(**COEFS, opd_beta=5.0))
     valid, tvalid = x["mask"].tolist(), x["teacher_mask"].tolist()
     pg_sum = opd_sum = count = 0.0
     for i, row in enumerate(valid):
@@ -88,7 +90,7 @@ def test_per_token_gradients_match_the_spec_scalars(agg):
     x = _batch(3)
     lp = x["logprob"].clone().requires_grad_(True)
     h = x["entropy"].clone().requires_grad_(True)
-    loss, _ = losses.total_loss(**{**x, "logprob": lp, "entropy": h}, **COEFS, agg=agg)
+    loss, _ = losses.total_loss(**{**x, "logprob": lp, "entropy": h}, options=LossOptions(**COEFS), agg=agg)
     loss.backward()
 
     w = losses.aggregation_weights(x["mask"], agg, dtype=torch.float64)
@@ -114,11 +116,11 @@ def test_logit_gradient_factorizes_into_two_per_token_scalars():
     lp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
     h = -(logp_all.exp() * logp_all).sum(-1)
     args = {**x, "old_logprob": lp.detach() + 0.1, "ref_logprob": lp.detach() - 0.2}
-    loss, _ = losses.total_loss(**{**args, "logprob": lp, "entropy": h}, **COEFS, gate="soft_or")
+    loss, _ = losses.total_loss(**{**args, "logprob": lp, "entropy": h}, options=SOFT_OR)
     (grad_z,) = torch.autograd.grad(loss, logits)
 
     lp_leaf, h_leaf = lp.detach().requires_grad_(True), h.detach().requires_grad_(True)
-    loss_leaf, _ = losses.total_loss(**{**args, "logprob": lp_leaf, "entropy": h_leaf}, **COEFS, gate="soft_or")
+    loss_leaf, _ = losses.total_loss(**{**args, "logprob": lp_leaf, "entropy": h_leaf}, options=SOFT_OR)
     a_t, b_t = torch.autograd.grad(loss_leaf, (lp_leaf, h_leaf))
     p = logp_all.detach().exp()
     onehot = torch.nn.functional.one_hot(targets, v).to(p.dtype)
@@ -131,25 +133,26 @@ def test_logit_gradient_factorizes_into_two_per_token_scalars():
 def test_micro_batches_with_global_counts_sum_to_the_full_loss(agg, splits):
     x = _batch(5)
     global_tokens, global_seqs = int(x["mask"].sum()), int(x["mask"].any(dim=1).sum())
-    full, _ = losses.total_loss(**x, **COEFS, agg=agg)
+    full, _ = losses.total_loss(**x, options=LossOptions(**COEFS), agg=agg)
     parts = []
     for k in range(len(splits)):
         chunk = {name: value.split(splits)[k] for name, value in x.items()}
-        part, _ = losses.total_loss(**chunk, **COEFS, agg=agg, global_tokens=global_tokens, global_seqs=global_seqs)
+        part, _ = losses.total_loss(**chunk, options=LossOptions(**COEFS), agg=agg, global_tokens=global_tokens,
+                                    global_seqs=global_seqs)
         parts.append(part)
     torch.testing.assert_close(sum(parts), full)
 
 
 def test_nan_and_inf_in_padding_do_not_reach_loss_or_gradients():
     x = _batch(6)
-    clean, _ = losses.total_loss(**x, **COEFS, gate="soft_or")
+    clean, _ = losses.total_loss(**x, options=SOFT_OR)
     pad = ~x["mask"]
     dirty = {k: (v.masked_fill(pad, float("nan")) if v.is_floating_point() and v.dim() == 2 else v)
              for k, v in x.items()}
     dirty["old_logprob"] = x["old_logprob"].masked_fill(pad, float("-inf"))
     lp = dirty["logprob"].requires_grad_(True)
     h = dirty["entropy"].requires_grad_(True)
-    loss, metrics = losses.total_loss(**{**dirty, "logprob": lp, "entropy": h}, **COEFS, gate="soft_or")
+    loss, metrics = losses.total_loss(**{**dirty, "logprob": lp, "entropy": h}, options=SOFT_OR)
     loss.backward()
     torch.testing.assert_close(loss, clean)
     assert torch.isfinite(lp.grad).all() and torch.isfinite(h.grad).all()
@@ -160,14 +163,14 @@ def test_total_loss_rejects_missing_tensors_and_bad_options():
     x = _batch(7)
     bare = {k: x[k] for k in ("logprob", "old_logprob", "advantages", "mask")}
     with pytest.raises(ValueError, match="nonzero coefficient for ref_logprob.*ref_logprob is None"):
-        losses.total_loss(**bare, kl_coef=0.01)
+        losses.total_loss(**bare, options=LossOptions(kl_coef=0.01))
     with pytest.raises(ValueError, match="nonzero coefficient for entropy"):
-        losses.total_loss(**bare, entropy_coef=0.01)
+        losses.total_loss(**bare, options=LossOptions(entropy_coef=0.01))
     with pytest.raises(ValueError, match="nonzero coefficient for teacher_logprob"):
-        losses.total_loss(**bare, opd_coef=0.01)
+        losses.total_loss(**bare, options=LossOptions(opd_coef=0.01))
     with pytest.raises(ValueError, match=r"total_loss: gate='entropy' needs entropy"):
-        losses.total_loss(**bare, teacher_logprob=x["teacher_logprob"], gate="entropy")
+        losses.total_loss(**bare, teacher_logprob=x["teacher_logprob"], options=LossOptions(gate="entropy"))
     with pytest.raises(ValueError, match=r"unknown kl_kind='k4'"):
-        losses.total_loss(**bare, kl_kind="k4")
+        losses.total_loss(**bare, options=LossOptions(kl_kind="k4"))
     with pytest.raises(ValueError, match=r"ref_logprob has shape \(5, 7\) but logprob has shape \(5, 8\)"):
         losses.total_loss(**bare, ref_logprob=torch.zeros(5, 7))

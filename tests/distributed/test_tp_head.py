@@ -18,7 +18,7 @@ from seedfast.distributed.mesh import MESH_DIMS
 from seedfast.distributed.parallelize import apply_tp
 from seedfast.distributed.vocab_head import tp_fused_loss, tp_linear_logprob
 from seedfast.model.decoder import build_decoder
-from seedfast.ops import fused_loss, linear_logprob, tiles
+from seedfast.ops import LossOptions, fused_loss, linear_logprob, tiles
 from seedfast.scoring.packing import pack_single
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
@@ -91,7 +91,7 @@ def _no_logits_case(rank, world):
     assert control.numel == n * (v // world)
     with LargestTensor() as seen:
         loss, _ = tp_fused_loss(h, w_tp, targets, token_weights=w, advantages=adv, old_logprob=None,
-                                entropy_coef=0.01)
+                                options=LossOptions(entropy_coef=0.01))
         loss.backward()
     local = v // world
     # tiles of 4096 fp32 logits (SEEDFAST_OPS_TILE_BYTES), the local dW [V/2, d] and [N] vectors: nothing near
@@ -100,7 +100,7 @@ def _no_logits_case(rank, world):
     h_ref = hidden.clone().requires_grad_()
     w_ref = weight.clone().requires_grad_()
     loss_ref, _ = fused_loss(h_ref, w_ref, targets, token_weights=w, advantages=adv, old_logprob=None,
-                             entropy_coef=0.01)
+                             options=LossOptions(entropy_coef=0.01))
     loss_ref.backward()
     assert float(loss) == pytest.approx(float(loss_ref), rel=1e-5)
     torch.testing.assert_close(h.grad, h_ref.grad, rtol=1e-5, atol=1e-6)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from triton_reference import INTERPRETER, assert_close
 
-from seedfast.ops import fused_loss, get_backend, linear_logprob
+from seedfast.ops import LossOptions, fused_loss, get_backend, linear_logprob
 from seedfast.ops import triton_backend as tb
 
 pytestmark = INTERPRETER
@@ -50,7 +50,7 @@ def test_fused_loss_matches_torch_backend(gate):
                      old_logprob=lp + 0.3 * torch.randn(N, generator=g),
                      ref_logprob=lp + 0.3 * torch.randn(N, generator=g),
                      teacher_logprob=lp + torch.randn(N, generator=g), teacher_mask=torch.rand(N, generator=g) > 0.2)
-    options = dict(kl_coef=0.05, entropy_coef=0.01, opd_coef=0.1, gate=gate, temperature=1.1)
+    options = dict(options=LossOptions(kl_coef=0.05, entropy_coef=0.01, opd_coef=0.1, gate=gate), temperature=1.1)
     results = {}
     for backend in ("torch", "triton"):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()

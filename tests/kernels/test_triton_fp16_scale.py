@@ -9,6 +9,7 @@ import torch
 from triton_reference import INTERPRETER, assert_close
 
 from seedfast.kernels import configs
+from seedfast.ops import LossOptions
 from seedfast.ops import triton_backend as tb
 
 pytestmark = INTERPRETER
@@ -48,8 +49,8 @@ def _reference_grads(hidden, weight, targets, a):
 def _single_pass(hidden, weight, targets):
     per_token = dict(old_logprob=None, ref_logprob=None, teacher_logprob=None, teacher_mask=None,
                      advantages=-torch.ones(N), token_weights=torch.full((N,), 1.0 / N))
-    options = dict(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, kl_kind="k3", entropy_coef=0.0,
-                   opd_coef=0.0, opd_beta=5.0, gate="gap")
+    options = LossOptions(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, kl_kind="k3", entropy_coef=0.0,
+                          opd_coef=0.0, opd_beta=5.0, gate="gap")
     _, _, gh, gw, _ = tb.fused_forward_backward(hidden, weight, targets, temperature=1.0, ignore_index=-100,
                                                 with_entropy=False, per_token=per_token, options=options,
                                                 rows=512)  # 2 blocks: dW accumulates in fp32

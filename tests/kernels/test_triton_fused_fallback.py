@@ -7,6 +7,7 @@ import torch
 from kernel_cases import random_case
 from triton_reference import INTERPRETER
 
+from seedfast.ops import LossOptions
 from seedfast.ops import triton_backend as tb
 
 pytestmark = INTERPRETER
@@ -19,7 +20,7 @@ def _args():
     per_token = dict(old_logprob=None, ref_logprob=None, teacher_logprob=None, teacher_mask=None,
                      advantages=torch.randn(n, generator=g),
                      token_weights=torch.where(targets == -100, 0.0, 1.0 / n))
-    kw = dict(temperature=1.0, ignore_index=-100, with_entropy=False, per_token=per_token, options={})
+    kw = dict(temperature=1.0, ignore_index=-100, with_entropy=False, per_token=per_token, options=LossOptions())
     return hidden, weight, targets, kw
 
 

@@ -103,7 +103,7 @@ def test_token_offsets_beyond_int32():
 
 
 def test_public_ops_match_torch_backend():
-    from seedfast.ops import fused_loss, linear_logprob
+    from seedfast.ops import LossOptions, fused_loss, linear_logprob
 
     hidden, weight, targets = _case(3000, 2048, 64007, torch.bfloat16, seed=4)
     teacher = torch.randn_like(hidden)
@@ -129,8 +129,8 @@ def test_public_ops_match_torch_backend():
     results = {}
     for backend in ("torch", "triton"):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-        loss, metrics = fused_loss(h, w, targets, **per_token, kl_coef=0.01, entropy_coef=0.001, opd_coef=0.01,
-                                   gate="soft_or", backend=backend)
+        loss, metrics = fused_loss(h, w, targets, **per_token, backend=backend, options=LossOptions(
+            kl_coef=0.01, entropy_coef=0.001, opd_coef=0.01, gate="soft_or"))
         loss.backward()
         results[backend] = (loss.double(), metrics, h.grad.double(), w.grad.double())
     assert_close(results["triton"][0], results["torch"][0], 1e-3, "fused loss")
@@ -144,6 +144,7 @@ def test_single_pass_in_row_blocks(monkeypatch, dtype):
     # fused_loss's single pass (docs/kernels.md) at a realistic shape in 3 row blocks (dW accumulates in fp32),
     # per-token-mean weights (fp16: G ~ 1/(N·V) needs the scale). On-policy GRPO with an entropy bonus has
     # a_t = -A_t·w_t and b_t = -c·w_t exactly, so the fp64 reference needs no loss code.
+    from seedfast.ops import LossOptions
     from seedfast.ops import triton_backend as tb
 
     n, d, vocab, coef = 3000, 3584, 152064, 0.01
@@ -155,8 +156,8 @@ def test_single_pass_in_row_blocks(monkeypatch, dtype):
     w = torch.where(targets == -100, 0.0, 1.0 / n)
     per_token = dict(old_logprob=None, ref_logprob=None, teacher_logprob=None, teacher_mask=None, advantages=adv,
                      token_weights=w)
-    options = dict(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, kl_kind="k3", entropy_coef=coef,
-                   opd_coef=0.0, opd_beta=5.0, gate="gap")
+    options = LossOptions(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, kl_kind="k3", entropy_coef=coef,
+                          opd_coef=0.0, opd_beta=5.0, gate="gap")
     loss, _, grad_h, grad_w, logprob = tb.fused_forward_backward(
         hidden, weight, targets, temperature=1.0, ignore_index=-100, with_entropy=True, per_token=per_token,
         options=options)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from triton_reference import GPU
 
+from seedfast.ops import LossOptions
 from seedfast.ops import triton_backend as tb
 
 pytestmark = GPU
@@ -43,7 +44,8 @@ def test_single_pass_peak_memory_within_its_budget():
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     out = tb.fused_forward_backward(hidden, weight, targets, temperature=1.0, ignore_index=-100,
-                                    with_entropy=False, per_token=per_token, options={}, rows=rows)
+                                    with_entropy=False, per_token=per_token, options=LossOptions(),
+                                    rows=rows)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     block = rows * vocab * (4 + 2)  # fp32 logits + bf16 G
@@ -64,7 +66,7 @@ def test_no_fp32_output_gemm_takes_the_two_pass_path(monkeypatch):
     per_token = dict(old_logprob=None, ref_logprob=None, teacher_logprob=None, teacher_mask=None,
                      advantages=torch.randn(n, device="cuda", generator=g),
                      token_weights=torch.full((n,), 1.0 / n, device="cuda"))
-    kw = dict(temperature=1.0, ignore_index=-100, with_entropy=False, per_token=per_token, options={})
+    kw = dict(temperature=1.0, ignore_index=-100, with_entropy=False, per_token=per_token, options=LossOptions())
     two_pass = tb.fused_forward_backward(hidden, weight, targets, rows=0, **kw)
     monkeypatch.setitem(tb._GEMM_F32, "cuda", "none")
     monkeypatch.setattr(tb, "_fused", lambda *a, **k: pytest.fail("the single pass needs out_dtype"))

@@ -9,7 +9,7 @@ import torch
 from kernel_cases import D, N, V, random_case
 from triton_reference import INTERPRETER, TOL, assert_close, reference_grads, reference_logprob, reference_token_loss
 
-from seedfast.ops import chunked
+from seedfast.ops import LossOptions, chunked
 from seedfast.ops import triton_backend as tb
 
 pytestmark = INTERPRETER
@@ -56,7 +56,8 @@ def test_fused_loss_ignored_rows_with_nan_contribute_nothing(backend, rows, dtyp
     hidden, clean, weight, targets, ignored = _poisoned(dtype)
     lp, ent, _, _ = reference_logprob(clean, weight, targets, None, 0.8)
     per_token = _per_token(targets, lp.float())
-    kwargs = dict(temperature=0.8, ignore_index=-100, with_entropy=True, per_token=per_token, options=OPTIONS)
+    kwargs = dict(temperature=0.8, ignore_index=-100, with_entropy=True, per_token=per_token,
+                  options=LossOptions(**OPTIONS))
     if backend == "triton":
         loss, _, gh, gw, logprob = tb.fused_forward_backward(hidden, weight, targets, rows=rows, **kwargs)
     else:

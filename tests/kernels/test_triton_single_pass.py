@@ -16,7 +16,7 @@ from triton_reference import (
     reference_token_loss,
 )
 
-from seedfast.ops import fused_loss
+from seedfast.ops import LossOptions, fused_loss
 from seedfast.ops import triton_backend as tb
 
 pytestmark = INTERPRETER
@@ -51,7 +51,7 @@ def _run(hidden, weight, targets, per_token, temperature, options, rows, need=(T
                  "token_weights": torch.where(targets == -100, 0.0, per_token["token_weights"].float())}
     with_entropy = options["entropy_coef"] != 0 or (options["opd_coef"] != 0 and options["gate"] != "gap")
     return tb.fused_forward_backward(hidden, weight, targets, temperature=temperature, ignore_index=-100,
-                                     with_entropy=with_entropy, per_token=per_token, options=options,
+                                     with_entropy=with_entropy, per_token=per_token, options=LossOptions(**options),
                                      need_hidden_grad=need[0], need_weight_grad=need[1], rows=rows)
 
 
@@ -125,7 +125,8 @@ def test_fused_loss_uses_the_single_pass_and_agrees_with_the_torch_backend(monke
         hidden.requires_grad_()
         weight.requires_grad_()
         per_token = _per_token(N, torch.full((N,), -5.0))
-        loss, metrics = fused_loss(hidden, weight, targets, **per_token, **OPTIONS, temperature=0.9, backend=backend)
+        loss, metrics = fused_loss(hidden, weight, targets, **per_token, options=LossOptions(**OPTIONS),
+                                   temperature=0.9, backend=backend)
         loss.backward()
         results[backend] = (loss.detach(), metrics, hidden.grad, weight.grad)
     # 16 rows fit: 3 balanced blocks of 15 rows, each with its logits GEMM once and its dH and dW GEMMs.

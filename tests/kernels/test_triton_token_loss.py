@@ -7,7 +7,7 @@ import pytest
 import torch
 from triton_reference import INTERPRETER, assert_close, reference_token_loss
 
-from seedfast.ops import chunked
+from seedfast.ops import LossOptions, chunked
 from seedfast.ops import triton_backend as tb
 
 pytestmark = INTERPRETER
@@ -57,7 +57,7 @@ def _compare(got, want):
 def test_matches_spec_formulas(gate, kl_kind):
     per_token = _per_token()
     options = {**OPTIONS, "gate": gate, "kl_kind": kl_kind}
-    got = tb.token_loss(*per_token.values(), **options)
+    got = tb.token_loss(*per_token.values(), options=LossOptions(**options))
     assert bool(torch.isfinite(got[1]).all())
     _compare(got, reference_token_loss(*per_token.values(), **options))
 
@@ -67,7 +67,7 @@ def test_minimal_terms_no_dual_clip():
     for key in ("entropy", "ref_logprob", "teacher_logprob", "teacher_mask"):
         per_token[key] = None
     options = {**OPTIONS, "dual_clip": None, "kl_coef": 0.0, "entropy_coef": 0.0, "opd_coef": 0.0}
-    got = tb.token_loss(*per_token.values(), **options)
+    got = tb.token_loss(*per_token.values(), options=LossOptions(**options))
     assert got[2] is None and set(got[3]) == {"weight", "clip_frac", "ratio_min", "ratio_max"}
     _compare(got, reference_token_loss(*per_token.values(), **options))
 
@@ -84,9 +84,9 @@ def test_hand_computed_cases():
     tmask = torch.tensor([True, False, False, False])
     adv = torch.tensor([0.0, -1.0, 1.0, 1.0])
     w = torch.ones(4)
-    loss, a, b, sums = tb.token_loss(lp, None, old, ref, teacher, tmask, adv, w, clip_low=0.2, clip_high=0.2,
-                                     dual_clip=3.0, kl_coef=1.0, kl_kind="low_var_kl", entropy_coef=0.0,
-                                     opd_coef=1.0, opd_beta=2.0, gate="gap")
+    loss, a, b, sums = tb.token_loss(lp, None, old, ref, teacher, tmask, adv, w, options=LossOptions(
+        clip_low=0.2, clip_high=0.2, dual_clip=3.0, kl_coef=1.0, kl_kind="low_var_kl", entropy_coef=0.0, opd_coef=1.0,
+        opd_beta=2.0, gate="gap"))
     g = 1 / (1 + math.exp(-3))
     assert abs(float(sums["gate"]) - g) < 1e-6 and abs(g - 0.952574) < 1e-6
     assert torch.allclose(a, torch.tensor([-g, 0.0, 0.0, -1.1]), atol=1e-6)
@@ -101,8 +101,8 @@ def test_soft_or_gate_with_entropy_in_nats_by_hand():
     want = torch.tensor([0.9869176626015187, 0.9899449566414819, 0.9914315636104873, 0.9926699930069641])
     lp = torch.full((4,), -3.0)
     _, a, _, sums = tb.token_loss(lp, torch.full((4,), 2.0), None, None, lp + torch.tensor([0.0, 0.5, 1.0, 2.0]),
-                                  None, torch.zeros(4), torch.ones(4), dual_clip=None, opd_coef=1.0, opd_beta=5.0,
-                                  gate="soft_or")
+                                  None, torch.zeros(4), torch.ones(4),
+                                  options=LossOptions(dual_clip=None, opd_coef=1.0, opd_beta=5.0, gate="soft_or"))
     assert_close(-a, want, 1e-6, "gate")
     assert_close(sums["gate"], want.sum(), 1e-6, "gate sum")
 
@@ -110,38 +110,39 @@ def test_soft_or_gate_with_entropy_in_nats_by_hand():
 @pytest.mark.parametrize("n_programs", [1, 2, 7])
 def test_program_count_does_not_change_results(n_programs):
     per_token = _per_token(seed=2)
-    got = tb.token_loss(*per_token.values(), **OPTIONS, block=16, n_programs=n_programs)
+    got = tb.token_loss(*per_token.values(), options=LossOptions(**OPTIONS), block=16, n_programs=n_programs)
     _compare(got, reference_token_loss(*per_token.values(), **OPTIONS))
 
 
 @pytest.mark.parametrize("gate", ["gap", "soft_or"])
 def test_matches_torch_backend(gate):
     per_token = _per_token(seed=3)
-    options = {**OPTIONS, "gate": gate, "kl_kind": "k2"}
-    _compare(tb.token_loss(*per_token.values(), **options),
+    options = LossOptions(**{**OPTIONS, "gate": gate, "kl_kind": "k2"})
+    _compare(tb.token_loss(*per_token.values(), options=options),
              tuple(x.double() if isinstance(x, torch.Tensor) else x for x in chunked.token_loss(
-                 *per_token.values(), **options)[:3]) + (
-                 {k: v.double() for k, v in chunked.token_loss(*per_token.values(), **options)[3].items()},))
+                 *per_token.values(), options=options)[:3]) + (
+                 {k: v.double() for k, v in chunked.token_loss(*per_token.values(), options=options)[3].items()},))
 
 
 def test_zero_tokens():
     per_token = {k: v[:0] for k, v in _per_token().items()}
-    loss, a, b, sums = tb.token_loss(*per_token.values(), **OPTIONS)
+    loss, a, b, sums = tb.token_loss(*per_token.values(), options=LossOptions(**OPTIONS))
     assert float(loss) == 0.0 and a.shape == b.shape == (0,)
     assert float(sums["ratio_min"]) == math.inf and float(sums["weight"]) == 0.0
 
 
 def test_bad_options_raise_one_clear_error():
     per_token = _per_token()
+    options = LossOptions(**OPTIONS)
     with pytest.raises(ValueError, match="kl_kind"):
-        tb.token_loss(*per_token.values(), **{**OPTIONS, "kl_kind": "k9"})
+        tb.token_loss(*per_token.values(), options=LossOptions(**{**OPTIONS, "kl_kind": "k9"}))
     with pytest.raises(ValueError, match="gate"):
-        tb.token_loss(*per_token.values(), **{**OPTIONS, "gate": "max"})
+        tb.token_loss(*per_token.values(), options=LossOptions(**{**OPTIONS, "gate": "max"}))
     with pytest.raises(ValueError, match="ref_logprob"):
-        tb.token_loss(*{**per_token, "ref_logprob": None}.values(), **OPTIONS)
+        tb.token_loss(*{**per_token, "ref_logprob": None}.values(), options=options)
     with pytest.raises(ValueError, match="entropy"):
-        tb.token_loss(*{**per_token, "entropy": None}.values(), **OPTIONS)
+        tb.token_loss(*{**per_token, "entropy": None}.values(), options=options)
     with pytest.raises(ValueError, match="advantages"):
-        tb.token_loss(*{**per_token, "advantages": per_token["advantages"][:-1]}.values(), **OPTIONS)
+        tb.token_loss(*{**per_token, "advantages": per_token["advantages"][:-1]}.values(), options=options)
     with pytest.raises(ValueError, match="dual_clip"):
-        tb.token_loss(*per_token.values(), **{**OPTIONS, "dual_clip": 0.5})
+        tb.token_loss(*per_token.values(), options=LossOptions(**{**OPTIONS, "dual_clip": 0.5}))

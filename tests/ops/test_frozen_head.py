@@ -15,7 +15,7 @@ import torch
 from ops_reference import fp64_leaves, materialized_logprob, max_rel_err, random_problem
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from seedfast.ops import chunked, fused_loss, linear_logprob, validate
+from seedfast.ops import LossOptions, chunked, fused_loss, linear_logprob, validate
 
 # The Triton cases run under the interpreter where no GPU exists. As in tests/kernels/conftest.py the variable
 # is set at import (collection), before anything imports triton: torch._dynamo does, lazily, and triton's own
@@ -37,7 +37,7 @@ def _loss_kwargs(seed: int = 0, device: torch.device | str = "cpu") -> dict:
     gen = torch.Generator().manual_seed(seed)
     return {"token_weights": torch.full((N,), 1.0 / N, device=device),
             "advantages": torch.randn(N, generator=gen).to(device),
-            "old_logprob": (-torch.rand(N, generator=gen) * 5).to(device), "entropy_coef": 0.01}
+            "old_logprob": (-torch.rand(N, generator=gen) * 5).to(device), "options": LossOptions(entropy_coef=0.01)}
 
 
 def _gemm_flops(rows: int) -> int:

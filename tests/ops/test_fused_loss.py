@@ -2,6 +2,7 @@
 w.r.t. hidden and weight, metrics), for every aggregation mode, gate and KL kind, with and without dual
 clip, with a teacher mask, on each of the torch backend's paths."""
 
+import dataclasses
 import importlib
 import itertools
 import types
@@ -11,7 +12,7 @@ import torch
 from ops_reference import max_rel_err, random_problem
 
 from seedfast.algo import losses
-from seedfast.ops import chunked, fused_loss, linear_logprob, tiles
+from seedfast.ops import LossOptions, chunked, fused_loss, linear_logprob, tiles
 
 B, T, D, V = 3, 13, 16, 101
 N = B * T
@@ -50,25 +51,34 @@ def make_batch(seed=0):
     return hidden, weight, targets, batch
 
 
+def split_options(options: dict) -> tuple[LossOptions, dict]:
+    """A test's keywords as (the loss options, the call's other keywords: temperature, return_logprob)."""
+    names = {f.name for f in dataclasses.fields(LossOptions)}
+    return (LossOptions(**{k: v for k, v in options.items() if k in names}),
+            {k: v for k, v in options.items() if k not in names})
+
+
 def reference(hidden, weight, targets, batch, agg, **options):
     """The loss through linear_logprob's autograd and the algo reference math."""
-    out = linear_logprob(hidden, weight, targets, with_entropy=True, temperature=options.pop("temperature", 1.0))
+    loss_options, rest = split_options(options)
+    out = linear_logprob(hidden, weight, targets, with_entropy=True, temperature=rest.get("temperature", 1.0))
     loss, metrics = losses.total_loss(
         out.logprob.view(B, T), batch["old_logprob"].view(B, T), batch["advantages"], batch["mask"],
         entropy=out.entropy.view(B, T), ref_logprob=batch["ref_logprob"].view(B, T),
         teacher_logprob=batch["teacher_logprob"].view(B, T), teacher_mask=batch["teacher_mask"], agg=agg,
-        **options)
+        options=loss_options)
     return loss, metrics
 
 
 def fused(hidden, weight, targets, batch, agg, **options):
+    loss_options, rest = split_options(options)
     return fused_loss(
         hidden, weight, targets,
         token_weights=losses.aggregation_weights(batch["mask"], agg).flatten(),
         advantages=batch["advantages"][:, None].expand(B, T).flatten(),
         old_logprob=batch["old_logprob"], ref_logprob=batch["ref_logprob"],
         teacher_logprob=batch["teacher_logprob"],
-        teacher_mask=batch["teacher_mask"][:, None].expand(B, T).flatten(), **options)
+        teacher_mask=batch["teacher_mask"][:, None].expand(B, T).flatten(), options=loss_options, **rest)
 
 
 def assert_same_loss_and_grads(hidden, weight, targets, batch, agg, **options):
@@ -148,7 +158,8 @@ def test_no_weighted_token_and_empty_batch(loss_path):
     hidden, weight, targets = random_problem(0, D, V)
     empty = torch.zeros(0)
     loss, metrics = fused_loss(hidden, weight, targets, token_weights=empty, advantages=empty,
-                               old_logprob=empty, ref_logprob=empty, kl_coef=0.1, entropy_coef=0.1)
+                               old_logprob=empty, ref_logprob=empty,
+                               options=LossOptions(kl_coef=0.1, entropy_coef=0.1))
     loss.backward()
     assert loss == 0 and weight.grad.shape == (V, D) and torch.all(weight.grad == 0)
     assert all(torch.isfinite(v) for v in metrics.values())

@@ -6,7 +6,7 @@ from ops_reference import materialized_logprob, random_problem
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from seedfast.ops import fused_loss, linear_logprob, tiles
+from seedfast.ops import LossOptions, fused_loss, linear_logprob, tiles
 
 N, D, V = 256, 8, 2048
 
@@ -43,7 +43,7 @@ def test_linear_logprob_and_fused_loss_stay_within_tiles(monkeypatch):
         loss, _ = fused_loss(hidden, weight, targets, token_weights=torch.full((N,), 1.0 / N),
                              advantages=torch.randn(N), old_logprob=out.logprob.detach(),
                              ref_logprob=out.logprob.detach(), teacher_logprob=out.teacher_logprob,
-                             kl_coef=0.1, entropy_coef=0.01, opd_coef=0.1, gate="soft_or")
+                             options=LossOptions(kl_coef=0.1, entropy_coef=0.01, opd_coef=0.1, gate="soft_or"))
         loss.backward()
     # The largest tensors are the [V, d] weight gradient and a 4096-entry tile; [N, V] would be 524288.
     assert seen.numel <= max(V * D, 4096)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from ops_reference import random_problem
 
-from seedfast.ops import fused_loss, linear_logprob
+from seedfast.ops import LossOptions, fused_loss, linear_logprob
 
 N, D, V = 6, 4, 11
 
@@ -49,21 +49,21 @@ def test_non_tensor_is_a_type_error():
 
 
 LOSS_CASES = [
-    ({"gate": "hard"}, "gate"),
-    ({"kl_kind": "k4"}, "kl_kind"),
+    ({"options": LossOptions(gate="hard")}, "gate"),
+    ({"options": LossOptions(kl_kind="k4")}, "kl_kind"),
     ({"backend": "jax"}, "backend"),
-    ({"kl_coef": 0.1}, "ref_logprob"),
-    ({"opd_coef": 0.1}, "teacher_logprob"),
+    ({"options": LossOptions(kl_coef=0.1)}, "ref_logprob"),
+    ({"options": LossOptions(opd_coef=0.1)}, "teacher_logprob"),
     ({"advantages": torch.randn(N, 1)}, "advantages"),
     ({"old_logprob": torch.randn(N + 2)}, "old_logprob"),
     ({"token_weights": torch.ones(N, dtype=torch.int64)}, "token_weights"),
     ({"ref_logprob": torch.randn(2, N)}, "ref_logprob"),
     ({"teacher_logprob": torch.randn(N - 1)}, "teacher_logprob"),
     ({"teacher_mask": torch.ones(N + 1, dtype=torch.bool)}, "teacher_mask"),
-    ({"clip_low": 1.0}, "clip_low"),
-    ({"clip_high": -0.1}, "clip_high"),
-    ({"dual_clip": 1.0}, "dual_clip"),
-    ({"opd_beta": float("inf")}, "opd_beta"),
+    ({"options": LossOptions(clip_low=1.0)}, "clip_low"),
+    ({"options": LossOptions(clip_high=-0.1)}, "clip_high"),
+    ({"options": LossOptions(dual_clip=1.0)}, "dual_clip"),
+    ({"options": LossOptions(opd_beta=float("inf"))}, "opd_beta"),
 ]
 
 
@@ -71,6 +71,11 @@ LOSS_CASES = [
 def test_fused_loss_rejects(change, name):
     with pytest.raises(ValueError, match=name):
         fused_loss(**problem(), **{**loss_kwargs(), **change})
+
+
+def test_fused_loss_options_must_be_loss_options():
+    with pytest.raises(TypeError, match="options must be a seedfast.algo.losses.LossOptions"):
+        fused_loss(**problem(), **loss_kwargs(), options={"clip_low": 0.2})
 
 
 def test_unknown_backend_in_environment(monkeypatch):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from ops_reference import random_problem
 
-from seedfast.ops import fused_loss, linear_logprob, tiles
+from seedfast.ops import LossOptions, fused_loss, linear_logprob, tiles
 
 N, D, V = 40, 6, 96  # D differs from every tile dimension
 
@@ -37,7 +37,8 @@ def test_fused_loss_single_pass(live_tile_counter, monkeypatch, budget_rows, ent
     monkeypatch.setenv(tiles.TILE_BYTES_ENV, str(budget_rows * V * 4 * (2 if entropy_coef else 1)))
     hidden, weight, targets = random_problem(N, D, V, seed=0)
     loss, _ = fused_loss(hidden.requires_grad_(), weight.requires_grad_(), targets, token_weights=torch.ones(N) / N,
-                         advantages=torch.randn(N), old_logprob=-torch.rand(N) * 5, entropy_coef=entropy_coef)
+                         advantages=torch.randn(N), old_logprob=-torch.rand(N) * 5,
+                         options=LossOptions(entropy_coef=entropy_coef))
     loss.backward()
     assert len(live_tile_counter) == N // budget_rows + (N % budget_rows > 0)
     assert max(live_tile_counter) == 0

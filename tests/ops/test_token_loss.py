@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from seedfast.ops import LossOptions
 from seedfast.ops.token_loss import merge_metric_sums, metric_means, needs_entropy, token_loss
 
 OPTIONS = dict(clip_low=0.2, clip_high=0.2, kl_coef=0.1, kl_kind="k1", entropy_coef=0.01, opd_coef=0.2,
@@ -35,7 +36,7 @@ def inputs():
 
 @pytest.mark.parametrize("dual_clip", [3.0, None])
 def test_hand_computed_loss_and_derivatives(dual_clip):
-    loss, a, b, sums = token_loss(**inputs(), dual_clip=dual_clip, **OPTIONS)
+    loss, a, b, sums = token_loss(**inputs(), options=LossOptions(dual_clip=dual_clip, **OPTIONS))
     w = [0.5, 0.25, 0.25]
     g0, g2 = sigmoid(2.0 * 1.5), sigmoid(2.0 * -1.0)
     assert g0 == pytest.approx(0.9525741, abs=1e-7)  # sigmoid(3), by hand
@@ -65,23 +66,28 @@ def test_hand_computed_loss_and_derivatives(dual_clip):
 
 def test_b_is_none_when_the_loss_ignores_entropy():
     kwargs = {**OPTIONS, "entropy_coef": 0.0, "gate": "entropy"}  # the gate is stop-gradient
-    _, _, b, sums = token_loss(**inputs(), dual_clip=3.0, **kwargs)
+    _, _, b, sums = token_loss(**inputs(), options=LossOptions(dual_clip=3.0, **kwargs))
     assert b is None and "entropy" in sums
-    _, _, b, sums = token_loss(**{**inputs(), "entropy": None}, dual_clip=3.0, **{**OPTIONS, "entropy_coef": 0.0})
+    _, _, b, sums = token_loss(**{**inputs(), "entropy": None},
+                               options=LossOptions(dual_clip=3.0, **{**OPTIONS, "entropy_coef": 0.0}))
     assert b is None and "entropy" not in sums
 
 
 def test_needs_entropy():
-    assert not needs_entropy(0.0, 0.0, "soft_or")
-    assert not needs_entropy(0.0, 0.1, "gap")
-    assert needs_entropy(0.0, 0.1, "entropy") and needs_entropy(0.0, 0.1, "soft_or")
-    assert needs_entropy(0.001, 0.0, "gap")
+    def needs(entropy_coef, opd_coef, gate):
+        return needs_entropy(LossOptions(entropy_coef=entropy_coef, opd_coef=opd_coef, gate=gate))
+
+    assert not needs(0.0, 0.0, "soft_or")
+    assert not needs(0.0, 0.1, "gap")
+    assert needs(0.0, 0.1, "entropy") and needs(0.0, 0.1, "soft_or")
+    assert needs(0.001, 0.0, "gap")
 
 
 def test_metric_sums_merge_like_one_pass():
     data = inputs()
-    whole = token_loss(**data, dual_clip=3.0, **OPTIONS)[3]
-    parts = [token_loss(**{k: v[s] for k, v in data.items()}, dual_clip=3.0, **OPTIONS)[3]
+    options = LossOptions(dual_clip=3.0, **OPTIONS)
+    whole = token_loss(**data, options=options)[3]
+    parts = [token_loss(**{k: v[s] for k, v in data.items()}, options=options)[3]
              for s in (slice(0, 1), slice(1, 4))]
     merged = merge_metric_sums(merge_metric_sums({}, parts[0]), parts[1])
     assert merged.keys() == whole.keys()
@@ -95,9 +101,10 @@ def test_soft_or_gate_with_entropy_in_nats_by_hand():
     want = torch.tensor([0.9869176626015187, 0.9899449566414819, 0.9914315636104873, 0.9926699930069641])
     lp = torch.full((4,), -3.0)
     _, a, _, sums = token_loss(lp, torch.full((4,), 2.0), None, None, lp + torch.tensor([0.0, 0.5, 1.0, 2.0]),
-                               None, torch.zeros(4), torch.ones(4), clip_low=0.2, clip_high=0.2, dual_clip=None,
-                               kl_coef=0.0, kl_kind="k1", entropy_coef=0.0, opd_coef=1.0, opd_beta=5.0,
-                               gate="soft_or")
+                               None, torch.zeros(4), torch.ones(4),
+                               options=LossOptions(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0,
+                                                   kl_kind="k1", entropy_coef=0.0, opd_coef=1.0, opd_beta=5.0,
+                                                   gate="soft_or"))
     torch.testing.assert_close(-a, want)
     torch.testing.assert_close(sums["gate"], want.sum())
 
