@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -115,7 +115,7 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
     teacher_here = use_opd and batch.teacher_from_forward
     run = _MicroBatchRun(loss_options(loss_cfg, use_kl=use_kl, use_opd=use_opd), use_kl=use_kl, use_opd=use_opd,
                          teacher_here=teacher_here, temperature=temperature, attn_backend=attn_backend)
-    total_loss, sums, weight_sum = 0.0, {}, 0.0
+    sums = _MiniBatchSums()
     for k in range(len(groups) + padding):
         if k < len(groups):
             part, micro = batch, [index[g] for g in groups[k]]
@@ -125,17 +125,10 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
             part, micro = (batch, [index[0]]) if index else (_STAND_IN, [0])
             w = torch.zeros(len(part.samples[micro[0]].response_ids))
         with _collective_free(model, dp if teacher_here else None):
-            loss = _micro_batch(model, part, micro, w, run, sums if k < len(groups) else None)
-        if loss is not None:
-            total_loss += loss[0]
-            weight_sum += loss[1]
+            _micro_batch(model, part, micro, w, run, sums if k < len(groups) else None)
     if dp is not None:
-        total_loss, weight_sum, sums = _reduce_sums(dp, total_loss, weight_sum, sums)
-    gap = {**rollout_gap_metrics(sums), **teacher_gap_metrics(sums)}
-    teacher_weight = sums.pop("_teacher_weight", 0.0)
-    out = {k: (v if k.startswith("ratio_") else v / max(teacher_weight if k in _TEACHER_MEANS else weight_sum, 1e-12))
-           for k, v in sums.items()}
-    return total_loss, {**out, "loss": total_loss, **gap}
+        sums.reduce(dp)
+    return sums.loss, sums.metrics()
 
 
 @dataclass(frozen=True)
@@ -151,6 +144,123 @@ class _MicroBatchRun:
 
 
 _TEACHER_MEANS = ("gate_mean", "opd_term")  # means over teacher-valid tokens (ops/token_loss.py metric_means)
+
+
+@dataclass
+class RolloutGap:
+    """Train-vs-rollout log-prob gap |ℓθ − ℓrollout| over response tokens: a silent weight-sync failure shows here
+    first (docs/pitfalls.md, 'Weight sync that silently does nothing')."""
+
+    total: float = 0.0
+    tokens: float = 0.0
+    largest: float = 0.0
+
+    def add(self, logprob: torch.Tensor, samples: list[StepSample]) -> None:
+        """Add the tokens of `samples` (ℓθ `logprob`, packed in sample order); nothing unless every sample carries
+        the log-probs it was sampled with."""
+        rollout = [s.meta.get("rollout_logprobs") for s in samples]
+        if any(r is None for r in rollout):
+            return
+        gap = (logprob.float().cpu() - torch.cat(rollout)).abs()
+        self.total += float(gap.sum())
+        self.tokens += gap.numel()
+        self.largest = max(self.largest, float(gap.max()) if gap.numel() else 0.0)
+
+    def metrics(self) -> dict[str, float]:
+        if not self.tokens:
+            return {}
+        return {"rollout/logprob_gap_mean": self.total / self.tokens, "rollout/logprob_gap_max": self.largest}
+
+
+@dataclass
+class TeacherGap:
+    """ℓskill − ℓθ over the teacher-valid response tokens of winning and of losing trajectories: a skill that carries
+    signal raises the winners' actions more than the losers'."""
+
+    win_total: float = 0.0
+    win_tokens: float = 0.0
+    lose_total: float = 0.0
+    lose_tokens: float = 0.0
+
+    def add(self, logprob: torch.Tensor, teacher_logprob: torch.Tensor, teacher_mask: torch.Tensor,
+            samples: list[StepSample]) -> None:
+        delta = teacher_logprob.float() - logprob.detach().float()
+        valid = teacher_mask.bool()
+        lengths = torch.tensor([len(s.response_ids) for s in samples])
+        outcome_won = torch.tensor([s.reward + s.penalty > 0 for s in samples])
+        won = torch.repeat_interleave(outcome_won, lengths).to(delta.device)
+        win, lose = valid & won, valid & ~won
+        # reduced on the device: only the scalar sums cross to the host, never the per-token tensors
+        self.win_total += float(torch.where(win, delta, 0.0).sum())
+        self.win_tokens += int(win.sum())
+        self.lose_total += float(torch.where(lose, delta, 0.0).sum())
+        self.lose_tokens += int(lose.sum())
+
+    def metrics(self) -> dict[str, float]:
+        out = {}
+        for name, total, n in (("win", self.win_total, self.win_tokens), ("lose", self.lose_total, self.lose_tokens)):
+            if n:
+                out[f"skill/teacher_gap_{name}"] = total / n
+        return out
+
+
+@dataclass
+class _MiniBatchSums:
+    """What the micro-batches of one mini-batch add up. `metric_sums` holds only the loss's own metric names (weighted
+    sums; ratio_min / ratio_max their extremes); the sums the means divide by and the gap diagnostics are fields, so
+    no bookkeeping rides in the metrics a caller logs."""
+
+    loss: float = 0.0  # the mini-batch loss: the sum of the micro-batch losses
+    weight: float = 0.0  # Σ token weights
+    teacher_weight: float = 0.0  # Σ token weights over teacher-valid tokens
+    metric_sums: dict[str, float] = field(default_factory=dict)
+    rollout_gap: RolloutGap = field(default_factory=RolloutGap)
+    teacher_gap: TeacherGap = field(default_factory=TeacherGap)
+
+    def add_metrics(self, metrics: dict[str, torch.Tensor], weight: float, teacher_weight: float) -> None:
+        """Add one micro-batch's metric means (fused_loss's, weighted by that micro-batch's weights; gate_mean and
+        opd_term by its teacher-valid weights): re-weighted to the mini-batch, so they do not depend on the split."""
+        sums = self.metric_sums
+        for k, v in metrics.items():
+            v = float(v)
+            if k == "ratio_min":
+                sums[k] = min(sums.get(k, math.inf), v)
+            elif k == "ratio_max":
+                sums[k] = max(sums.get(k, -math.inf), v)
+            elif k in _TEACHER_MEANS:
+                sums[k] = sums.get(k, 0.0) + v * teacher_weight
+            elif k != "loss":  # the mini-batch loss is the sum of the micro-batch losses (self.loss)
+                sums[k] = sums.get(k, 0.0) + v * weight
+        self.weight += weight
+        self.teacher_weight += teacher_weight
+
+    def reduce(self, dp: DataParallel) -> None:
+        """The global sums over the data-parallel ranks: min / max where the metric is one, sums otherwise. Ranks
+        that lack a metric (no teacher tokens) count as 0 (as +inf / -inf for min / max)."""
+        own, sums = self.metric_sums, {}
+        keys = dp.union_keys(own)
+        mins = [k for k in keys if k == "ratio_min"]
+        maxs = [k for k in keys if k == "ratio_max"]
+        adds = [k for k in keys if k not in mins and k not in maxs]
+        r, t = self.rollout_gap, self.teacher_gap
+        # one all-reduce for every sum, the fields first
+        fields = [self.loss, self.weight, r.tokens, r.total, self.teacher_weight, t.lose_tokens, t.lose_total,
+                  t.win_tokens, t.win_total]
+        added = dp.sum([*fields, *(own.get(k, 0.0) for k in adds)])
+        (self.loss, self.weight, r.tokens, r.total, self.teacher_weight, t.lose_tokens, t.lose_total, t.win_tokens,
+         t.win_total) = added[:len(fields)]
+        sums.update(zip(adds, added[len(fields):]))
+        sums.update(zip(mins, dp.min([own.get(k, math.inf) for k in mins])))
+        r.largest, *extremes = dp.max([r.largest, *(own.get(k, -math.inf) for k in maxs)])
+        sums.update(zip(maxs, extremes))
+        self.metric_sums = sums
+
+    def metrics(self) -> dict[str, float]:
+        """The mini-batch's metrics: weighted means, the loss, and the gap diagnostics where there were tokens."""
+        out = {k: (v if k.startswith("ratio_") else
+                   v / max(self.teacher_weight if k in _TEACHER_MEANS else self.weight, 1e-12))
+               for k, v in self.metric_sums.items()}
+        return {**out, "loss": self.loss, **self.rollout_gap.metrics(), **self.teacher_gap.metrics()}
 
 
 def _head_loss(model: torch.nn.Module):
@@ -176,26 +286,11 @@ def _collective_free(model, dp: DataParallel | None):
     return unsharded(model)
 
 
-def _reduce_sums(dp: DataParallel, total_loss: float, weight_sum: float,
-                 sums: dict[str, float]) -> tuple[float, float, dict[str, float]]:
-    """The global loss, weight sum and metric sums: min / max where the metric is one, sums otherwise. Ranks that
-    lack a key (no teacher tokens, no rollout log-probs) count as 0 (as +inf / -inf for min / max)."""
-    keys = dp.union_keys(sums)
-    mins = [k for k in keys if k == "ratio_min"]
-    maxs = [k for k in keys if k in ("ratio_max", "_gap_max")]
-    adds = [k for k in keys if k not in mins and k not in maxs]
-    added = dp.sum([total_loss, weight_sum, *(sums.get(k, 0.0) for k in adds)])
-    out = dict(zip(adds, added[2:]))
-    out.update(zip(mins, dp.min([sums.get(k, math.inf) for k in mins])))
-    out.update(zip(maxs, dp.max([sums.get(k, -math.inf) for k in maxs])))
-    return added[0], added[1], out
-
-
 def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, run: _MicroBatchRun,
-                 sums: dict[str, float] | None) -> tuple[float, float] | None:
-    """Forward + backward of the samples `micro` of `batch` with token weights `w`; adds its metrics to `sums`,
-    returns (loss, weight sum). sums None: a padding micro-batch (weight 0) of a data-parallel rank with fewer
-    micro-batches than the busiest, run for its collectives only; it returns None."""
+                 sums: _MiniBatchSums | None) -> None:
+    """Forward + backward of the samples `micro` of `batch` with token weights `w`; adds the loss and its metrics to
+    `sums`. sums None: a padding micro-batch (weight 0) of a data-parallel rank with fewer micro-batches than the
+    busiest, run for its collectives only."""
     device = model.lm_head_weight.device
     micro_samples = [batch.samples[i] for i in micro]
     packed = pack_single(micro_samples).to(device)
@@ -226,28 +321,14 @@ def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, r
     )
     loss.backward()
     if sums is None:
-        return None
+        return
     if old is None:
-        accumulate_rollout_gap(sums, logprob, micro_samples)
+        sums.rollout_gap.add(logprob, micro_samples)
     if teacher_logprob is not None:
-        accumulate_teacher_gap(sums, logprob, teacher_logprob, teacher_mask, micro_samples)
-    # metrics are means weighted by this micro-batch's weights (gate_mean and opd_term by its teacher-valid
-    # weights, ops/token_loss.py): re-weight to the mini-batch, so they do not depend on the micro-batch split
-    wsum = float(w.sum())
+        sums.teacher_gap.add(logprob, teacher_logprob, teacher_mask, micro_samples)
     twsum = float((w.to(device) * teacher_mask.float()).sum()) if teacher_logprob is not None else 0.0
-    for k, v in metrics.items():
-        v = float(v)
-        if k == "ratio_min":
-            sums[k] = min(sums.get(k, math.inf), v)
-        elif k == "ratio_max":
-            sums[k] = max(sums.get(k, -math.inf), v)
-        elif k in _TEACHER_MEANS:
-            sums[k] = sums.get(k, 0.0) + v * twsum
-        elif k != "loss":  # the mini-batch loss is the sum of the micro-batch losses (returned)
-            sums[k] = sums.get(k, 0.0) + v * wsum
-    if twsum:
-        sums["_teacher_weight"] = sums.get("_teacher_weight", 0.0) + twsum
-    return float(loss.detach()), wsum
+    sums.loss += float(loss.detach())
+    sums.add_metrics(metrics, float(w.sum()), twsum)
 
 
 # the padding micro-batch of a data-parallel rank that has no sample of its own (weight 0, no teacher)
@@ -256,46 +337,12 @@ _STAND_IN = UpdateBatch([StepSample(prompt_ids=[0], response_ids=[0], teacher_va
                         teacher_mask=torch.zeros(1, dtype=torch.bool))
 
 
-def rollout_gap_metrics(sums: dict[str, float]) -> dict[str, float]:
-    """Pop the sums of `accumulate_rollout_gap` out of `sums` and turn them into metrics."""
-    gap = {k: sums.pop(k) for k in ("_gap_sum", "_gap_n", "_gap_max") if k in sums}
-    if not gap.get("_gap_n"):
-        return {}
-    return {"rollout/logprob_gap_mean": gap["_gap_sum"] / gap["_gap_n"], "rollout/logprob_gap_max": gap["_gap_max"]}
+def accumulate_rollout_gap(gaps: dict[str, RolloutGap], logprob: torch.Tensor, samples: list[StepSample]) -> None:
+    """RolloutGap.add for a caller that keeps its gap in a dict of its own (train/rl.py's scoring pass)."""
+    gaps.setdefault("rollout", RolloutGap()).add(logprob, samples)
 
 
-def accumulate_rollout_gap(sums: dict[str, float], logprob: torch.Tensor, samples: list[StepSample]) -> None:
-    """Train-vs-rollout log-prob gap: a silent weight-sync failure shows here first (docs/pitfalls.md, 'Weight sync
-    that silently does nothing')."""
-    rollout = [s.meta.get("rollout_logprobs") for s in samples]
-    if any(r is None for r in rollout):
-        return
-    gap = (logprob.float().cpu() - torch.cat(rollout)).abs()
-    sums["_gap_sum"] = sums.get("_gap_sum", 0.0) + float(gap.sum())
-    sums["_gap_n"] = sums.get("_gap_n", 0.0) + gap.numel()
-    sums["_gap_max"] = max(sums.get("_gap_max", 0.0), float(gap.max()) if gap.numel() else 0.0)
-
-
-def accumulate_teacher_gap(sums: dict[str, float], logprob: torch.Tensor, teacher_logprob: torch.Tensor,
-                           teacher_mask: torch.Tensor, samples: list[StepSample]) -> None:
-    """Sums of ℓskill − ℓθ over the teacher-valid response tokens of winning and of losing trajectories: a
-    skill that carries signal raises the winners' actions more than the losers'."""
-    delta = teacher_logprob.float() - logprob.detach().float()
-    valid = teacher_mask.bool()
-    lengths = torch.tensor([len(s.response_ids) for s in samples])
-    outcome_won = torch.tensor([s.reward + s.penalty > 0 for s in samples])
-    won = torch.repeat_interleave(outcome_won, lengths).to(delta.device)
-    for name, rows in (("win", valid & won), ("lose", valid & ~won)):
-        # reduced on the device: only the scalar sums cross to the host, never the per-token tensors
-        sums[f"_tgap_{name}_sum"] = sums.get(f"_tgap_{name}_sum", 0.0) + float(torch.where(rows, delta, 0.0).sum())
-        sums[f"_tgap_{name}_n"] = sums.get(f"_tgap_{name}_n", 0.0) + int(rows.sum())
-
-
-def teacher_gap_metrics(sums: dict[str, float]) -> dict[str, float]:
-    """Pop the sums of `accumulate_teacher_gap` out of `sums`: mean ℓskill − ℓθ on winners' and losers' tokens."""
-    out = {}
-    for name in ("win", "lose"):
-        total, n = sums.pop(f"_tgap_{name}_sum", 0.0), sums.pop(f"_tgap_{name}_n", 0.0)
-        if n:
-            out[f"skill/teacher_gap_{name}"] = total / n
-    return out
+def rollout_gap_metrics(gaps: dict[str, RolloutGap]) -> dict[str, float]:
+    """The metrics of the gap `accumulate_rollout_gap` kept in `gaps` (taken out of it)."""
+    gap = gaps.pop("rollout", None)
+    return {} if gap is None else gap.metrics()

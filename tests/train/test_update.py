@@ -108,17 +108,44 @@ def test_the_opd_term_raises_the_likelihood_of_what_the_skill_supports_and_nothi
 
 def test_teacher_gap_splits_winners_and_losers_over_teacher_valid_tokens():
     from seedfast.context.sample import StepSample
-    from seedfast.train.update import accumulate_teacher_gap, teacher_gap_metrics
+    from seedfast.train.update import TeacherGap
 
     won = StepSample(prompt_ids=[1, 2], response_ids=[3, 4], reward=0.9, penalty=0.1)  # outcome 1
     lost = StepSample(prompt_ids=[1, 2], response_ids=[5, 6, 7], reward=-0.1, penalty=0.1)  # outcome 0
     logprob = torch.tensor([-1.0, -2.0, -1.0, -1.0, -3.0])
     teacher = torch.tensor([-0.5, -1.0, -2.0, 0.0, -1.0])
     mask = torch.tensor([True, True, True, False, True])
-    sums = {"other": 1.0}
-    accumulate_teacher_gap(sums, logprob, teacher, mask, [won, lost])
-    accumulate_teacher_gap(sums, logprob[:2], teacher[:2], mask[:2], [won])
-    out = teacher_gap_metrics(sums)
+    gap = TeacherGap()
+    gap.add(logprob, teacher, mask, [won, lost])
+    gap.add(logprob[:2], teacher[:2], mask[:2], [won])
+    out = gap.metrics()
     assert out["skill/teacher_gap_win"] == pytest.approx((0.5 + 1.0) * 2 / 4)
     assert out["skill/teacher_gap_lose"] == pytest.approx((-1.0 + 2.0) / 2)
-    assert sums == {"other": 1.0}  # only its own sums are popped
+    assert TeacherGap().metrics() == {}  # no teacher-valid token: no metric
+
+
+def _user_facing(key: str) -> bool:
+    """A name a person reads in metrics.jsonl / TensorBoard: no `_`-prefixed part (internal bookkeeping)."""
+    return not any(part.startswith("_") for part in key.split("/"))
+
+
+def test_the_update_returns_only_user_facing_metrics():
+    """Every sum the update keeps for itself (weights, gap sums) stays out of its metrics, whatever terms run: KL,
+    entropy, OPD with a teacher, the rollout gap and the teacher gap on winners and losers."""
+    model = build_decoder(make_config("qwen3"), dtype=torch.float32, seed=3)
+    from seedfast.scoring import StepSample
+
+    samples = [StepSample(prompt_ids=s.prompt_ids, response_ids=s.response_ids, insertions=s.insertions,
+                          teacher_drops=s.teacher_drops, teacher_valid=s.teacher_valid, sample_id=i,
+                          reward=float(i % 2), meta={"rollout_logprobs": torch.full((len(s.response_ids),), -1.0)})
+               for i, s in enumerate(random_samples(torch.Generator().manual_seed(7), n=8))]
+    n = sum(len(s.response_ids) for s in samples)
+    scores = score(model, samples, temperature=1.0)
+    batch = UpdateBatch(samples, torch.linspace(-1.0, 1.0, len(samples)), None, ref_logprob=torch.full((n,), -2.0),
+                        teacher_logprob=scores.teacher_logprob, teacher_mask=scores.teacher_mask)
+    loss_cfg = LossConfig(kl_coef=0.1, entropy_coef=0.01, opd_coef=0.5)
+    _, metrics = minibatch_loss_backward(model, batch, list(range(len(samples))), loss_cfg, use_kl=True,
+                                         use_opd=True, temperature=1.0, token_budget=40)
+    assert {"kl", "entropy", "gate_mean", "opd_term", "loss", "rollout/logprob_gap_mean",
+            "skill/teacher_gap_win", "skill/teacher_gap_lose"} <= set(metrics)
+    assert [k for k in metrics if not _user_facing(k)] == []
