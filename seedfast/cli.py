@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from seedfast import __version__
+from seedfast.app import end_command
 from seedfast.config import Config, ConfigError, load_config, options_help
 
 
@@ -152,14 +153,6 @@ def _resolve(name: str, args: argparse.Namespace) -> tuple[Config, dict[str, Any
     return cfg, flags
 
 
-def _end_processes(completed: bool) -> None:
-    """The process group a sharded command started under torchrun ends with the command (distributed/mesh.py)."""
-    if "torch.distributed" in sys.modules:  # a one-process command never imported it: nothing to end
-        from seedfast.distributed.mesh import end_process_group
-
-        end_process_group(completed)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     top = _top_parser()
@@ -188,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             completed = True
             return code
         finally:
-            _end_processes(completed)
+            end_command(completed)
     except ConfigError as e:
         print(f"seedfast {name}: config error: {e}", file=sys.stderr)
         return 2

@@ -27,8 +27,12 @@ from seedfast.rollout.own_engine import Sampler
 from seedfast.runtime.setup import agent_config, load_tasks, make_env_slots
 from seedfast.seeds import eval_chunk_seed, eval_seed
 
-# games per chunk of a split evaluation when env.slots is 0 (all environments at once)
-EVAL_CHUNK_GAMES = 8
+
+def eval_chunk_games(cfg: Config) -> int:
+    """Games per chunk of an evaluation: env.slots (one wave of the environments), else one rollout batch's worth
+    of trajectories (tasks_per_batch x n), which the run already sized to fit its memory. It depends on the config
+    alone, never on the number of ranks, so every world size plays the same chunks."""
+    return cfg.env.slots or max(1, cfg.rollout.tasks_per_batch * cfg.rollout.n)
 
 
 def evaluation_tasks(cfg: Config, split: str = "eval") -> list[Task]:
@@ -55,7 +59,7 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, tokenizer: Any, split: 
     tasks = evaluation_tasks(cfg, split)
     own_envs = envs is None
     if own_envs:
-        envs = make_env_slots(cfg, max(1, min(len(tasks), cfg.env.slots or EVAL_CHUNK_GAMES)))
+        envs = make_env_slots(cfg, max(1, min(len(tasks), eval_chunk_games(cfg))))
     try:
         before = counters_of(envs)
         metrics = evaluate(cfg, model, tokenizer, tasks, seed=eval_seed(cfg.run.seed), envs=envs, dp=dp)
@@ -75,14 +79,14 @@ def evaluate(cfg: Config, model: torch.nn.Module, tokenizer: Any, tasks: list[Ta
 
     Without `dp`, all games in one batch, sampled with `seed`. With `dp` (distributed/data.py DataParallel, or anything
     with rank, size and sum(values) over the ranks), the split evaluation of the module docstring: chunks of
-    `chunk_games` games (default env.slots, else EVAL_CHUNK_GAMES), the same metrics on every rank and for any
+    `chunk_games` games (default eval_chunk_games), the same metrics on every rank and for any
     number of ranks; every rank must call it (the counts are all-reduced). `envs` (default: made here and closed;
     a run passes the one it rolls out with) must have the same number of slots on every rank, as the slots cut a
     chunk into waves."""
     temperature = cfg.rollout.eval_temperature if temperature is None else temperature
     if dp is not None:
         return _evaluate_split(cfg, model, tokenizer, tasks, seed, temperature, envs, dp,
-                               chunk_games or cfg.env.slots or EVAL_CHUNK_GAMES)
+                               chunk_games or eval_chunk_games(cfg))
     was_training = model.training
     model.eval()
     own_envs = envs is None
