@@ -17,7 +17,7 @@ import re
 import types
 import typing
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
@@ -294,14 +294,56 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------- validation
 
 
-def _warn(message: str) -> None:
-    warnings.warn(message, ConfigWarning, stacklevel=3)
+def _warn(message: str, stacklevel: int = 3) -> None:
+    warnings.warn(message, ConfigWarning, stacklevel=stacklevel)
 
 
 def _require_external(cfg: Config, why: str) -> None:
     for name in ("endpoint", "model"):
         if getattr(cfg.skill.external, name) in (None, ""):
             raise ConfigError(f"skill.external.{name} is required: {why}")
+
+
+# What each algorithm needs of the config, one check per value of `algorithm` (ALGORITHM_CHECKS below). The
+# trainer's table of what each algorithm does (seedfast/train/algorithms.py) refuses to load unless both tables name
+# the schema's algorithms.
+
+
+def _check_grpo(cfg: Config) -> None:
+    pass
+
+
+def _check_opd(cfg: Config) -> None:
+    """SEED and SDAR: the OPD term and the analyzer that writes its skills."""
+    if cfg.loss.opd_coef == 0:
+        # _warn, this, the algorithm's check, validate: the warning points at validate's caller, as its own do
+        _warn(f"algorithm={cfg.algorithm} with loss.opd_coef=0 trains plain GRPO", stacklevel=5)
+    if cfg.skill.analyzer == "external":
+        _require_external(cfg, f"algorithm={cfg.algorithm} with skill.analyzer=external")
+
+
+def _check_seed(cfg: Config) -> None:
+    _check_opd(cfg)
+
+
+def _check_sdar(cfg: Config) -> None:
+    _check_opd(cfg)
+    if cfg.skill.library is None and cfg.skill.analyzer == "self":
+        raise ConfigError("algorithm=sdar needs a static skill provider: set skill.library (a skill library file) "
+                          "or skill.analyzer=oracle|external")
+
+
+def _check_grsd(cfg: Config) -> None:
+    if cfg.grsd.judge == "external":
+        _require_external(cfg, "algorithm=grsd scores reflections with grsd.judge=external")
+
+
+ALGORITHM_CHECKS: dict[str, Callable[[Config], None]] = {
+    "grpo": _check_grpo,
+    "seed": _check_seed,
+    "sdar": _check_sdar,
+    "grsd": _check_grsd,
+}
 
 
 def validate(cfg: Config, command: str | None = None) -> Config:
@@ -361,17 +403,7 @@ def validate(cfg: Config, command: str | None = None) -> Config:
     if cfg.rollout.n < 2:
         _warn(f"rollout.n={cfg.rollout.n}: a group of one trajectory has no baseline, so every GRPO "
               "advantage is 0 and only the KL/entropy/OPD terms train")
-    algo = cfg.algorithm
-    if algo in ("seed", "sdar"):
-        if cfg.loss.opd_coef == 0:
-            _warn(f"algorithm={algo} with loss.opd_coef=0 trains plain GRPO")
-        if cfg.skill.analyzer == "external":
-            _require_external(cfg, f"algorithm={algo} with skill.analyzer=external")
-    if algo == "sdar" and cfg.skill.library is None and cfg.skill.analyzer == "self":
-        raise ConfigError("algorithm=sdar needs a static skill provider: set skill.library (a skill library file) "
-                          "or skill.analyzer=oracle|external")
-    if algo == "grsd" and cfg.grsd.judge == "external":
-        _require_external(cfg, "algorithm=grsd scores reflections with grsd.judge=external")
+    ALGORITHM_CHECKS[cfg.algorithm](cfg)
     if command == "collect" and cfg.skill.collect_analyzer == "external":
         _require_external(cfg, "seedfast collect labels trajectories with skill.collect_analyzer=external")
     return cfg
