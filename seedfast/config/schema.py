@@ -99,7 +99,8 @@ class TinyModelConfig:
 @dataclass
 class ModelConfig:
     path: str | None = opt(None, "HF model folder (config.json + safetensors); null = tiny decoder of model.tiny")
-    tokenizer: str | None = opt(None, "tokenizer folder; null = model.path, or <run_dir>/tokenizer for tiny")
+    tokenizer: str | None = opt(None, "tokenizer folder; null = the policy folder's, else <run_dir>/tokenizer "
+                                      "(a tiny model's)")
     ref_path: str | None = opt(None, "reference policy for the KL term; null = the policy the RL run starts from")
     dtype: Literal["bf16", "fp16", "fp32"] = opt(
         "bf16", "compute dtype: forward and backward, rollout, the exported policy (the trained weights and AdamW "

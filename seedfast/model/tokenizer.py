@@ -98,9 +98,14 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, path: str | Path) -> Path
     return path
 
 
+def is_tokenizer_folder(path: str | Path) -> bool:
+    """Whether `path` is a tokenizer folder: it holds tokenizer_config.json (what save_tokenizer writes)."""
+    return Path(path, "tokenizer_config.json").is_file()
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """Load a tokenizer folder from disk only (never the network)."""
-    if not Path(path, "tokenizer_config.json").is_file():
+    if not is_tokenizer_folder(path):
         raise ValueError(f"path {str(path)!r} is not a tokenizer folder (no tokenizer_config.json)")
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 

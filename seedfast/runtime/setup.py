@@ -17,7 +17,7 @@ import torch
 from seedfast.config import Config, ConfigError
 from seedfast.envs.slots import LocalEnvSlots, PoolEnvSlots
 from seedfast.model import is_hf_folder, load_hf
-from seedfast.model.tokenizer import load_tokenizer
+from seedfast.model.tokenizer import is_tokenizer_folder, load_tokenizer
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task
 from seedfast.rollout.prompts import PromptStyle
 from seedfast.runtime.optim import adamw, lr_at
@@ -119,12 +119,20 @@ def policy_path(cfg: Config) -> Path:
     sft = RunPaths.of(cfg).sft
     if is_hf_folder(sft):
         return sft
-    if cfg.model.path:
-        return hf_folder_key("model.path", cfg.model.path)
+    base = base_policy_path(cfg)
+    if base is not None:
+        return base
     raise ConfigError(
         f"no policy to start from: trainer.init_from and model.path are unset and {sft} holds no config.json "
         "(set model.path to an HF model folder, or run `seedfast sft` first)"
     )
+
+
+def base_policy_path(cfg: Config) -> Path | None:
+    """The last step of `policy_path`'s order, the base model: model.path (it must be an HF model folder), or None
+    when it is unset. `seedfast sft`, which writes <run_dir>/sft, starts here; with None it builds the tiny decoder
+    of model.tiny."""
+    return hf_folder_key("model.path", cfg.model.path) if cfg.model.path else None
 
 
 def trained_policy_path(cfg: Config) -> Path:
@@ -170,16 +178,26 @@ def load_trainable_policy(cfg: Config, path: Path, device: torch.device
     return policy, trained, masters
 
 
-def load_run_tokenizer(cfg: Config, path: Path) -> Any:
-    """model.tokenizer when set, else the policy folder `path` when it holds a tokenizer, else <run_dir>/tokenizer
-    (where `seedfast sft` keeps a tiny model's tokenizer)."""
+def tokenizer_folder(cfg: Config, policy: Path | None) -> Path:
+    """Where the run's tokenizer is, in one order for every command: model.tokenizer when set; else the policy
+    folder `policy` when it holds a tokenizer; else <run_dir>/tokenizer (where `seedfast sft` writes the tokenizer
+    it trains for a tiny decoder, which has no policy folder yet: `policy` None)."""
     if cfg.model.tokenizer:
-        return load_tokenizer(cfg.model.tokenizer)
-    run_tokenizer = RunPaths.of(cfg).tokenizer
-    for candidate in (Path(path), run_tokenizer):
-        if (candidate / "tokenizer_config.json").is_file():
-            return load_tokenizer(candidate)
-    raise ConfigError(f"model.tokenizer: no tokenizer folder found (tried {path} and {run_tokenizer}); "
+        return Path(cfg.model.tokenizer)
+    if policy is not None and is_tokenizer_folder(policy):
+        return Path(policy)
+    return RunPaths.of(cfg).tokenizer
+
+
+def load_run_tokenizer(cfg: Config, path: Path) -> Any:
+    """The tokenizer of the policy folder `path`, from `tokenizer_folder`; a ConfigError when there is none."""
+    folder = tokenizer_folder(cfg, path)
+    if is_tokenizer_folder(folder):
+        return load_tokenizer(folder)
+    if cfg.model.tokenizer:
+        raise ConfigError(f"model.tokenizer={cfg.model.tokenizer!r} is not a tokenizer folder "
+                          "(no tokenizer_config.json)")
+    raise ConfigError(f"model.tokenizer: no tokenizer folder found (tried {path} and {folder}); "
                       "set model.tokenizer")
 
 

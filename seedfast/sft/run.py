@@ -30,13 +30,13 @@ import torch
 from seedfast.config import Config, ConfigError
 from seedfast.context.skill import render_skill
 from seedfast.model import DecoderConfig, build_decoder, load_hf, save_hf
-from seedfast.model.tokenizer import load_tokenizer, render_chat, save_tokenizer, train_tokenizer
+from seedfast.model.tokenizer import is_tokenizer_folder, load_tokenizer, render_chat, save_tokenizer, train_tokenizer
 from seedfast.rollout.collect import PAIRS_FILE
 from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, PromptStyle, Turn, user_parts
 from seedfast.runtime.metrics import MetricsLogger, NullLogger
 from seedfast.runtime.paths import RunPaths, collect_dir
 from seedfast.runtime.progress import shows_progress
-from seedfast.runtime.setup import hf_folder_key
+from seedfast.runtime.setup import base_policy_path, load_run_tokenizer, tokenizer_folder
 from seedfast.sft import examples as sft_data
 from seedfast.sft.copy_warmup import copy_warmup
 from seedfast.sft.loop import SFTStats, Sharding, evaluate_loss, train_sft  # noqa: F401 (re-exported)
@@ -186,28 +186,27 @@ def build_tiny(cfg: Config, texts: Sequence[str], tokenizer: Any = None) -> tupl
 
 
 def initial_policy(cfg: Config, corpus: Sequence[str]) -> tuple[torch.nn.Module, Any]:
-    """(fp32 model, tokenizer): model.path with model.tokenizer (default: the same folder); or a tiny
-    decoder whose tokenizer is model.tokenizer or <run_dir>/tokenizer if one is there, else trained on
-    `corpus` and saved to <run_dir>/tokenizer."""
+    """(fp32 model, tokenizer): the base model (runtime/setup.py base_policy_path: model.path) with its tokenizer
+    (setup.load_run_tokenizer: model.tokenizer, else model.path's, else <run_dir>/tokenizer); or a tiny decoder
+    whose tokenizer is model.tokenizer or <run_dir>/tokenizer if one is there, else trained on `corpus` and saved
+    there."""
     tokenizer = initial_tokenizer(cfg, corpus)
     return initial_model(cfg, tokenizer), tokenizer
 
 
 def initial_tokenizer(cfg: Config, corpus: Sequence[str]) -> Any:
-    """The tokenizer of `initial_policy` (a tiny model's trained on `corpus` and saved when there is none)."""
-    tok_dir = Path(cfg.model.tokenizer) if cfg.model.tokenizer else None
-    if cfg.model.path:
-        tok_dir = tok_dir or hf_folder_key("model.path", cfg.model.path)
-        if not (tok_dir / "tokenizer_config.json").is_file():
-            raise ConfigError(f"no tokenizer in {str(tok_dir)!r}: set model.tokenizer to a tokenizer folder")
-        return load_tokenizer(tok_dir)
-    if tok_dir is not None and (tok_dir / "tokenizer_config.json").is_file():
+    """The tokenizer of `initial_policy`, in the run's one order (runtime/setup.py tokenizer_folder); a tiny
+    model's is trained on `corpus` and saved there when there is none."""
+    base = base_policy_path(cfg)
+    if base is not None:
+        return load_run_tokenizer(cfg, base)
+    tok_dir = tokenizer_folder(cfg, None)  # model.tokenizer, else <run_dir>/tokenizer
+    if cfg.model.tokenizer and is_tokenizer_folder(tok_dir):
         return load_tokenizer(tok_dir)  # model.tokenizer: the user's choice, used as it is
-    tok_dir = tok_dir or RunPaths.of(cfg).tokenizer
     tiny = cfg.model.tiny
     fingerprint = corpus_fingerprint(corpus, tiny.bpe_vocab_size, tiny.bpe_min_frequency)
     stamp = tok_dir / FINGERPRINT_NAME
-    if (tok_dir / "tokenizer_config.json").is_file():
+    if is_tokenizer_folder(tok_dir):
         # this run's earlier tokenizer, kept only when trained on this very corpus with these settings: a run
         # folder reused after the games, the prompts or the code changed would otherwise train on a stale one
         if stamp.is_file() and stamp.read_text().strip() == fingerprint:
@@ -237,10 +236,11 @@ def corpus_fingerprint(corpus: Sequence[str], vocab_size: int, min_frequency: in
 
 
 def initial_model(cfg: Config, tokenizer: Any) -> torch.nn.Module:
-    """The fp32 model of `initial_policy`: model.path, or the tiny decoder for `tokenizer` (initialized with
-    run.seed: the same weights in every process)."""
-    if cfg.model.path:
-        return load_hf(Path(cfg.model.path), dtype=torch.float32, attn_backend=cfg.model.attn_backend)
+    """The fp32 model of `initial_policy`: the base model (model.path), or the tiny decoder for `tokenizer`
+    (initialized with run.seed: the same weights in every process)."""
+    base = base_policy_path(cfg)
+    if base is not None:
+        return load_hf(base, dtype=torch.float32, attn_backend=cfg.model.attn_backend)
     return build_tiny(cfg, (), tokenizer)[0]
 
 
@@ -299,7 +299,7 @@ def _data_and_tokenizer(cfg: Config, pairs_file: Path | None) -> tuple[Any, list
     their text and written to <run_dir>/tokenizer) and the examples."""
     replays = walkthrough_replays(cfg) if cfg.sft.behaviour_cloning else []
     corpus: list[str] = []
-    if not cfg.model.path:
+    if base_policy_path(cfg) is None:  # a tiny decoder: its tokenizer is trained on the replays' text
         pairs = sft_data.read_pairs(pairs_file) if pairs_file is not None else []
         # made-up names stay out of the tokenizer: they must split into word pieces, as an unseen object's
         # name does, or each becomes a token of its own that nothing else trains; TextWorld's own names are
@@ -342,14 +342,13 @@ def sft_start(cfg: Config, device: torch.device, sharding: Sharding | None = Non
     pairs_file = pairs_path(cfg)
     if pairs_file is None and not cfg.sft.behaviour_cloning:
         raise ConfigError(NO_DATA)
-    if cfg.model.path:
-        hf_folder_key("model.path", cfg.model.path)  # before the data: a wrong path fails first
+    base = base_policy_path(cfg)  # before the data: a wrong model.path fails first
     if sharding is None:
         tokenizer, examples, counts, games = _data_and_tokenizer(cfg, pairs_file)
     else:
         tokenizer, examples, counts, games = _from_rank0(lambda: _data_and_tokenizer(cfg, pairs_file))
     model = initial_model(cfg, tokenizer).to(device)
-    if sharding is not None and not cfg.model.path:
+    if sharding is not None and base is None:
         import torch.distributed as dist
 
         with torch.no_grad():

@@ -1,5 +1,5 @@
 """The one set of builders (runtime/setup.py) that every command of seedfast/app/ uses: one ALFWorld game_id rule,
-one policy fallback order, one LR schedule, env.isolation honoured."""
+one policy fallback order, one tokenizer order, one LR schedule, env.isolation honoured."""
 
 import math
 from pathlib import Path
@@ -11,8 +11,10 @@ from seedfast.app import collect as collect_command
 from seedfast.config import ConfigError, load_config
 from seedfast.envs.slots import LocalEnvSlots
 from seedfast.envs.trajectory import Trajectory
+from seedfast.model.tokenizer import save_tokenizer, train_tokenizer
 from seedfast.runtime import setup
 from seedfast.runtime.optim import lr_at
+from seedfast.sft import run as sft_run
 from seedfast.skills.library import task_type_of
 
 
@@ -103,6 +105,28 @@ def test_policy_path_names_a_wrong_model_path(tmp_path):
         setup.policy_path(load_config(None, [f"run.out_dir={tmp_path}", f"model.path={tmp_path / 'none'}"]))
     with pytest.raises(ConfigError, match="model.path"):
         setup.policy_path(load_config(None, [f"run.out_dir={tmp_path}"]))
+
+
+def test_one_tokenizer_order_for_every_command_sft_included(tmp_path):
+    """model.tokenizer, else the policy folder's, else <run_dir>/tokenizer (setup.tokenizer_folder): `seedfast sft`
+    on a model.path reads the tokenizer that `collect` and `train` read for that policy."""
+    tokenizer = train_tokenizer(["go north, take the key, open the door"] * 10, vocab_size=300)
+    base = hf_folder(tmp_path / "base")
+    keys = [f"run.out_dir={tmp_path}", "run.name=r", f"model.path={base}"]
+    cfg = load_config(None, keys)
+    with pytest.raises(ConfigError, match="no tokenizer folder found"):
+        sft_run.initial_tokenizer(cfg, [])
+    for folder in (tmp_path / "r" / "tokenizer", base):  # the policy's own tokenizer, once there, comes first
+        save_tokenizer(tokenizer, folder)
+        assert setup.tokenizer_folder(cfg, base) == folder
+        assert sft_run.initial_tokenizer(cfg, []).name_or_path == setup.load_run_tokenizer(cfg, base).name_or_path
+        assert Path(setup.load_run_tokenizer(cfg, base).name_or_path) == folder
+    chosen = save_tokenizer(tokenizer, tmp_path / "chosen")
+    assert setup.tokenizer_folder(load_config(None, [*keys, f"model.tokenizer={chosen}"]), base) == chosen
+    wrong = load_config(None, [*keys, f"model.tokenizer={tmp_path / 'nothing'}"])
+    for read in (lambda: setup.load_run_tokenizer(wrong, base), lambda: sft_run.initial_tokenizer(wrong, [])):
+        with pytest.raises(ConfigError, match="model.tokenizer=.*is not a tokenizer folder"):  # set but wrong: said
+            read()
 
 
 @pytest.mark.parametrize("schedule, warmup, floor", [("constant", 0, 0.0), ("constant", 3, 0.0),
