@@ -4,7 +4,7 @@
 
 SFT_RUN is a finished demo run (runs/SFT_RUN/sft holds its SFT policy). Trains each algorithm of
 demo.algorithms from that start exactly as the demo does, rolls out the no-learning control on the same draws,
-evaluates held-out success the demo's way (every held-out game played app.demo.HELDOUT_REPEATS times at
+evaluates held-out success the demo's way (train/evaluate.py evaluate_policy: every held-out game once at
 rollout.eval_temperature) and prints, per algorithm, training-pool success over the first quarter and the last
 half of the updates beside the control's, held-out success before and after, and the mean over updates of the
 report's evidence metrics (app/report.py EVIDENCE: the teacher gap on winners and losers, gate mean, teacher-valid
@@ -24,11 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS_DIR, git_commit, machine_info, print_table, versions  # noqa: E402
 
-from seedfast.app.demo import HELDOUT_REPEATS  # noqa: E402
 from seedfast.app.report import EVIDENCE  # noqa: E402
 from seedfast.config import load_config  # noqa: E402
-from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, load_tasks  # noqa: E402
-from seedfast.train.evaluate import evaluate  # noqa: E402
+from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer  # noqa: E402
+from seedfast.train.evaluate import evaluate_policy, evaluation_tasks  # noqa: E402
 from seedfast.train.rl import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,11 +45,10 @@ def main(sft_run: str, name: str, overrides: list[str]) -> dict:
     sft_dir = ROOT / cfg.run.out_dir / sft_run / "sft"
     if not (sft_dir / "config.json").exists():
         raise SystemExit(f"rl_probe: no SFT policy in {sft_dir} (run `seedfast demo ... run.name={sft_run}` first)")
-    eval_tasks = load_tasks(cfg, "eval")[: cfg.trainer.eval_games or None]
-    heldout = eval_tasks * HELDOUT_REPEATS
+    eval_tasks = evaluation_tasks(cfg, "eval")
     start = load_policy(cfg, sft_dir, device_of(cfg), trainable=False)
     tokenizer = load_run_tokenizer(cfg, sft_dir)
-    before = evaluate(cfg, start, tokenizer, heldout, seed=cfg.run.seed)["eval/success_rate"]
+    before = evaluate_policy(cfg, start, tokenizer, "eval")["eval/success_rate"]
 
     runs: dict[str, dict] = {}
     for algorithm in [*cfg.demo.algorithms, "control"]:
@@ -63,8 +61,7 @@ def main(sft_run: str, name: str, overrides: list[str]) -> dict:
         trainer = Trainer(sub, policy_dir=sft_dir, run_dir=cfg.run_dir / algorithm)
         try:
             history = trainer.control_run() if algorithm == "control" else trainer.run()
-            after = (None if algorithm == "control" else
-                     evaluate(cfg, trainer.policy, tokenizer, heldout, seed=cfg.run.seed)["eval/success_rate"])
+            after = None if algorithm == "control" else history[-1]["eval/success_rate"]  # the trainer's last eval
         finally:
             trainer.close()
         evidence = {k: sum(r[k] for r in history if k in r) / sum(k in r for r in history)
@@ -86,7 +83,7 @@ def main(sft_run: str, name: str, overrides: list[str]) -> dict:
         if r["evidence"]:
             print(algorithm, " ".join(f"{k}={v:.3f}" for k, v in r["evidence"].items()))
     record = {"name": name, "sft_run": sft_run, "overrides": overrides, "heldout_before": before,
-              "heldout_games": len(eval_tasks), "heldout_repeats": HELDOUT_REPEATS, "runs": runs,
+              "heldout_games": len(eval_tasks), "heldout_repeats": 1, "runs": runs,
               "git_commit": git_commit(), "machine": machine_info(), "versions": versions("torch", "seedfast")}
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     with open(RESULTS_DIR / "rl_probe.jsonl", "a") as f:

@@ -5,9 +5,11 @@ prompts, skill writing) → held-out eval of the SFT policy and of a random poli
 number of updates from the same SFT checkpoint and seed, plus a no-learning control (the same rollouts, same games
 and sampling seeds, with the SFT policy and no update) → held-out eval of each → report.md + report.png.
 
-Held-out success before and after is measured on every held-out game HELDOUT_REPEATS times (same sampler seed for
-each policy): one episode per game over 32 games has a standard error of ~0.08, the size of the effect. A greedy
-evaluation (rollout.eval_temperature: 0) plays each game once: its repeats would be the same episode.
+Held-out success before and after is the evaluation every command shares (train/evaluate.py evaluate_policy:
+each held-out game once, the same seed for every policy): the SFT start's is run here, each algorithm's is its
+trainer's end-of-run evaluation, so `seedfast eval` on an exported policy gives the number the report prints.
+More games rather than more plays of the same games: 32 games played 4 times each showed a held-out fall that 96
+more games did not (docs/demo.md, benchmarks/results/generalization_probe.json).
 """
 
 from __future__ import annotations
@@ -31,15 +33,8 @@ from seedfast.runtime.setup import (
     make_env_slots,
 )
 from seedfast.sft import run as sft
-from seedfast.train.evaluate import evaluate, random_policy_success
+from seedfast.train.evaluate import evaluate_policy, evaluation_tasks, random_policy_success
 from seedfast.train.rl import Trainer
-
-HELDOUT_REPEATS = 4
-
-
-def heldout_repeats(cfg: Config) -> int:
-    """Plays of each held-out game per evaluation: one when greedy, HELDOUT_REPEATS when sampled."""
-    return 1 if cfg.rollout.eval_temperature == 0 else HELDOUT_REPEATS
 
 
 def model_line(cfg: Config, n_params: int) -> str:
@@ -78,15 +73,11 @@ def main(cfg: Config, **_: Any) -> int:
     device = device_of(cfg)
     policy = load_policy(cfg, sft_dir, device, trainable=False)
     tokenizer = load_run_tokenizer(cfg, sft_dir)
-    eval_tasks = load_tasks(cfg, "eval")
-    if cfg.trainer.eval_games:
-        eval_tasks = eval_tasks[: cfg.trainer.eval_games]
-    repeats = heldout_repeats(cfg)
-    heldout = eval_tasks * repeats
+    eval_tasks = evaluation_tasks(cfg, "eval")
     # one environment pool for every rollout and evaluation below: its workers start once
-    envs = make_env_slots(cfg, env_slot_count(cfg, len(heldout)))
+    envs = make_env_slots(cfg, env_slot_count(cfg, len(eval_tasks)))
     try:
-        before = evaluate(cfg, policy, tokenizer, heldout, seed=cfg.run.seed, envs=envs)
+        before = evaluate_policy(cfg, policy, tokenizer, "eval", envs=envs)
         floor = random_policy_success(cfg, eval_tasks, seed=cfg.run.seed, envs=envs)
         timings["eval_sft"] = time.perf_counter() - t
         _say(f"held-out success: SFT {before['eval/success_rate']:.3f}, random policy {floor:.3f}")
@@ -101,7 +92,9 @@ def main(cfg: Config, **_: Any) -> int:
             trainer = Trainer(sub, policy_dir=sft_dir, run_dir=paths.sub(algorithm).root, envs=envs)
             try:
                 histories[algorithm] = trainer.run()
-                after[algorithm] = evaluate(cfg, trainer.policy, tokenizer, heldout, seed=cfg.run.seed, envs=envs)
+                # the trainer's end-of-run evaluation is evaluate_policy's; a run that ended without one gets it here
+                after[algorithm] = ({k: v for k, v in histories[algorithm][-1].items() if k.startswith("eval/")}
+                                    or evaluate_policy(cfg, trainer.policy, tokenizer, "eval", envs=envs))
             finally:
                 trainer.close()
             timings[algorithm] = time.perf_counter() - t
@@ -121,10 +114,9 @@ def main(cfg: Config, **_: Any) -> int:
     timings["control"] = time.perf_counter() - t
     _say(f"no-learning control: {len(control_history)} rollouts in {timings['control']:.0f} s")
 
-    plays = "once" if repeats == 1 else f"{repeats} times"
     setup = {
         "games": f"{e.game_type} levels {e.levels}: {len(load_tasks(cfg, 'train'))} training, "
-                 f"{len(eval_tasks)} held-out (each played {plays} per evaluation)",
+                 f"{len(eval_tasks)} held-out (each played once per evaluation)",
         "model": model_line(cfg, sum(p.numel() for p in policy.parameters())),
         "RL": f"{cfg.trainer.steps} updates x {cfg.rollout.tasks_per_batch} games x {cfg.rollout.n} trajectories, "
               f"lr {cfg.optim.lr}, seed {cfg.run.seed}, same SFT start for every algorithm",

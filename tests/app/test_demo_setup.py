@@ -1,15 +1,9 @@
-"""The demo's held-out plays and its model line: a greedy evaluation plays each game once (its repeats would be the
-same episode), a sampled one HELDOUT_REPEATS times; a pretrained model is named by its folder."""
+"""The demo's model line: a pretrained model is named by its folder, the tiny decoder by its shape."""
 
 from pathlib import Path
 
-from seedfast.app.demo import HELDOUT_REPEATS, heldout_repeats, model_line
+from seedfast.app.demo import model_line
 from seedfast.config import load_config
-
-
-def test_a_greedy_evaluation_plays_each_held_out_game_once():
-    assert heldout_repeats(load_config(None, ["rollout.eval_temperature=0"])) == 1
-    assert heldout_repeats(load_config(None, ["rollout.eval_temperature=0.4"])) == HELDOUT_REPEATS > 1
 
 
 def test_the_model_line_names_a_pretrained_folder_or_the_tiny_decoder():
