@@ -174,14 +174,33 @@ def make_judge(cfg: Config) -> Any:
     return grsd_text.OracleJudge()
 
 
+def seed_skills(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
+                group_of: Sequence[int], judge: Any = None) -> Privileged:
+    """SEED's writer: the configured analyzer's hindsight skills."""
+    return _seed_skills(cfg, trajectories, engine, tokenizer)
+
+
+def sdar_skills(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
+                group_of: Sequence[int], judge: Any = None) -> Privileged:
+    """SDAR's writer, a static provider: the library file, else per-task oracle/external skills."""
+    if cfg.skill.library:
+        return _sdar_skills(cfg, trajectories)
+    return _seed_skills(cfg, trajectories, engine, tokenizer)
+
+
+def grsd_guidance(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
+                  group_of: Sequence[int], judge: Any = None) -> Privileged:
+    """GRSD's writer: reflections, judged, then each contrast group's guidance."""
+    return _grsd_guidance(cfg, trajectories, engine, tokenizer, group_of, judge or make_judge(cfg))
+
+
 def privileged_text(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
                     group_of: Sequence[int], judge: Any = None) -> Privileged:
-    if cfg.algorithm == "seed":
-        return _seed_skills(cfg, trajectories, engine, tokenizer)
-    if cfg.algorithm == "sdar":  # a static provider: the library file, else per-task oracle/external skills
-        if cfg.skill.library:
-            return _sdar_skills(cfg, trajectories)
-        return _seed_skills(cfg, trajectories, engine, tokenizer)
-    if cfg.algorithm == "grsd":
-        return _grsd_guidance(cfg, trajectories, engine, tokenizer, group_of, judge or make_judge(cfg))
-    return Privileged([None] * len(trajectories), [{} for _ in trajectories])
+    """The privileged text of cfg.algorithm's writer (train/algorithms.py); none for an algorithm without one."""
+    # here, not at the top: the algorithm table names this module's writers
+    from seedfast.train.algorithms import algorithm_spec
+
+    write = algorithm_spec(cfg.algorithm).privileged
+    if write is None:
+        return Privileged([None] * len(trajectories), [{} for _ in trajectories])
+    return write(cfg, trajectories, engine=engine, tokenizer=tokenizer, group_of=group_of, judge=judge)

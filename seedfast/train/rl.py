@@ -21,9 +21,7 @@ import numpy as np
 import torch
 
 from seedfast.algo import advantage as adv_math
-from seedfast.algo import grsd as grsd_math
 from seedfast.config import Config
-from seedfast.context.sample import StepSample
 from seedfast.distributed.checkpoint import export_hf
 from seedfast.distributed.data import DataParallel, balance_samples, global_means
 from seedfast.distributed.parallelize import unsharded
@@ -57,7 +55,7 @@ from seedfast.scoring import score, score_reference
 from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, task_choice_seed, task_pool_seed, update_seed
 from seedfast.train.batch import build_samples
 from seedfast.train.evaluate import evaluate_policy, evaluation_tasks
-from seedfast.train.privileged import Privileged, make_judge, privileged_text
+from seedfast.train.privileged import Privileged, privileged_text
 from seedfast.train.reflection import reflection_update
 from seedfast.train.step_plan import plan_step
 from seedfast.train.update import (
@@ -150,7 +148,8 @@ class Trainer:
         self.envs = make_env_slots(cfg, env_slot_count(cfg, len(self.eval_tasks))) if envs is None else envs
         self.env_metrics: dict[str, float] = {}
         self.agent_config = agent_config(cfg, n=cfg.rollout.n, temperature=cfg.rollout.temperature)
-        self.judge = make_judge(cfg) if cfg.algorithm == "grsd" else None
+        make_judge = self.plan.algorithm.judge
+        self.judge = make_judge(cfg) if make_judge is not None else None
         if cfg.rollout.engine == "vllm":  # one engine per rank, on the rank's GPU, fed the policy's weights
             check_colocated(self.dp.world if self.dp is not None else 1, cfg.rollout.tensor_parallel)
         # the engine computes in the dtype the update's forward does: model.dtype (runtime/precision.py)
@@ -247,9 +246,9 @@ class Trainer:
             groups = [s.group_id for s in samples]
             advantages = adv_math.grpo_with_penalty(rewards + penalties, penalties, groups, norm=cfg.loss.adv_norm,
                                                     eps=cfg.loss.adv_eps, penalty_mode=cfg.loss.step_penalty)
-            if cfg.algorithm == "grsd":
-                advantages, grsd_metrics = _grsd_modulate(cfg, samples, scores, advantages, trajectories)
-                metrics.update(grsd_metrics)
+            if plan.algorithm.modulate is not None:
+                advantages, modulate_metrics = plan.algorithm.modulate(cfg, samples, scores, advantages, trajectories)
+                metrics.update(modulate_metrics)
         metrics["train/reward_mean"] = float(rewards.mean())
         metrics["train/groups_with_signal"] = groups_with_signal(trajectories)
         metrics["train/advantage_zero_frac"] = float((advantages == 0).float().mean())
@@ -413,32 +412,3 @@ class Trainer:
         close = getattr(self.envs, "close", None)
         if close and self.own_envs:
             close()
-
-
-def _grsd_modulate(cfg: Config, samples: list[StepSample], scores: Any, advantages: torch.Tensor,
-                   trajectories: list) -> tuple[torch.Tensor, dict[str, float]]:
-    """Turn-level modulation with δ = mean ℓguide − mean ℓold over the action tokens (docs/algorithms.md, 'GRSD')."""
-    if scores.teacher_logprob is None:
-        return advantages, {}
-    n = len(samples)
-    lengths = torch.tensor([len(s.response_ids) for s in samples])
-    width = int(lengths.max())
-    guide = torch.zeros(n, width)
-    old = torch.zeros(n, width)
-    mask = torch.zeros(n, width)
-    for i in range(n):
-        lo, hi = int(scores.offsets[i]), int(scores.offsets[i + 1])
-        old[i, : hi - lo] = scores.logprob[lo:hi].cpu()
-        guide[i, : hi - lo] = scores.teacher_logprob[lo:hi].cpu()
-        mask[i, : hi - lo] = 1
-    delta = grsd_math.turn_delta(guide, old, mask)
-    groups = grsd_math.contrast_groups([t.won for t in trajectories], [t.meta["group_id"] for t in trajectories])
-    # groups whose guidance failed (a sample without the guide) keep Â = A, like groups without contrast
-    groups -= {s.group_id for s in samples if not s.has_teacher}
-    contrast = torch.tensor([s.group_id in groups for s in samples])
-    delta = torch.where(contrast, delta, torch.zeros_like(delta))
-    out = grsd_math.modulate(advantages, delta, [s.group_id for s in samples], contrast, lam=cfg.grsd.lam,
-                             g_max=cfg.grsd.g_max, eta=cfg.grsd.eta)
-    changed = (out != advantages).float().mean()
-    return out, {"grsd/modulated_frac": float(changed), "grsd/delta_mean": float(delta[contrast].mean())
-                 if bool(contrast.any()) else 0.0}

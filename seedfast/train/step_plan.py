@@ -1,7 +1,7 @@
 """What one RL step computes, decided once from the config (docs/algorithms.md, docs/architecture.md).
 
-The trainer's loop reads this plan instead of re-deriving the same facts from `algorithm`, `opd_coef`,
-`teacher_params`, `ppo_epochs` and `mini_batches` at each branch.
+The trainer's loop reads this plan instead of re-deriving the same facts from the algorithm's spec
+(train/algorithms.py), `opd_coef`, `teacher_params`, `ppo_epochs` and `mini_batches` at each branch.
 """
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from seedfast.config import Config
+from seedfast.train.algorithms import AlgorithmSpec, algorithm_spec
 
 TeacherSource = Literal["none", "scorer", "update"]
-PRIVILEGED_TEXT = ("seed", "sdar", "grsd")  # algorithms whose teacher sees a text the student does not
-OPD_ALGORITHMS = ("seed", "sdar")
 
 
 @dataclass(frozen=True)
@@ -25,23 +24,25 @@ class StepPlan:
     opd: bool  # the on-policy distillation term (when some sample has a teacher context)
     reflection_update: bool  # GRSD: the RL loss on the reflections themselves
     on_policy: bool  # one epoch, one mini-batch: θ = θ_old during the update
+    algorithm: AlgorithmSpec  # the rest of what the algorithm does: its judge, its advantage modulation
 
 
 def plan_step(cfg: Config) -> StepPlan:
     """The plan of every step of a run with this config."""
-    algorithm = cfg.algorithm
+    spec = algorithm_spec(cfg.algorithm)
     on_policy = cfg.trainer.ppo_epochs == 1 and cfg.trainer.mini_batches == 1
-    opd = algorithm in OPD_ALGORITHMS and cfg.loss.opd_coef > 0
+    opd = spec.opd and cfg.loss.opd_coef > 0
     if opd:
         # on-policy the update's own forward gives ℓskill from its prefix KV (θ = θ_old); with the current
         # parameters it must be the update's forward anyway; otherwise θ_old's scoring pass gives it
         teacher: TeacherSource = "update" if on_policy or cfg.skill.teacher_params == "current" else "scorer"
-    elif algorithm == "grsd":
+    elif spec.teacher == "scorer":
         teacher = "scorer"  # GRSD's turn-level δ is measured before the update
     else:
         teacher = "none"
-    # fully on-policy, ℓold is the detached ℓθ of the update's own forward: no separate pass is needed unless
-    # the teacher's log-probs must come from one
-    score_pass = not (on_policy and (algorithm == "grpo" or teacher == "update"))
-    return StepPlan(privileged_text=algorithm in PRIVILEGED_TEXT, teacher=teacher, score_pass=score_pass,
-                    kl=cfg.loss.kl_coef > 0, opd=opd, reflection_update=algorithm == "grsd", on_policy=on_policy)
+    # fully on-policy, ℓold is the detached ℓθ of the update's own forward: no separate pass is needed unless the
+    # samples may carry a teacher context (privileged text) whose log-probs the update's forward does not give
+    score_pass = not (on_policy and (spec.privileged is None or teacher == "update"))
+    return StepPlan(privileged_text=spec.privileged is not None, teacher=teacher, score_pass=score_pass,
+                    kl=cfg.loss.kl_coef > 0, opd=opd, reflection_update=spec.reflection_update, on_policy=on_policy,
+                    algorithm=spec)
