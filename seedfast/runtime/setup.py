@@ -9,8 +9,9 @@ built here as explicit arguments and never read the config. See docs/architectur
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +24,9 @@ from seedfast.rollout.prompts import PromptStyle
 from seedfast.runtime.optim import adamw, lr_at
 from seedfast.runtime.paths import RunPaths
 from seedfast.runtime.precision import DTYPES, MasterWeights, RoundingMonitor, precision_of
+
+if TYPE_CHECKING:  # imported where a run is sharded: a one-process run never loads torch.distributed's pieces
+    from seedfast.distributed.data import DataParallel
 
 # the commands that run over torchrun's processes with dist.strategy=fsdp (docs/scaling.md)
 SHARDED_COMMANDS = ("train", "sft", "eval")
@@ -54,9 +58,13 @@ def start_processes(cfg: Config, command: str) -> Any:
     return init_process_group(device_of(cfg), env)
 
 
-def shard_policy(cfg: Config, model: torch.nn.Module, device: torch.device) -> Any:
-    """Under dist.strategy=fsdp, shard the policy over the started process group's mesh (distributed/parallelize.py) and
-    return the data-parallel ranks of the step (distributed/data.py DataParallel); None for a one-process run."""
+def policy_sharding(cfg: Config, device: torch.device, command: str
+                    ) -> tuple[DataParallel, Callable[[torch.nn.Module], torch.nn.Module]] | None:
+    """Under dist.strategy=fsdp, the started process group's mesh for `command` ('train' or 'sft') as (the
+    data-parallel ranks of a step, distributed/data.py DataParallel; the function that shards a policy over the mesh:
+    distributed/parallelize.py, activation checkpointing per dist.activation_checkpointing, FSDP2's mixed precision
+    per fsdp_precision); None for a one-process run. The one place a policy is sharded: SFT gets the function
+    before its model exists (app/sft.py), RL shards at once (shard_policy)."""
     if cfg.dist.strategy == "none":
         return None
     import torch.distributed as dist
@@ -69,13 +77,30 @@ def shard_policy(cfg: Config, model: torch.nn.Module, device: torch.device) -> A
         raise ConfigError("dist.strategy=fsdp: no process group is started (run under torchrun; "
                           "runtime/setup.py start_processes)")
     shape = mesh_shape(cfg.dist, dist.get_world_size())
-    if cfg.rollout.tasks_per_batch < shape.dp_shard:
+    if command == "sft" and shape.tp > 1:
+        raise ConfigError(f"dist.tp={shape.tp}: `seedfast sft` shards with FSDP2 only (its loss has no "
+                          "vocabulary-parallel LM head); set dist.tp=1")
+    if command == "train" and cfg.rollout.tasks_per_batch < shape.dp_shard:
         raise ConfigError(f"rollout.tasks_per_batch={cfg.rollout.tasks_per_batch} is smaller than the "
                           f"{shape.dp_shard} data-parallel ranks: every rank rolls out whole tasks")
     mesh = build_mesh(shape, device)
-    parallelize_decoder(model, mesh, activation_checkpointing=cfg.dist.activation_checkpointing,
-                        **fsdp_precision(cfg))
-    return DataParallel.from_mesh(mesh)
+
+    def shard(model: torch.nn.Module) -> torch.nn.Module:
+        return parallelize_decoder(model, mesh, activation_checkpointing=cfg.dist.activation_checkpointing,
+                                   **fsdp_precision(cfg))
+
+    return DataParallel.from_mesh(mesh), shard
+
+
+def shard_policy(cfg: Config, model: torch.nn.Module, device: torch.device) -> DataParallel | None:
+    """Under dist.strategy=fsdp, shard the RL policy over the started process group's mesh (`policy_sharding`) and
+    return the data-parallel ranks of the step; None for a one-process run."""
+    sharding = policy_sharding(cfg, device, "train")
+    if sharding is None:
+        return None
+    dp, shard = sharding
+    shard(model)
+    return dp
 
 
 def fsdp_precision(cfg: Config) -> dict[str, torch.dtype | None]:
