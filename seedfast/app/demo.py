@@ -6,10 +6,11 @@ number of updates from the same SFT checkpoint and seed, plus a no-learning cont
 and sampling seeds, with the SFT policy and no update) → held-out eval of each → report.md + report.png.
 
 Held-out success before and after is the evaluation every command shares (train/evaluate.py evaluate_policy:
-each held-out game once, the same seed for every policy): the SFT start's is run here, each algorithm's is its
-trainer's end-of-run evaluation, so `seedfast eval` on an exported policy gives the number the report prints.
-More games rather than more plays of the same games: 32 games played 4 times each showed a held-out fall that 96
-more games did not (docs/demo.md, benchmarks/results/generalization_probe.json).
+each held-out game trainer.eval_repeats times, the same seed for every policy): the SFT start's is run here,
+each algorithm's is its trainer's end-of-run evaluation, so `seedfast eval` on an exported policy gives the number
+the report prints. 32 games played 4 times each showed a held-out fall that 96 more games did not, and one play
+of each of 128 games still moves a change by ~0.06 from sampling alone: the demo plays 128 games 4 times
+(docs/demo.md, benchmarks/results/generalization_probe.json).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ from seedfast.runtime.setup import (
 from seedfast.sft import run as sft
 from seedfast.train.evaluate import evaluate_policy, evaluation_tasks, random_policy_success
 from seedfast.train.rl import Trainer
+
+
+def plays(repeats: int) -> str:
+    return "once" if repeats == 1 else f"{repeats} times"
 
 
 def model_line(cfg: Config, n_params: int) -> str:
@@ -73,12 +78,13 @@ def main(cfg: Config, **_: Any) -> int:
     device = device_of(cfg)
     policy = load_policy(cfg, sft_dir, device, trainable=False)
     tokenizer = load_run_tokenizer(cfg, sft_dir)
-    eval_tasks = evaluation_tasks(cfg, "eval")
+    episodes = evaluation_tasks(cfg, "eval")
+    eval_games = episodes[: len(episodes) // cfg.trainer.eval_repeats]  # the list is the games, repeated
     # one environment pool for every rollout and evaluation below: its workers start once
-    envs = make_env_slots(cfg, env_slot_count(cfg, len(eval_tasks)))
+    envs = make_env_slots(cfg, env_slot_count(cfg, len(episodes)))
     try:
         before = evaluate_policy(cfg, policy, tokenizer, "eval", envs=envs)
-        floor = random_policy_success(cfg, eval_tasks, seed=cfg.run.seed, envs=envs)
+        floor = random_policy_success(cfg, eval_games, seed=cfg.run.seed, envs=envs)
         timings["eval_sft"] = time.perf_counter() - t
         _say(f"held-out success: SFT {before['eval/success_rate']:.3f}, random policy {floor:.3f}")
 
@@ -116,7 +122,7 @@ def main(cfg: Config, **_: Any) -> int:
 
     setup = {
         "games": f"{e.game_type} levels {e.levels}: {len(load_tasks(cfg, 'train'))} training, "
-                 f"{len(eval_tasks)} held-out (each played once per evaluation)",
+                 f"{len(eval_games)} held-out (each played {plays(cfg.trainer.eval_repeats)} per evaluation)",
         "model": model_line(cfg, sum(p.numel() for p in policy.parameters())),
         "RL": f"{cfg.trainer.steps} updates x {cfg.rollout.tasks_per_batch} games x {cfg.rollout.n} trajectories, "
               f"lr {cfg.optim.lr}, seed {cfg.run.seed}, same SFT start for every algorithm",

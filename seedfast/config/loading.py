@@ -390,6 +390,9 @@ def validate(cfg: Config, command: str | None = None) -> Config:
     if cfg.rollout.engine == "vllm" and command not in (None, "collect", "train", "config"):
         raise ConfigError(f"rollout.engine=vllm: `seedfast {command}` samples with the own engine (vLLM serves "
                           "`seedfast collect` and the rollouts of `seedfast train`); set rollout.engine=own")
+    if cfg.trainer.eval_repeats > 1 and cfg.rollout.eval_temperature == 0:
+        raise ConfigError(f"trainer.eval_repeats={cfg.trainer.eval_repeats} with rollout.eval_temperature=0: a greedy "
+                          "evaluation replays the same episode; set trainer.eval_repeats=1 or sample")
     if cfg.optim.master_dtype not in ("fp32", cfg.model.dtype):
         raise ConfigError(f"optim.master_dtype={cfg.optim.master_dtype} with model.dtype={cfg.model.dtype}: master "
                           "weights are fp32 or the compute dtype itself (docs/scaling.md, 'Precision')")

@@ -248,6 +248,8 @@ class TrainerConfig:
     eval_every: int = opt(10, "evaluate every this many updates; 0 = only at the end", ge=0)
     eval_games: int | None = opt(None, "held-out games per evaluation, in the loop and in `seedfast eval`; null = "
                                          "env.n_eval", ge=1)
+    eval_repeats: int = opt(1, "plays of each held-out game per evaluation (sampled at rollout.eval_temperature; "
+                               "a greedy evaluation plays each game once)", ge=1)
     checkpoint_every: int = opt(10, "checkpoint every this many updates; 0 = only at the end", ge=0)
     keep_checkpoints: int = opt(2, "newest checkpoints kept on disk", ge=1)
     max_bad_steps: int = opt(3, "non-finite (NaN/inf) updates in a row before the run stops", ge=1)

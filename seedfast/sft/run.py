@@ -19,6 +19,7 @@ import random
 import shutil
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -382,11 +383,13 @@ def main(cfg: Config, sharding: Sharding | None = None, **_flags: Any) -> int:
     if sharding is None:
         require_one_process("sft")
     torch.manual_seed(cfg.run.seed)
+    t = time.perf_counter()
     start = sft_start(cfg, device_of(cfg), sharding)
+    prepare_s = time.perf_counter() - t  # replays, tokenizer, examples, initial model: the log's "data" event
     is_main = sharding is None or sharding.is_main
     log = metrics_logger(cfg, is_main)  # after the data: a config error leaves the last run's metrics alone
     try:
-        stats, out = _train_and_save(cfg, start, sharding, log)
+        stats, out = _train_and_save(cfg, start, sharding, log, prepare_s)
     finally:
         log.close()
     if is_main:
@@ -397,7 +400,7 @@ def main(cfg: Config, sharding: Sharding | None = None, **_flags: Any) -> int:
 
 
 def _train_and_save(cfg: Config, start: SFTStart, sharding: Sharding | None,
-                    log: MetricsLogger | NullLogger) -> tuple[SFTStats, Path]:
+                    log: MetricsLogger | NullLogger, prepare_s: float) -> tuple[SFTStats, Path]:
     """main's training from `start` and the saved policy: (the stats, the output folder)."""
     from seedfast.runtime.precision import DTYPES
     from seedfast.runtime.setup import trainable_policy
@@ -409,11 +412,13 @@ def _train_and_save(cfg: Config, start: SFTStart, sharding: Sharding | None,
     compute, masters = trainable_policy(cfg, model)
     is_main = sharding is None or sharding.is_main
 
-    log.event({"event": "data", "games": start.games, **start.counts})
+    log.event({"event": "data", "games": start.games, **start.counts, "wall_s": prepare_s})
     if cfg.sft.copy_warmup_steps:
+        t = time.perf_counter()
         last = copy_warmup(compute, ordinary_ids(tokenizer), cfg.sft.copy_warmup_steps, lr=cfg.sft.lr,
                            seed=cfg.run.seed, sharding=sharding, masters=masters)
-        log.event({"event": "copy_warmup", "steps": cfg.sft.copy_warmup_steps, "loss": last})
+        log.event({"event": "copy_warmup", "steps": cfg.sft.copy_warmup_steps, "loss": last,
+                   "wall_s": time.perf_counter() - t})
     stats: SFTStats = train_sft(compute, examples, cfg.sft, seed=cfg.run.seed, log_fn=_log_step(log),
                                 progress=shows_progress(cfg, is_main), masters=masters, sharding=sharding,
                                 grad_clip=cfg.optim.grad_clip, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)

@@ -36,14 +36,15 @@ def eval_chunk_games(cfg: Config) -> int:
 
 
 def evaluation_tasks(cfg: Config, split: str = "eval") -> list[Task]:
-    """The games an evaluation of `split` plays, in manifest order: the train games (env.n_train), or the held-out
-    games (env.n_eval) cut to trainer.eval_games."""
+    """The episodes an evaluation of `split` plays, in manifest order: the train games (env.n_train), or the
+    held-out games (env.n_eval) cut to trainer.eval_games; the list again trainer.eval_repeats times (a sampled
+    evaluation's noise falls with the plays; docs/demo.md)."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     tasks = load_tasks(cfg, split)
     if split == "eval" and cfg.trainer.eval_games:
         tasks = tasks[: cfg.trainer.eval_games]
-    return tasks
+    return tasks * cfg.trainer.eval_repeats
 
 
 def evaluate_policy(cfg: Config, model: torch.nn.Module, tokenizer: Any, split: str = "eval", *, envs: Any = None,

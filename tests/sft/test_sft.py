@@ -257,6 +257,7 @@ def test_main_trains_saves_a_loadable_hf_folder_and_logs(overrides, train_games,
     rows = [json.loads(line) for line in (cfg.run_dir / "sft_metrics.jsonl").read_text().splitlines()]
     data, steps, done = rows[0], rows[1:-1], rows[-1]
     assert data["event"] == "data" and data["games"] == 2
+    assert data["wall_s"] > 0  # the preparation's own wall time (replays, tokenizer, examples), logged with its data
     assert data["examples/bc"] == data["examples/bc_skill"] == 4 and data["examples/skill"] > 2
     assert len(steps) == done["steps"] > 0 and done["epochs"] == 2.0 and done["out"] == str(out)
     assert "sft:" in capsys.readouterr().out
