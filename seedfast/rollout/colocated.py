@@ -197,4 +197,6 @@ def build_rollout(engine: str, policy: torch.nn.Module, model_path: str | Path |
         llm_kwargs.setdefault("data_parallel_size", world // tensor_parallel_size)
     vllm_engine = VLLMEngine(str(model_path), dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                              tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=sleep, **llm_kwargs)
-    return VLLMRollout(vllm_engine, sleep=sleep, sleep_level=sleep_level, seed_requests=seed_requests)
+    # vLLM's CPU back end has no sleep mode: its engine stays awake (vllm_engine.py `sleep_mode`)
+    return VLLMRollout(vllm_engine, sleep=sleep and getattr(vllm_engine, "sleep_mode", sleep), sleep_level=sleep_level,
+                       seed_requests=seed_requests)

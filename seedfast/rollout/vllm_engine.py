@@ -8,18 +8,28 @@
 vLLM is imported only when an engine is built (`pip install seedfast[gpu]`). Weights travel to vLLM's
 worker through a worker extension (CUDA IPC handles for CUDA tensors when the worker is another process, the
 tensors themselves when it runs in this one, pickled copies for CPU tensors) and go through the model's own
-`load_weights`, which maps HF names onto vLLM's fused layers. After a sync the prefix cache is reset (its KV was
-computed with the old weights), and checksums of the tensors vLLM keeps under their HF names (embeddings, o_proj,
-down_proj, norms, LM head), taken as each passed by, are compared with vLLM's copy, so a sync that silently did
-nothing raises instead of skewing training (docs/pitfalls.md, 'Weight sync that silently does nothing').
+`load_weights`, which maps HF names onto vLLM's fused layers. What crosses to another process is packed into bytes
+here (pickle) and unpacked by the extension: vLLM's message serializer carries bytes as they are, but refuses a
+function (an IPC handle's rebuild function) and turns a tensor into lists unless VLLM_ALLOW_INSECURE_SERIALIZATION
+is set for all of its traffic, which seedfast does not need. On vLLM's CPU back end the linear layers compute with a
+repacked copy made after loading (their parameters are emptied) and the LM head with a packed copy of its weight:
+there the push goes through vLLM's layerwise reload (each layer loaded, then processed again), and the LM head's
+packed copy is rebuilt. After a sync the prefix cache is reset (its KV was computed with the old weights), and
+checksums of the tensors vLLM keeps under their HF names (embeddings, o_proj, down_proj, norms, LM head), taken as
+each passed by, are compared with vLLM's copy, so a sync that silently did nothing raises instead of skewing
+training (docs/pitfalls.md, 'Weight sync that silently does nothing'). On the CPU back end the check also reads what
+vLLM computes with: each checked linear layer and the LM head run on unit vectors (a few columns of the identity:
+exact in any dtype) give those columns of the weight their kernel uses, so a stale packed copy fails it too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import re
 import time
+import types
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -37,6 +47,9 @@ EXTENSION = "seedfast.rollout.vllm_engine.WeightSyncExtension"
 _SUM_RTOL = 1e-9
 _CHECKED = re.compile(r"(^|\.)(embed_tokens|o_proj|down_proj|[a-z_]*norm|lm_head)\.weight$")
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# how many weight columns (unit input vectors) the CPU back end's kernels are probed with per checked tensor
+_PROBE_COLUMNS = 16
+_PROBE = "#probe"  # suffix of the checksum key of a probe (what a layer's kernel computes with)
 
 
 def _require_vllm() -> Any:
@@ -72,7 +85,11 @@ class VLLMEngine:
             llm_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         if "worker_extension_cls" not in engine_fields:
             raise ImportError("this vllm is too old for in-place weight updates (no worker_extension_cls)")
-        if enable_sleep_mode:  # LLM.sleep / LLM.wake_up(tags=...), for an engine colocated with training
+        # vLLM's CPU back end repacks the weights after loading: a push goes through its layerwise reload. It has no
+        # sleep mode (refused): there the engine stays awake (`sleep_mode` False) and the rollout does not sleep it
+        self.layerwise = _is_cpu_platform(vllm)
+        self.sleep_mode = bool(enable_sleep_mode) and not self.layerwise
+        if self.sleep_mode:  # LLM.sleep / LLM.wake_up(tags=...), for an engine colocated with training
             if "enable_sleep_mode" not in engine_fields:
                 raise ImportError("this vllm is too old for sleep mode (no enable_sleep_mode)")
             llm_kwargs["enable_sleep_mode"] = True
@@ -164,11 +181,15 @@ class VLLMEngine:
         start = time.perf_counter()
         expected: dict[str, tuple[tuple[float, ...], float, int]] = {}  # checked name -> _checksum
         n_bytes = n_buckets = n_tensors = 0
+        if self.layerwise:
+            self.llm.collective_rpc("seedfast_begin_reload")
         for bucket in buckets:
             size, count = self._push_bucket(bucket, expected if verify else None)
             n_bytes += size
             n_tensors += count
             n_buckets += count > 0
+        if self.layerwise:
+            self.llm.collective_rpc("seedfast_end_reload")
         self.llm.reset_prefix_cache()
         if verify:
             self._verify(expected)
@@ -185,6 +206,8 @@ class VLLMEngine:
         for name, tensor in bucket:
             if expected is not None and _CHECKED.search(name):
                 expected[name] = _checksum(tensor, self.torch_dtype)
+                if self.layerwise and tensor.dim() == 2:
+                    expected[name + _PROBE] = _probe_checksum(tensor, self.torch_dtype)
             kind, payload, held = _shareable(tensor, self.in_process)
             chunk.append((name, (kind, payload)))
             keep.append(held)
@@ -206,7 +229,7 @@ class VLLMEngine:
         reports = self.llm.collective_rpc("seedfast_weight_sums", args=(sorted(expected),))
         found = 0
         for name, (want, magnitude, numel) in sorted(expected.items()):
-            seen = [r[name] for r in reports if name in r]
+            seen = [v for r in reports if name in r for v in (r[name] if name.endswith(_PROBE) else [r[name]])]
             if not seen:
                 continue
             found += 1
@@ -236,6 +259,41 @@ def _checksum(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[tuple[float, ..
     return sums, float(torch.sum(cast.abs(), dtype=torch.float64)), t.numel()
 
 
+def _probe_columns(n_columns: int) -> list[int]:
+    """The weight columns a probe reads: `_PROBE_COLUMNS` spread over [0, n_columns) (all of them when fewer)."""
+    step = max(1, n_columns // _PROBE_COLUMNS)
+    return list(range(0, n_columns, step))[:_PROBE_COLUMNS]
+
+
+def _probe_checksum(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[tuple[float, ...], float, int]:
+    """`_checksum` of the probe's columns of a 2-D weight [out, in], as the engine holds them."""
+    cols = _probe_columns(tensor.shape[1])
+    part = tensor.detach()[:, cols].to(dtype)
+    return ((float(torch.sum(part, dtype=torch.float64)),), float(torch.sum(part.abs(), dtype=torch.float64)),
+            len(cols))
+
+
+def _is_cpu_platform(vllm: Any) -> bool:
+    """Whether this vLLM runs on its CPU back end (False for anything that is not the real package)."""
+    if isinstance(vllm, types.ModuleType) and vllm.__name__ == "vllm":
+        import vllm.platforms as platforms
+    else:
+        platforms = getattr(vllm, "platforms", None)
+    platform = getattr(platforms, "current_platform", None)
+    is_cpu = getattr(platform, "is_cpu", None)
+    return bool(is_cpu()) if callable(is_cpu) else False
+
+
+def _pack(obj: Any) -> bytes:
+    """Bytes for what crosses to vLLM's worker process: its message serializer passes bytes through untouched."""
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _unpack(data: bytes) -> Any:
+    """What `_pack` packed (the worker extension's side: bytes made by this engine for its own worker)."""
+    return pickle.loads(data)
+
+
 def _chunks(items: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
     chunk: list[tuple[str, torch.Tensor]] = []
     size = 0
@@ -250,15 +308,23 @@ def _chunks(items: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int) -> Iter
 
 
 def _shareable(tensor: torch.Tensor, in_process: bool = False) -> tuple[str, Any, torch.Tensor]:
-    """(kind, payload, the tensor to keep alive until the worker copied it)."""
+    """(kind, payload, the tensor to keep alive until the worker copied it).
+
+    "tensor": the tensor itself (a worker in this process); "ipc": the packed (rebuild function, arguments) of a CUDA
+    IPC handle; "cpu": the packed tensor (a copy of its data)."""
     tensor = tensor.detach().contiguous()
     if in_process:
         return "tensor", tensor, tensor
     if tensor.is_cuda:
-        from torch.multiprocessing.reductions import reduce_tensor
+        return "ipc", ipc_payload(tensor), tensor
+    return "cpu", _pack(tensor), tensor
 
-        return "ipc", reduce_tensor(tensor), tensor
-    return "cpu", tensor, tensor
+
+def ipc_payload(tensor: torch.Tensor) -> bytes:
+    """The packed CUDA IPC handle of a CUDA tensor, as `WeightSyncExtension.seedfast_load_weights` opens it."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    return _pack(reduce_tensor(tensor))
 
 
 def _generation(completion: Any) -> Generation:
@@ -277,10 +343,12 @@ class WeightSyncExtension:
         weights = []
         for name, (kind, payload) in chunk:
             if kind == "ipc":
-                rebuild, args = payload
+                rebuild, args = _unpack(payload)
                 args = list(args)
-                args[6] = self.device.index  # the sender's device index means nothing here
+                args[6] = torch.device(self.device).index  # the sender's device index means nothing here
                 weights.append((name, rebuild(*args)))
+            elif kind == "cpu":
+                weights.append((name, _unpack(payload).to(self.device)))
             else:
                 weights.append((name, payload.to(self.device)))
         self.model_runner.model.load_weights(weights=weights)
@@ -288,8 +356,69 @@ class WeightSyncExtension:
             torch.cuda.synchronize()
         return len(weights)
 
-    def seedfast_weight_sums(self, names: list[str]) -> dict[str, tuple[float, int]]:
-        """(sum, numel) of this worker's copy of each named parameter it has (its shard under tensor parallel)."""
-        params = dict(self.model_runner.model.named_parameters())
-        return {name: (float(torch.sum(params[name].detach(), dtype=torch.float64)), params[name].numel())
-                for name in names if name in params}
+    def seedfast_begin_reload(self) -> None:
+        """Before a push on the CPU back end: vLLM's layerwise reload puts every layer back in its checkpoint
+        layout, so `load_weights` of the buckets fills it and each layer is processed (repacked) once loaded."""
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model_runner.model)
+
+    def seedfast_end_reload(self, repack: bool = True) -> None:
+        """After the last bucket: vLLM finishes the layerwise reload (layers not yet processed), then (`repack`; False
+        only in a test of the verify) the packed copy the LM head computes with is made again from its new weight:
+        vLLM processes a tied head only as the embedding, whose packed copy it keeps from before."""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        model = self.model_runner.model
+        finalize_layerwise_reload(model, self.model_runner.model_config)
+        if repack:
+            _repack_vocab_layers(model)
+
+    def seedfast_weight_sums(self, names: list[str]) -> dict[str, Any]:
+        """(sum, numel) of this worker's copy of each named parameter it has (its shard under tensor parallel); on the
+        CPU back end also, under `name + "#probe"`, a list of (sum, columns) of the probe's columns of the weight as
+        each layer holding that parameter computes with it (`_probe`: a tied LM head and the embedding both)."""
+        model = self.model_runner.model
+        params = dict(model.named_parameters())
+        sums: dict[str, Any] = {
+            name: (float(torch.sum(params[name].detach(), dtype=torch.float64)), params[name].numel())
+            for name in names if name in params and params[name].numel() > 0}
+        if torch.device(self.device).type == "cpu" and isinstance(model, torch.nn.Module):
+            dtype = self.model_runner.model_config.dtype
+            for key in names:
+                param = params.get(key[: -len(_PROBE)]) if key.endswith(_PROBE) else None
+                if param is None:
+                    continue
+                layers = [m for m in model.modules() if m._parameters.get("weight") is param]
+                probes = [value for value in (_probe(m, dtype) for m in layers) if value is not None]
+                if probes:
+                    sums[key] = probes
+        return sums
+
+
+def _probe(layer: torch.nn.Module, dtype: torch.dtype) -> tuple[float, int] | None:
+    """(sum, columns) of the `_probe_columns` of `layer`'s weight as its kernel computes with it: the layer's own
+    matmul (its quant_method's apply, which the forward and the LM head's logits call) on unit vectors; each output
+    is one weight element times one (exact), so the sum is that of the columns the kernel holds. None when the layer
+    has no such matmul (or is split by tensor parallel)."""
+    method = getattr(layer, "quant_method", None)
+    if method is None or not callable(getattr(method, "apply", None)) or getattr(layer, "tp_size", 1) != 1:
+        return None
+    n_in = getattr(layer, "input_size_per_partition", None) or getattr(layer, "embedding_dim", None)
+    if not n_in:
+        return None
+    cols = _probe_columns(int(n_in))
+    unit = torch.zeros(len(cols), int(n_in), dtype=dtype)  # the CPU back end's inputs: the model's dtype
+    unit[torch.arange(len(cols)), torch.tensor(cols)] = 1
+    with torch.no_grad():
+        out = method.apply(layer, unit)
+    return float(torch.sum(out, dtype=torch.float64)), len(cols)
+
+
+def _repack_vocab_layers(model: torch.nn.Module) -> None:
+    """The CPU back end's packed copy of every vocabulary layer (embedding, LM head) made again from its weight."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for layer in model.modules():
+        if isinstance(layer, VocabParallelEmbedding) and layer.weight.numel() > 0:
+            layer.quant_method.process_weights_after_loading(layer)
