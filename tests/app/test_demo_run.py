@@ -12,7 +12,7 @@ from seedfast.config import load_config
 from seedfast.runtime.paths import RunPaths
 
 DEMO = ["demo.algorithms=[grpo]", "sft.copy_warmup_steps=0", "trainer.steps=1", "env.n_eval=1",
-        "rollout.eval_temperature=1.0", "rollout.max_response_tokens=16"]
+        "trainer.eval_repeats=2", "rollout.eval_temperature=1.0", "rollout.max_response_tokens=16"]
 
 
 def _seedfast_eval(overrides: list[str], policy, run_name: str) -> dict[str, float]:
@@ -27,7 +27,7 @@ def test_the_demo_reports_what_seedfast_eval_measures(overrides, train_games, tm
     assert demo.main(cfg) == 0
     paths = RunPaths.of(cfg)
     summary = json.loads(paths.demo_summary.read_text())
-    assert "each played once" in summary["setup"]["games"]
+    assert "1 held-out (each played 2 times per evaluation)" in summary["setup"]["games"]
 
     before = _seedfast_eval(args, paths.sft, "eval_sft")
     after = _seedfast_eval(args, paths.sub("grpo").hf, "eval_grpo")
