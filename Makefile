@@ -80,7 +80,9 @@ $(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
 	$(VLLM_PY) -m pip install -q --no-deps -e .
 	touch $(VLLM_STAMP)
 
-test-vllm: $(VLLM_STAMP)
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	# the real pretrained checkpoint the SmolLM2 rollout test runs (the main venv converts it once; cached)
+	$(PY) -m seedfast models fetch smollm2-135m
 	@set -e; for f in tests/vllm_real/test_*.py; do \
 	  echo "$(VLLM_PY) -m pytest -q $$f"; $(VLLM_PY) -m pytest -q -p no:cacheprovider --timeout 900 $$f; done
 
