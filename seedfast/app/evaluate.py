@@ -14,29 +14,14 @@ it). Rank 0 alone prints and writes the JSON, atomically (docs/scaling.md).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
+from seedfast.app.report import write_json
 from seedfast.config import Config
 from seedfast.distributed.data import DataParallel
 from seedfast.runtime.paths import RunPaths
 from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, start_processes, trained_policy_path
 from seedfast.train.evaluate import evaluate_policy
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """`data` as JSON in a temporary file beside `path`, then renamed over it: a reader sees the old file or the
-    new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def main(cfg: Config, split: str = "eval", **_: Any) -> int:
@@ -51,5 +36,5 @@ def main(cfg: Config, split: str = "eval", **_: Any) -> int:
     if env.is_main:
         print(json.dumps(metrics, indent=1))
         paths.root.mkdir(parents=True, exist_ok=True)  # a policy that never ran here (init_from, model.path) has none
-        write_json_atomic(paths.eval(split), metrics)
+        write_json(paths.eval(split), metrics)
     return 0

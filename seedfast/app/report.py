@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from seedfast.rollout.collect import write_text_atomic
 from seedfast.runtime.paths import RunPaths
 
 # per-update metrics that say whether the teacher carried signal (means over updates in the report)
@@ -29,10 +30,9 @@ def curve_means(curve: Sequence[float]) -> dict[str, float]:
 
 
 def write_json(path: Path, data: Any) -> Path:
-    """JSON written whole, then renamed into place."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    """JSON written whole, then renamed into place (rollout/collect.py write_text_atomic): a reader sees the old
+    file or the new one, never half of one."""
+    write_text_atomic(path, json.dumps(data, indent=1))
     return path
 
 

@@ -74,7 +74,6 @@ def test_one_chunk_is_the_unsplit_evaluation(overrides, acting_policy, train_gam
 
 def _app_worker(rank: int, world: int, overrides: list[str]) -> None:
     from seedfast import cli
-    from seedfast.app import evaluate as app
 
     replaced = []
     real = os.replace
@@ -83,11 +82,11 @@ def _app_worker(rank: int, world: int, overrides: list[str]) -> None:
         replaced.append(str(dst))
         real(src, dst)
 
-    app.os.replace = spy
+    os.replace = spy
     try:
         assert cli.main(["eval", *overrides, "--split", "train"]) == 0
     finally:
-        app.os.replace = real
+        os.replace = real
     assert not dist.is_initialized()  # the command ended the process group it ran in
     dist.init_process_group("gloo", rank=rank, world_size=world)  # a fresh one, to compare what each rank wrote
     every: list = [None] * world
