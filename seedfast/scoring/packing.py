@@ -8,6 +8,10 @@ Per sample, with P the prompt, A the response and L = shared_prefix_length(sampl
 The rows that predict A are the last |A| rows of each branch: the last context token and A[:-1].
 L stops one token short of the prompt's end so that the student branch always holds the row that
 predicts A[0] (then no hidden state of the prefix call is ever needed).
+
+Samples that share a prefix (a GRPO group's trajectories start from one prompt, and agree on their history until
+they act differently) share one copy of it in the prefix call: `distinct_prefixes` says which
+(docs/performance.md, 'A prompt shared by a group is computed once').
 """
 
 from __future__ import annotations
@@ -94,6 +98,32 @@ def pack_branches(samples: Sequence[StepSample], lengths: Sequence[int], teacher
 def pack_single(samples: Sequence[StepSample]) -> Packed:
     """One context per sample: P ⊕ A[:-1] from position 0."""
     return pack([student_branch(s, 0) for s in samples], [0] * len(samples), [s.response_ids for s in samples])
+
+
+def distinct_prefixes(samples: Sequence[StepSample], lengths: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The prefixes P[:lengths[i]] computed once each: (the first sample of each distinct prefix, and for every sample
+    the position of its prefix in that list)."""
+    first: list[int] = []
+    owner: list[int] = []
+    seen: dict[tuple[int, ...], int] = {}
+    for i, (s, n) in enumerate(zip(samples, lengths)):
+        key = tuple(s.prompt_ids[:n].tolist())
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(i)
+        owner.append(seen[key])
+    return first, owner
+
+
+def prompt_order(samples: Sequence[StepSample], index: Sequence[int]) -> list[int]:
+    """`index` with the samples of one prompt next to each other (in the order their prompts first appear), so
+    consecutive micro-batches hold each prompt's samples together."""
+    rank: dict[tuple[int, ...], int] = {}
+    keyed = []
+    for i in index:
+        key = tuple(samples[i].prompt_ids.tolist())
+        keyed.append((rank.setdefault(key, len(rank)), i))
+    return [i for _, i in sorted(keyed, key=lambda pair: pair[0])]
 
 
 def split_by_budget(costs: Sequence[Sequence[int]], budget: int, names: Sequence[str]) -> list[list[int]]:

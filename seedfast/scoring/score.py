@@ -20,15 +20,17 @@ from seedfast.model.decoder import Decoder
 from seedfast.ops import LinearLogprobOutput, linear_logprob
 from seedfast.scoring.packing import (
     Packed,
+    distinct_prefixes,
     pack_branches,
     pack_prefixes,
-    pack_single,
+    prompt_order,
     shared_prefix_length,
     split_by_budget,
     student_branch,
     teacher_branch,
 )
 from seedfast.scoring.results import Scores
+from seedfast.scoring.shared_prompts import response_rows
 
 DEFAULT_TOKEN_BUDGET = 16384
 
@@ -88,9 +90,11 @@ def _score_microbatch(model, samples: list[StepSample], temperature: float, with
     has_teacher = [s.has_teacher for s in samples]
     past = None
     if any(lengths):
-        _, kv = _forward(model, pack_prefixes(samples, lengths), return_kv=True, attn_backend=attn_backend)
-        teacher_of = [i for i, t in enumerate(has_teacher) if t]
-        past = kv.select(torch.tensor(list(range(len(samples))) + teacher_of, dtype=torch.long))
+        first, owner = distinct_prefixes(samples, lengths)  # a prefix repeated in the batch is run once
+        _, kv = _forward(model, pack_prefixes([samples[i] for i in first], [lengths[i] for i in first]),
+                         return_kv=True, attn_backend=attn_backend)
+        teacher_of = [owner[i] for i, t in enumerate(has_teacher) if t]
+        past = kv.select(torch.tensor(owner + teacher_of, dtype=torch.long))
     branches = pack_branches(samples, lengths, has_teacher)
     hidden = _forward(model, branches, past=past, attn_backend=attn_backend)
     return _dual_head(model, samples, branches, hidden, has_teacher, temperature, with_entropy)
@@ -147,7 +151,7 @@ def score(
         n = shared_prefix_length(s)
         branch = len(student_branch(s, n)) + (len(teacher_branch(s, n)) if s.has_teacher else 0)
         costs.append((n, branch))
-    groups = split_by_budget(costs, token_budget, [s.describe(i) for i, s in enumerate(samples)])
+    groups = _micro_batches(samples, costs, token_budget)
     parts = []
     for idx in groups:
         batch = [samples[i] for i in idx]
@@ -164,18 +168,26 @@ def score_reference(
     temperature: float = 1.0,
     attn_backend: str | None = None,
 ) -> Scores:
-    """ℓref on P ⊕ A (single context, no teacher) with the same packing and budget rule as `score`."""
+    """ℓref on P ⊕ A (single context, no teacher) with the same budget rule as `score`; a prompt repeated in a
+    micro-batch runs once (shared_prompts.py)."""
     samples = check_samples(samples)
     _check_temperature(temperature)
     costs = [(len(s.prompt_ids) + len(s.response_ids) - 1,) for s in samples]
-    groups = split_by_budget(costs, token_budget, [s.describe(i) for i, s in enumerate(samples)])
+    groups = _micro_batches(samples, costs, token_budget)
     parts = []
     for idx in groups:
-        packed = pack_single([samples[i] for i in idx])
-        hidden = _forward(ref_model, packed, attn_backend=attn_backend)
-        out = _head(ref_model, hidden, packed.rows, packed.targets, None, temperature, False)
+        rows = response_rows(ref_model, [samples[i] for i in idx], share_prompts=True, attn_backend=attn_backend)
+        out = head_logprob_op(ref_model)(rows.hidden, ref_model.lm_head_weight, rows.targets, temperature=temperature)
         parts.append((idx, out.logprob, None, None, None))
     return _scatter_scores(samples, parts, with_entropy=False, with_teacher=False)
+
+
+def _micro_batches(samples: list[StepSample], costs: list[tuple[int, ...]], token_budget: int) -> list[list[int]]:
+    """split_by_budget over the samples with the samples of one prompt next to each other, so that a micro-batch holds
+    a repeated prompt's copies together and runs it once."""
+    order = prompt_order(samples, range(len(samples)))
+    groups = split_by_budget([costs[i] for i in order], token_budget, [samples[i].describe(i) for i in order])
+    return [[order[k] for k in group] for group in groups]
 
 
 def _check_temperature(temperature: float) -> None:

@@ -18,8 +18,9 @@ from seedfast.config import LossConfig
 from seedfast.context.sample import StepSample
 from seedfast.distributed.data import DataParallel
 from seedfast.ops import LossOptions, fused_loss
-from seedfast.scoring.packing import pack_single, split_by_budget
+from seedfast.scoring.packing import prompt_order, split_by_budget
 from seedfast.scoring.prefix_kv_teacher import teacher_logprob_with_prefix
+from seedfast.scoring.shared_prompts import response_rows
 
 
 @dataclass
@@ -103,6 +104,11 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
     the data-parallel ranks: the weights use the global counts, every rank runs as many micro-batches as the
     busiest one (the extra ones with weight 0: FSDP2's collectives need the same calls on every rank), and the
     returned loss and metrics are the global ones."""
+    # unsharded, a prompt repeated in a micro-batch runs once: its samples go into the same micro-batches. Sharded,
+    # every rank must make the same model calls (FSDP2's collectives), so each sample runs its own prompt
+    share_prompts = dp is None and not _is_fsdp(model)
+    if share_prompts:
+        index = prompt_order(batch.samples, index)
     weights_all = _token_weights(batch, index, loss_cfg.agg, dp) * batch.loss_scale
     pos = {i: k for k, i in enumerate(index)}
     local_offsets = torch.zeros(len(index) + 1, dtype=torch.long)
@@ -114,7 +120,8 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
         padding = int(dp.max([len(groups)])[0]) - len(groups)
     teacher_here = use_opd and batch.teacher_from_forward
     run = _MicroBatchRun(loss_options(loss_cfg, use_kl=use_kl, use_opd=use_opd), use_kl=use_kl, use_opd=use_opd,
-                         teacher_here=teacher_here, temperature=temperature, attn_backend=attn_backend)
+                         teacher_here=teacher_here, share_prompts=share_prompts, temperature=temperature,
+                         attn_backend=attn_backend)
     sums = _MiniBatchSums()
     for k in range(len(groups) + padding):
         if k < len(groups):
@@ -139,6 +146,7 @@ class _MicroBatchRun:
     use_kl: bool  # ℓref enters the loss
     use_opd: bool  # ℓskill enters the loss
     teacher_here: bool  # ℓskill comes from the update's own forward (its prefix KV)
+    share_prompts: bool  # a prompt repeated in a micro-batch runs once (scoring/shared_prompts.py)
     temperature: float
     attn_backend: str | None
 
@@ -293,11 +301,8 @@ def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, r
     busiest, run for its collectives only."""
     device = model.lm_head_weight.device
     micro_samples = [batch.samples[i] for i in micro]
-    packed = pack_single(micro_samples).to(device)
-    out = model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids,
-                return_kv=run.teacher_here, attn_backend=run.attn_backend)
-    hidden, kv = out if run.teacher_here else (out, None)
-    rows = hidden[packed.rows]
+    rows, targets, kv = response_rows(model, micro_samples, share_prompts=run.share_prompts,
+                                      return_kv=run.teacher_here, attn_backend=run.attn_backend)
     # on-policy (old_logprob None: one epoch, one mini-batch): θ_old = θ, so ℓold is the detached ℓθ that
     # fused_loss computes anyway; no separate ℓold pass, not even over the LM head
     old = None if batch.old_logprob is None else _gather(batch.old_logprob, batch, micro).to(device)
@@ -311,7 +316,7 @@ def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, r
     else:
         teacher_logprob = teacher_mask = None
     loss, metrics, logprob = _head_loss(model)(
-        rows, model.lm_head_weight, packed.targets,
+        rows, model.lm_head_weight, targets,
         token_weights=w.to(device),
         advantages=_gather(batch.advantages, batch, micro).to(device),
         old_logprob=old,
@@ -329,6 +334,12 @@ def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, r
     twsum = float((w.to(device) * teacher_mask.float()).sum()) if teacher_logprob is not None else 0.0
     sums.loss += float(loss.detach())
     sums.add_metrics(metrics, float(w.sum()), twsum)
+
+
+def _is_fsdp(model) -> bool:
+    from seedfast.distributed.parallelize import fsdp_modules
+
+    return bool(fsdp_modules(model))
 
 
 # the padding micro-batch of a data-parallel rank that has no sample of its own (weight 0, no teacher)

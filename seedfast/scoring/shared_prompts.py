@@ -1,0 +1,56 @@
+"""The rows that predict each sample's response, with a prompt that several samples share run once.
+
+The trajectories of a GRPO group start from one prompt and repeat each other's history until they act differently,
+so a batch holds many copies of a few prompts. Where the batch repeats a prompt, P[:-1] of each distinct prompt goes
+through the model once (prefix call, its KV kept) and every sample runs only P[-1:] ⊕ A[:-1] against its prompt's KV
+(branch call): the same log-probs and, through the gathered KV, the same gradients as one call over every P ⊕ A[:-1],
+at the cost of the distinct prompts (docs/performance.md, 'A prompt shared by a group is computed once').
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from seedfast.context.sample import StepSample
+from seedfast.model.kv import PackedKV
+from seedfast.scoring.packing import Packed, distinct_prefixes, pack, pack_prefixes, pack_single, student_branch
+
+
+class ResponseRows(NamedTuple):
+    hidden: torch.Tensor  # [ΣA, d] the final hidden state of each row that predicts a response token, sample order
+    targets: torch.Tensor  # [ΣA] the response tokens
+    context_kv: PackedKV | None  # with return_kv: one sequence per sample from position 0, at least P[:-1]
+
+
+def _run(model, packed: Packed, past: PackedKV | None = None, return_kv: bool = False,
+         attn_backend: str | None = None):
+    packed = packed.to(model.lm_head_weight.device)
+    return model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids, past=past,
+                 return_kv=return_kv, attn_backend=attn_backend)
+
+
+def response_rows(model, samples: Sequence[StepSample], *, share_prompts: bool, return_kv: bool = False,
+                  attn_backend: str | None = None) -> ResponseRows:
+    """The policy's rows for `samples` (gradients flow when enabled). With `share_prompts` and a prompt repeated in
+    `samples`, each distinct prompt is run once; otherwise one call over every P ⊕ A[:-1]. `share_prompts` must be
+    False where every rank has to make the same model calls (a sharded model's update: FSDP2 collectives)."""
+    lengths = [len(s.prompt_ids) - 1 for s in samples]
+    first, owner = distinct_prefixes(samples, lengths) if share_prompts and any(lengths) else ([], [])
+    if len(first) == len(samples) or not first:  # nothing repeated: the single call
+        packed = pack_single(samples)
+        out = _run(model, packed, return_kv=return_kv, attn_backend=attn_backend)
+        hidden, kv = out if return_kv else (out, None)
+        device = hidden.device
+        return ResponseRows(hidden[packed.rows.to(device)], packed.targets.to(device), kv)
+    prefixes = pack_prefixes([samples[i] for i in first], [lengths[i] for i in first])
+    _, kv = _run(model, prefixes, return_kv=True, attn_backend=attn_backend)
+    past = kv.select(torch.tensor(owner, dtype=torch.long))
+    branches = pack([student_branch(s, n) for s, n in zip(samples, lengths)], lengths,
+                    [s.response_ids for s in samples])
+    hidden = _run(model, branches, past=past, attn_backend=attn_backend)
+    device = hidden.device
+    # every branch row predicts a response token (P[-1] and A[:-1]): rows is all of them, in sample order
+    return ResponseRows(hidden[branches.rows.to(device)], branches.targets.to(device), past if return_kv else None)
