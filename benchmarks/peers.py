@@ -2,6 +2,7 @@
 
     python benchmarks/peers.py --shape tiny          # the demo's tiny model at the demo's batch
     python benchmarks/peers.py --shape qwen0.5b      # Qwen2.5-0.5B shape, random init (--layers N to cut depth)
+    python benchmarks/peers.py --shape qwen0.5b --algos seed --legs reference seedfast --checkpointing
     python benchmarks/peers.py --shape qwen7b --device cuda --dtype bf16 --out OUT/peers_cuda.json   # on a GPU
 
 The same step samples (prompt, insertion point, skill, response, reward, group), the same weights (one HF folder
@@ -219,7 +220,9 @@ def seedfast_update(policy, ref, optimizer, samples: list, hp: dict, use_opd: bo
 
 # ----------------------------------------------------------------------------------------- one worker process
 
-def load_models(leg: str, ckpt: Path, device: str, dtype: str):
+def load_models(leg: str, ckpt: Path, device: str, dtype: str, checkpointing: bool = False):
+    """(policy, ref) of `leg` from the folder; with `checkpointing` the policy recomputes each layer in backward
+    (activation checkpointing, the library's own switch on each side)."""
     import torch
 
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
@@ -233,6 +236,10 @@ def load_models(leg: str, ckpt: Path, device: str, dtype: str):
 
         policy, ref = (AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch_dtype, attn_implementation="sdpa")
                        .to(device) for _ in range(2))
+    if checkpointing and leg == "seedfast":
+        policy.gradient_checkpointing = True
+    elif checkpointing:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy.train()
     ref.eval()
     ref.requires_grad_(False)
@@ -328,7 +335,7 @@ def worker(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     hp = hyper_params()
-    policy, ref = load_models(args.leg, Path(args.ckpt), args.device, args.dtype)
+    policy, ref = load_models(args.leg, Path(args.ckpt), args.device, args.dtype, args.checkpointing)
     optimizer = make_optimizer(policy, hp, args.leg)
     cfg = model_config(args.shape, args.layers)
     samples = make_samples(SHAPES[args.shape]["batch"], cfg["vocab_size"], args.insertion)
@@ -398,6 +405,8 @@ def run_leg(args: argparse.Namespace, leg: str, algo: str, ckpt: Path, dump: Pat
     for flag, value in (("--layers", args.layers), ("--threads", args.threads)):
         if value:
             argv += [flag, str(value)]
+    if args.checkpointing:
+        argv.append("--checkpointing")
     try:
         return run_worker(argv, timeout=args.timeout, env=MALLOC_PINNED)
     except RuntimeError as err:  # e.g. killed for memory: a result too
@@ -489,14 +498,22 @@ def save(args: argparse.Namespace, shape_result: dict) -> Path:
     batch = SHAPES[args.shape]["batch"]
     record.update(machine=machine_info(), versions=versions("torch", "transformers", "liger-kernel", "seedfast"),
                   git_commit=git_commit(), hyper_params=hyper_params())
-    record["shapes"][args.shape] = {
+    record["shapes"][result_key(args)] = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(["python", *sys.argv]),
         "model": cfg, "layers_reduced_from": SHAPES[args.shape]["model"]["num_hidden_layers"] if args.layers else None,
         "batch": batch, "samples": batch["tasks"] * batch["trajectories"], "insertion": args.insertion,
-        "device": args.device, "dtype": args.dtype, "reps": args.reps, "threads": args.threads, **shape_result,
+        "device": args.device, "dtype": args.dtype, "reps": args.reps, "threads": args.threads,
+        "activation_checkpointing": args.checkpointing, **shape_result,
     }
     return write_json_atomic(path, record)
+
+
+def result_key(args: argparse.Namespace) -> str:
+    """The JSON entry of a run: the shape, its cut depth, and whether activations were checkpointed."""
+    full = SHAPES[args.shape]["model"]["num_hidden_layers"]
+    cut = f"_{args.layers}layers" if args.layers and args.layers != full else ""
+    return args.shape + cut + ("_ckpt" if args.checkpointing else "")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -510,6 +527,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--insertion", choices=("before_response", "after_task", "prepend"), default="before_response")
     ap.add_argument("--reps", type=int, help="timed updates after the first (default: per shape; 0 = time the first)")
     ap.add_argument("--threads", type=int, help="torch threads per process (default: torch's)")
+    ap.add_argument("--checkpointing", action="store_true",
+                    help="activation checkpointing on every leg's policy (recompute each layer in backward)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per process")
     ap.add_argument("--out", help="JSON path (default benchmarks/results/peers_<device>.json; shapes are merged)")
     ap.add_argument("--worker", nargs=2, metavar=("LEG", "ALGO"), help=argparse.SUPPRESS)

@@ -21,11 +21,12 @@ def checkpoint(tmp_path_factory):
     return peers.write_checkpoint(peers.model_config("tiny", 2), tmp_path_factory.mktemp("peers") / "hf")
 
 
-def one_update(leg: str, algo: str, ckpt: Path, insertion: str) -> tuple[float, dict, dict]:
+def one_update(leg: str, algo: str, ckpt: Path, insertion: str,
+               checkpointing: bool = False) -> tuple[float, dict, dict]:
     """(loss, clipped grads, updated weights) of one update of `leg` from the checkpoint."""
     torch.manual_seed(0)
     hp = peers.hyper_params()
-    policy, ref = peers.load_models(leg, ckpt, "cpu", "fp32")
+    policy, ref = peers.load_models(leg, ckpt, "cpu", "fp32", checkpointing)
     optimizer = peers.make_optimizer(policy, hp, leg)
     samples = peers.make_samples(BATCH, peers.SHAPES["tiny"]["model"]["vocab_size"], insertion)
     loss = peers.make_update(leg, algo, policy, ref, optimizer, samples, hp, "cpu")(peers.Phases())
@@ -67,3 +68,23 @@ def test_samples_carry_a_win_a_loss_and_a_failed_skill():
         assert rewards >= {0.0, 1.0}
     assert not all(s["skill_valid"] for s in samples)
     assert all(0 <= s["k"] < len(s["prompt"]) for s in samples)
+
+
+@pytest.mark.parametrize("leg", ["reference", "seedfast"])
+def test_activation_checkpointing_recomputes_the_same_update(checkpoint, leg):
+    """--checkpointing switches each side's own activation checkpointing on; the update is the same one."""
+    ref_loss, ref_grads, _ = one_update("reference", "seed", checkpoint, "before_response")
+    policy, _ = peers.load_models(leg, checkpoint, "cpu", "fp32", checkpointing=True)
+    assert policy.gradient_checkpointing if leg == "seedfast" else policy.is_gradient_checkpointing
+    loss, grads, _ = one_update(leg, "seed", checkpoint, "before_response", checkpointing=True)
+    assert abs(loss - ref_loss) <= TOL
+    assert max_diff(grads, ref_grads) <= TOL
+
+
+def test_each_depth_and_checkpointing_has_its_own_entry():
+    def key(*argv):
+        return peers.result_key(peers.parse_args(["--shape", "qwen0.5b", *argv]))
+
+    assert key() == "qwen0.5b"
+    assert key("--layers", "2") == "qwen0.5b_2layers"
+    assert key("--layers", "24", "--checkpointing") == "qwen0.5b_ckpt"
