@@ -496,10 +496,12 @@ def save(args: argparse.Namespace, shape_result: dict) -> Path:
     record = json.loads(path.read_text()) if path.exists() else {"benchmark": "peers", "shapes": {}}
     cfg = model_config(args.shape, args.layers)
     batch = SHAPES[args.shape]["batch"]
-    record.update(machine=machine_info(), versions=versions("torch", "transformers", "liger-kernel", "seedfast"),
-                  git_commit=git_commit(), hyper_params=hyper_params())
+    # each entry carries its own machine, versions and commit: entries of one file may come from different boxes
+    run = dict(machine=machine_info(), versions=versions("torch", "transformers", "liger-kernel", "seedfast"),
+               git_commit=git_commit())
+    record.update(**run, hyper_params=hyper_params())
     record["shapes"][result_key(args)] = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **run,
         "command": " ".join(["python", *sys.argv]),
         "model": cfg, "layers_reduced_from": SHAPES[args.shape]["model"]["num_hidden_layers"] if args.layers else None,
         "batch": batch, "samples": batch["tasks"] * batch["trajectories"], "insertion": args.insertion,

@@ -149,6 +149,14 @@ def peers_row(shape: str, unit: float) -> tuple:
             peer(shape, "seed", "liger", "time_vs_reference"), peer(shape, "seed", "liger", "memory_vs_reference"))
 
 
+def full_depth_row(shape: str) -> tuple:
+    """One SEED update: time ratio (ours vs the reference's seconds), memory ratio (ours vs the reference's GiB)."""
+    return (peer(shape, "seed", "seedfast", "time_vs_reference"), peer(shape, "seed", "seedfast", "phases_s.total"),
+            peer(shape, "seed", "reference", "phases_s.total"), peer(shape, "seed", "seedfast", "memory_vs_reference"),
+            peer(shape, "seed", "seedfast", "peak_extra_bytes", GIB),
+            peer(shape, "seed", "reference", "peak_extra_bytes", GIB))
+
+
 def load1(file: str) -> J:
     return j(file, "machine", "loadavg_1_5_15", 0)
 
@@ -351,11 +359,34 @@ REGISTRY: list[Q] = [
     Q(PERF, "seedfast's step takes {} s, the reference's {} s",
       (peer("qwen0.5b_2layers", "seed", "seedfast", "phases_s.optimizer"),
        peer("qwen0.5b_2layers", "seed", "reference", "phases_s.optimizer"))),
-    Q(PERF, "the update's peak memory ({} MiB)", (peer("qwen0.5b_2layers", "seed", "seedfast", "peak_extra_bytes", MIB),)),
+    Q(PERF, "the update's peak memory ({} MiB)",
+      (peer("qwen0.5b_2layers", "seed", "seedfast", "peak_extra_bytes", MIB),)),
     Q(PERF, "| **{}×** ({} s vs {} s) | {}× ({} vs {} MiB) | **{}×** | {}× | {}× / {}× |", peers_row("tiny", MIB)),
     Q(PERF, "| **{}×** ({} s vs {} s) | **{}×** ({} vs {} GiB) | **{}×** | **{}×** | {}× / {}× |",
       peers_row("qwen0.5b_2layers", GIB)),
-    Q(PERF, "1-minute load average {} when the file was written", (load1(PEERS),)),
+    Q(PERF, "1-minute load average {} when the file was written",
+      (j(PEERS, "shapes", "tiny", "machine", "loadavg_1_5_15", 0),)),
+    Q(PERF, "nothing else running, 1-minute load average {} with its own processes",
+      (j(PEERS, "shapes", "qwen0.5b", "machine", "loadavg_1_5_15", 0),)),
+    Q(PERF, "| without activation checkpointing | **{}×** ({} s vs {} s) | {}× ({} vs {} GiB) |",
+      full_depth_row("qwen0.5b")),
+    Q(PERF, "| with activation checkpointing on both sides (`--checkpointing`) | **{}×** ({} s vs {} s) | {}× ({} vs "
+            "{} GiB) |", full_depth_row("qwen0.5b_ckpt")),
+    Q(PERF, "runs the teacher as branches on the prefix KV ({} s against the reference's {} s), and its ℓref pass "
+            "costs {} s against {} s",
+      (peer("qwen0.5b", "seed", "seedfast", "phases_s.teacher"),
+       peer("qwen0.5b", "seed", "reference", "phases_s.teacher"),
+       peer("qwen0.5b", "seed", "seedfast", "phases_s.ref"), peer("qwen0.5b", "seed", "reference", "phases_s.ref"))),
+    Q(PERF, "checkpointing takes {} GiB off the reference's peak and {} GiB off seedfast's",
+      (diff(peer("qwen0.5b", "seed", "reference", "peak_extra_bytes", GIB),
+            peer("qwen0.5b_ckpt", "seed", "reference", "peak_extra_bytes", GIB)),
+       diff(peer("qwen0.5b", "seed", "seedfast", "peak_extra_bytes", GIB),
+            peer("qwen0.5b_ckpt", "seed", "seedfast", "peak_extra_bytes", GIB)))),
+    Q(PERF, "logits are a large part of the reference's {} GiB, and seedfast's {} GiB is one recomputed layer",
+      (peer("qwen0.5b_ckpt", "seed", "reference", "peak_extra_bytes", GIB),
+       peer("qwen0.5b_ckpt", "seed", "seedfast", "peak_extra_bytes", GIB))),
+    Q(PERF, "holds at full depth with checkpointing ({}×)",
+      (peer("qwen0.5b_ckpt", "seed", "seedfast", "time_vs_reference"),)),
     Q(PERF, "1-minute load averages {}–{} for the op rows, {}–{} for the others",
       (load1(LP1), load1(LP2), load1(SCORING), load1(STEP))),
     Q(PERF, "{}× (1 thread) / {}× (2 threads) naive time; {} MiB extra vs {} MiB",
