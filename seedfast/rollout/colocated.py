@@ -42,6 +42,8 @@ class RolloutEngine(Protocol):
 
     def after_rollout(self) -> dict[str, float]: ...
 
+    def close(self) -> None: ...
+
     def generate(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, stop_ids: Sequence[int] = (), *, seed: int | None = None
                  ) -> list[list[int]]: ...
@@ -71,6 +73,9 @@ class OwnRollout:
 
     def after_rollout(self) -> dict[str, float]:
         return {}
+
+    def close(self) -> None:
+        """Nothing to release: the sampler is the policy's."""
 
     def generate(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, stop_ids: Sequence[int] = (), *, seed: int | None = None) -> list[list[int]]:
@@ -146,6 +151,10 @@ class VLLMRollout:
         self.llm.sleep(level=self.sleep_level)
         self.asleep = True
         return {"sync/sleep_seconds": self.clock() - t}
+
+    def close(self) -> None:
+        """Shut the engine down (VLLMEngine.close); the trainer calls it before its process group ends."""
+        self.engine.close()
 
     def _seeds(self, n: int, seed: int | None = None) -> list[int] | None:
         """Per-request seeds: from `seed` as for the first call after begin_step(seed), else from the step."""

@@ -112,6 +112,14 @@ class VLLMEngine:
         self.in_process = (llm_kwargs.get("distributed_executor_backend") == "external_launcher"
                            or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0")
 
+    def close(self) -> None:
+        """Shut vLLM's engine core down (its worker processes with it); a second call does nothing. Before the
+        trainer's process group ends: vLLM's own exit-time cleanup would otherwise meet a destroyed group."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None and not getattr(self, "_closed", False):
+            self._closed = True
+            core.shutdown()
+
     def generate(
         self,
         prompt_token_lists: Sequence[Sequence[int]],

@@ -409,6 +409,9 @@ class Trainer:
             return evaluate_policy(self.cfg, self.policy, self.tokenizer, "eval", envs=self.envs, dp=self.dp)
 
     def close(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:  # the rollout engine first: a vLLM engine's workers end before the process group
+            engine.close()
         close = getattr(self.envs, "close", None)
         if close and self.own_envs:
             close()

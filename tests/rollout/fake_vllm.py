@@ -63,6 +63,9 @@ class FakeLLM:
         self.worker.model_runner = SimpleNamespace(model=FakeModel(self.decoder))
         self.asleep: set[str] = set()
         self.calls: list[tuple] = []
+        # vLLM's LLM.llm_engine.engine_core, the handle VLLMEngine.close shuts down
+        self.llm_engine = SimpleNamespace(engine_core=SimpleNamespace(
+            shutdown=lambda: self.calls.append(("shutdown",))))
 
     def sleep(self, level=1):
         assert self.sleep_mode, "sleep needs enable_sleep_mode=True"

@@ -38,6 +38,7 @@ def test_vllm_engine_is_synced_every_step(monkeypatch, overrides, tiny_policy, t
     # three steps of: (wake weights) push... wake kv-cache, generate..., sleep
     assert calls.count("sleep") == 3 and calls.count("wake_up") == 2 * 2
     assert calls.index("seedfast_load_weights") < calls.index("generate") < calls.index("sleep")
+    assert calls[-1] == "shutdown" and calls.count("shutdown") == 1  # Trainer.close shut the engine down, once
     for row in history:
         assert row["sync/tensors"] > 0 and row["sync/bytes"] > 0 and row["sync/buckets"] >= 1
         assert "time/sync" in row and "sync/sleep_seconds" in row

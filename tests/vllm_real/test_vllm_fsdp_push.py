@@ -80,7 +80,7 @@ def _shutdown(rollout) -> None:
     """The engine shut down while the ranks' process group, which it tears down with its own, is still up (every
     rank past its last collective first); left to the interpreter's exit, its teardown finds the group gone."""
     torch.distributed.barrier()
-    rollout.llm.llm_engine.engine_core.shutdown()
+    rollout.close()
 
 
 def test_every_rank_pushes_its_fsdp2_shards_into_its_own_real_vllm(tmp_path):

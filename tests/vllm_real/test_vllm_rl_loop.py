@@ -76,15 +76,7 @@ def _train(overrides, policy: Path, games: Path, out: Path, *extra: str,
         moved = max(float((p.detach() - s).abs().max()) for p, s in zip(trainer.policy.parameters(), start))
         return trainer, history, moved
     finally:
-        trainer.close()
-        _shutdown(trainer.engine)
-
-
-def _shutdown(rollout: VLLMRollout) -> None:
-    """Stop the engine's core process now, not when the test process exits (one engine at a time on 2 cores)."""
-    core = getattr(getattr(rollout.llm, "llm_engine", None), "engine_core", None)
-    if core is not None:
-        core.shutdown()
+        trainer.close()  # shuts the engine's core process down now (one engine at a time on 2 cores)
 
 
 def _intercept(rollout: VLLMRollout, edit: Callable[[str, tuple], tuple | None], calls: list[str]) -> None:
