@@ -230,6 +230,12 @@ DEMO_ROW = ("| {} | {} | {} | {} | {} | {} → {} / {} → {} / {} → {} | {} /
 
 DEMO_H128 = [("demo_seeds_heldout128.json", str(s)) for s in _load("demo_seeds_heldout128.json")["seeds"]]
 DH = "demo_heldout.json"
+FRESH = "demo_fresh_clone.json"  # `make demo` on a fresh clone, collected by benchmarks/demo_seeds.py --collect-only
+BUDGET = "demo_seeds_budget.json"  # the smaller recipe that was not kept
+
+
+def fresh_phases() -> tuple:
+    return tuple(J(FRESH, ("runs", "0", "timings", k)) for k in ("games", "sft", "eval_sft", "grpo", "seed", "control"))
 
 
 def dh(*keys) -> J:
@@ -385,6 +391,12 @@ REGISTRY: list[Q] = [
     Q(PERF, "logits are a large part of the reference's {} GiB, and seedfast's {} GiB is one recomputed layer",
       (peer("qwen0.5b_ckpt", "seed", "reference", "peak_extra_bytes", GIB),
        peer("qwen0.5b_ckpt", "seed", "seedfast", "peak_extra_bytes", GIB))),
+    Q(README, "one SEED update takes {}× the reference recipe's time and {}× its peak memory on the CPU, {}× and "
+              "{}× with activation checkpointing",
+      (peer("qwen0.5b", "seed", "seedfast", "time_vs_reference"),
+       peer("qwen0.5b", "seed", "seedfast", "memory_vs_reference"),
+       peer("qwen0.5b_ckpt", "seed", "seedfast", "time_vs_reference"),
+       peer("qwen0.5b_ckpt", "seed", "seedfast", "memory_vs_reference"))),
     Q(PERF, "holds at full depth with checkpointing ({}×)",
       (peer("qwen0.5b_ckpt", "seed", "seedfast", "time_vs_reference"),)),
     Q(PERF, "1-minute load averages {}–{} for the op rows, {}–{} for the others",
@@ -487,9 +499,22 @@ REGISTRY: list[Q] = [
             for k in ("skill/teacher_gap_win", "skill/teacher_gap_lose"))),
     Q(DEMO_MD, "games {} s (320 games), SFT {} s, held-out\nevaluation {} s, GRPO {} s and SEED {} s for 16 updates "
                "each (with their end-of-run evaluation),\ncontrol {} s: {} min", h128_phases()),
-    Q(README, "It took {} min at seed 0 on this 2-core box", (J(DEMO_H128[0][0], ("runs", "0", "wall_s"), 1 / 60),)),
-    Q(README, "games {} s, SFT\n{} s, held-out evaluation {} s, GRPO {} s, SEED {} s, control {} s",
-      h128_phases()[:-1]),
+    Q(README, "On a fresh clone, nothing else running, it took {} min at seed 0 on this 2-core box",
+      (J(FRESH, ("runs", "0", "wall_s"), 1 / 60),)),
+    Q(README, "games {} s, SFT {} s, held-out evaluation {} s, GRPO {} s, SEED {} s, control {} s", fresh_phases()),
+    Q(DEMO_MD, "games {} s, SFT {} s, held-out evaluation {} s, GRPO {} s,\nSEED {} s, control {} s: {} min, against "
+               "the 12.4 min above", (*fresh_phases(), J(FRESH, ("runs", "0", "wall_s"), 1 / 60))),
+    Q(DEMO_MD, "below the no-learning control's at seed 0 ({} vs\n{}; SEED {})",
+      (j(BUDGET, "runs", "0", "means", "grpo", "last_half"), j(BUDGET, "runs", "0", "means", "control", "last_half"),
+       j(BUDGET, "runs", "0", "means", "seed", "last_half"))),
+    Q(DEMO_MD, "SEED's held-out success fell at seed 1 ({} → {})",
+      (j(BUDGET, "runs", "1", "before", "eval/success_rate"),
+       j(BUDGET, "runs", "1", "after", "seed", "eval/success_rate"))),
+    Q(DEMO_MD, "games cached, took {} s, to which generating its 288 games adds {} s",
+      (j(BUDGET, "runs", "2", "wall_s"), j(BUDGET, "runs", "0", "timings", "games"))),
+    Q(DEMO_MD, "a cheaper SFT ({}–{} s in those runs)",
+      (lo(*(j(BUDGET, "runs", str(k), "timings", "sft") for k in range(3))),
+       hi(*(j(BUDGET, "runs", str(k), "timings", "sft") for k in range(3))))),
     # ---- docs/demo.md: a real pretrained model (benchmarks/real_model.py, models_fetch.py) ----
     Q(DEMO_MD, "converted to a fp32 HF folder in {} s on this box", (j("models_fetch.json", "wall_s"),)),
     Q(DEMO_MD, "the SFT start's held-out success is {} and {} (seeds 0 and 1, greedy, 24 games) against a random "
