@@ -30,15 +30,9 @@ from seedfast.scoring.packing import (
     teacher_branch,
 )
 from seedfast.scoring.results import Scores
-from seedfast.scoring.shared_prompts import response_rows
+from seedfast.scoring.shared_prompts import forward_packed, response_rows
 
 DEFAULT_TOKEN_BUDGET = 16384
-
-
-def _forward(model, packed: Packed, past=None, return_kv: bool = False, attn_backend: str | None = None):
-    packed = packed.to(model.lm_head_weight.device)
-    return model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids, past=past,
-                 return_kv=return_kv, attn_backend=attn_backend)
 
 
 def head_logprob_op(model) -> Callable[..., LinearLogprobOutput]:
@@ -91,12 +85,12 @@ def _score_microbatch(model, samples: list[StepSample], temperature: float, with
     past = None
     if any(lengths):
         first, owner = distinct_prefixes(samples, lengths)  # a prefix repeated in the batch is run once
-        _, kv = _forward(model, pack_prefixes([samples[i] for i in first], [lengths[i] for i in first]),
-                         return_kv=True, attn_backend=attn_backend)
+        prefixes = pack_prefixes([samples[i] for i in first], [lengths[i] for i in first])
+        _, kv = forward_packed(model, prefixes, return_kv=True, attn_backend=attn_backend)
         teacher_of = [owner[i] for i, t in enumerate(has_teacher) if t]
         past = kv.select(torch.tensor(owner + teacher_of, dtype=torch.long))
     branches = pack_branches(samples, lengths, has_teacher)
-    hidden = _forward(model, branches, past=past, attn_backend=attn_backend)
+    hidden = forward_packed(model, branches, past=past, attn_backend=attn_backend)
     return _dual_head(model, samples, branches, hidden, has_teacher, temperature, with_entropy)
 
 

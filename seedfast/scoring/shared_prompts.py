@@ -25,8 +25,9 @@ class ResponseRows(NamedTuple):
     context_kv: PackedKV | None  # with return_kv: one sequence per sample from position 0, at least P[:-1]
 
 
-def _run(model, packed: Packed, past: PackedKV | None = None, return_kv: bool = False,
-         attn_backend: str | None = None):
+def forward_packed(model, packed: Packed, past: PackedKV | None = None, return_kv: bool = False,
+                   attn_backend: str | None = None):
+    """The model over a packed batch on the model's device (its positions, and `past` when given)."""
     packed = packed.to(model.lm_head_weight.device)
     return model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids, past=past,
                  return_kv=return_kv, attn_backend=attn_backend)
@@ -41,16 +42,16 @@ def response_rows(model, samples: Sequence[StepSample], *, share_prompts: bool, 
     first, owner = distinct_prefixes(samples, lengths) if share_prompts and any(lengths) else ([], [])
     if len(first) == len(samples) or not first:  # nothing repeated: the single call
         packed = pack_single(samples)
-        out = _run(model, packed, return_kv=return_kv, attn_backend=attn_backend)
+        out = forward_packed(model, packed, return_kv=return_kv, attn_backend=attn_backend)
         hidden, kv = out if return_kv else (out, None)
         device = hidden.device
         return ResponseRows(hidden[packed.rows.to(device)], packed.targets.to(device), kv)
     prefixes = pack_prefixes([samples[i] for i in first], [lengths[i] for i in first])
-    _, kv = _run(model, prefixes, return_kv=True, attn_backend=attn_backend)
+    _, kv = forward_packed(model, prefixes, return_kv=True, attn_backend=attn_backend)
     past = kv.select(torch.tensor(owner, dtype=torch.long))
     branches = pack([student_branch(s, n) for s, n in zip(samples, lengths)], lengths,
                     [s.response_ids for s in samples])
-    hidden = _run(model, branches, past=past, attn_backend=attn_backend)
+    hidden = forward_packed(model, branches, past=past, attn_backend=attn_backend)
     device = hidden.device
     # every branch row predicts a response token (P[-1] and A[:-1]): rows is all of them, in sample order
     return ResponseRows(hidden[branches.rows.to(device)], branches.targets.to(device), past if return_kv else None)
