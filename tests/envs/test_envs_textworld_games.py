@@ -145,3 +145,26 @@ def test_seeds_without_a_quest_are_skipped_replaced_and_remembered(tmp_path, mon
     monkeypatch.setattr(textworld_games, "_generate_one", lambda out_dir, job: "QuestGenerationError: never")
     with pytest.raises(RuntimeError, match="could not build a quest"):
         make_games(tmp_path, "coin_collector", [1], 2, 0, workers=1)
+
+
+def test_knowledge_bases_parsed_once_make_the_same_games(tmp_path, monkeypatch):
+    """The knowledge base a challenge parses once per process (textworld_games._parse_knowledge_bases_once) makes
+    the games TextWorld makes when it parses it for every game: one process makes two games of each of two types in a row
+    with the shared one, then again with TextWorld's own load, and every game file and manifest entry is equal."""
+    from textworld.generator.data import KnowledgeBase
+
+    from seedfast.envs import textworld_games
+
+    jobs = [{"type": t, "level": level, "split": "train", "seed": seed}
+            for t, level in (("treasure_hunter", 3), ("cooking", 2)) for seed in (7, 8)]
+    textworld_games._parse_knowledge_bases_once()
+    shared = [textworld_games._generate_one(str(tmp_path / "shared"), job) for job in jobs]
+    assert KnowledgeBase.load.__func__.cache_info().hits >= 2  # each type's second game reused the first's
+    monkeypatch.setattr(KnowledgeBase, "load", classmethod(KnowledgeBase.load.__func__.__wrapped__))
+    monkeypatch.setattr(textworld_games, "_parse_knowledge_bases_once", lambda: None)
+    own = [textworld_games._generate_one(str(tmp_path / "own"), job) for job in jobs]
+    assert KnowledgeBase.load.__func__.__name__ == "load" and not hasattr(KnowledgeBase.load, "cache_info")
+    assert shared == own and all(isinstance(entry, dict) for entry in own)
+    for entry in own:
+        game_json = entry["path"][: -len(".z8")] + ".json"
+        assert (tmp_path / "shared" / game_json).read_bytes() == (tmp_path / "own" / game_json).read_bytes()
