@@ -15,27 +15,19 @@ of each of 128 games still moves a change by ~0.06 from sampling alone: the demo
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from pathlib import Path
 from typing import Any
 
+from seedfast.app.demo_jobs import CONTROL, SFT_EVAL, JobResult, run_jobs
 from seedfast.app.report import EVIDENCE, curve_means, write_json, write_report
 from seedfast.config import Config
 from seedfast.envs.textworld_games import make_games
 from seedfast.runtime.paths import RunPaths
-from seedfast.runtime.setup import (
-    device_of,
-    env_slot_count,
-    load_policy,
-    load_run_tokenizer,
-    load_tasks,
-    make_env_slots,
-)
+from seedfast.runtime.setup import device_of, load_policy, load_tasks
 from seedfast.sft import run as sft
-from seedfast.train.evaluate import evaluate_policy, evaluation_tasks, random_policy_success
-from seedfast.train.rl import Trainer
+from seedfast.train.evaluate import evaluation_tasks
 
 
 def plays(repeats: int) -> str:
@@ -48,6 +40,15 @@ def model_line(cfg: Config, n_params: int) -> str:
     tiny = cfg.model.tiny
     return (f"Qwen3-style decoder, hidden {tiny.hidden}, {tiny.layers} layers, {n_params / 1e6:.2f}M parameters, "
             "trained from scratch")
+
+
+def _done_line(result: JobResult) -> str:
+    if result.name == SFT_EVAL:
+        return (f"held-out success of the SFT policy {result.evaluation['eval/success_rate']:.3f}, "
+                f"random policy {result.floor:.3f}")
+    if result.name == CONTROL:
+        return f"{len(result.history)} rollouts"
+    return f"{len(result.history)} updates, held-out success {result.evaluation['eval/success_rate']:.3f}"
 
 
 def _say(msg: str) -> None:
@@ -75,50 +76,18 @@ def main(cfg: Config, **_: Any) -> int:
     _say(f"SFT done in {timings['sft']:.0f} s -> {sft_dir}")
 
     t = time.perf_counter()
-    device = device_of(cfg)
-    policy = load_policy(cfg, sft_dir, device, trainable=False)
-    tokenizer = load_run_tokenizer(cfg, sft_dir)
-    episodes = evaluation_tasks(cfg, "eval")
-    eval_games = episodes[: len(episodes) // cfg.trainer.eval_repeats]  # the list is the games, repeated
-    # one environment pool for every rollout and evaluation below: its workers start once
-    envs = make_env_slots(cfg, env_slot_count(cfg, len(episodes)))
-    try:
-        before = evaluate_policy(cfg, policy, tokenizer, "eval", envs=envs)
-        floor = random_policy_success(cfg, eval_games, seed=cfg.run.seed, envs=envs)
-        timings["eval_sft"] = time.perf_counter() - t
-        _say(f"held-out success: SFT {before['eval/success_rate']:.3f}, random policy {floor:.3f}")
-
-        histories: dict[str, list[dict[str, Any]]] = {}
-        after: dict[str, dict[str, float]] = {}
-        for algorithm in cfg.demo.algorithms:
-            t = time.perf_counter()
-            sub = copy.deepcopy(cfg)
-            sub.algorithm = algorithm
-            sub.trainer.init_from = str(sft_dir)
-            trainer = Trainer(sub, policy_dir=sft_dir, run_dir=paths.sub(algorithm).root, envs=envs)
-            try:
-                histories[algorithm] = trainer.run()
-                # the trainer's end-of-run evaluation is evaluate_policy's; a run that ended without one gets it here
-                after[algorithm] = ({k: v for k, v in histories[algorithm][-1].items() if k.startswith("eval/")}
-                                    or evaluate_policy(cfg, trainer.policy, tokenizer, "eval", envs=envs))
-            finally:
-                trainer.close()
-            timings[algorithm] = time.perf_counter() - t
-            _say(f"{algorithm}: {len(histories[algorithm])} updates in {timings[algorithm]:.0f} s, held-out success "
-                 f"{after[algorithm]['eval/success_rate']:.3f}")
-
-        t = time.perf_counter()
-        sub = copy.deepcopy(cfg)
-        sub.algorithm, sub.loss.kl_coef = "grpo", 0.0  # rollouts only: no reference model needed
-        control = Trainer(sub, policy_dir=sft_dir, run_dir=paths.sub("control").root, envs=envs)
-        try:
-            control_history = control.control_run()
-        finally:
-            control.close()
-    finally:
-        envs.close()
-    timings["control"] = time.perf_counter() - t
-    _say(f"no-learning control: {len(control_history)} rollouts in {timings['control']:.0f} s")
+    policy = load_policy(cfg, sft_dir, device_of(cfg), trainable=False)  # for the report's model line
+    eval_games = evaluation_tasks(cfg, "eval")
+    eval_games = eval_games[: len(eval_games) // cfg.trainer.eval_repeats]  # the list is the games, repeated
+    jobs = run_jobs(cfg, sft_dir, os.cpu_count() or 1,
+                    on_done=lambda r: _say(f"{r.name}: {_done_line(r)} in {r.wall_s:.0f} s"))
+    timings["after_sft"] = time.perf_counter() - t
+    job_seconds = {name: result.wall_s for name, result in jobs.items()}  # each in its lane: they overlap
+    _say(f"{len(jobs)} jobs on {min(cfg.demo.lanes, len(jobs))} lanes in {timings['after_sft']:.0f} s")
+    before, floor = jobs[SFT_EVAL].evaluation, jobs[SFT_EVAL].floor
+    histories = {name: jobs[name].history for name in cfg.demo.algorithms}
+    after = {name: jobs[name].evaluation for name in cfg.demo.algorithms}
+    control_history = jobs[CONTROL].history
 
     setup = {
         "games": f"{e.game_type} levels {e.levels}: {len(load_tasks(cfg, 'train'))} training, "
@@ -133,12 +102,13 @@ def main(cfg: Config, **_: Any) -> int:
         "total wall time": f"{time.perf_counter() - t_start:.0f} s",
     }
     report = write_report(paths.root, histories, floor=floor, before=before, after=after, timings=timings, setup=setup,
-                          control=control_history)
+                          control=control_history, job_seconds=job_seconds)
     every = {**histories, "control": control_history}
     curves = {name: [r["train/success_rate"] for r in h] for name, h in every.items()}
     signal = {name: [r.get("train/groups_with_signal") for r in h] for name, h in every.items()}
     write_json(paths.demo_summary, {
-        "before": before, "after": after, "random_floor": floor, "timings": timings, "setup": setup,
+        "before": before, "after": after, "random_floor": floor, "timings": timings, "job_seconds": job_seconds,
+        "lanes": min(cfg.demo.lanes, len(jobs)), "setup": setup,
         "seed": cfg.run.seed, "pool_success": curves, "groups_with_signal": signal,
         "means": {name: curve_means(c) for name, c in curves.items()},
         "seed_metrics": {name: {k: sum(r.get(k, 0.0) for r in h) / len(h) for k in EVIDENCE if any(k in r for r in h)}

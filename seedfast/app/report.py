@@ -83,7 +83,7 @@ def plot_curves(histories: dict[str, list[dict[str, Any]]], path: Path, floor: f
 
 def write_report(run_dir: Path, histories: dict[str, list[dict[str, Any]]], *, floor: float, before: dict[str, float],
                  after: dict[str, dict[str, float]], timings: dict[str, float], setup: dict[str, Any],
-                 control: list[dict[str, Any]] | None = None) -> Path:
+                 control: list[dict[str, Any]] | None = None, job_seconds: dict[str, float] | None = None) -> Path:
     held_out = held_out_points(histories, before["eval/success_rate"], after)
     paths = RunPaths(run_dir)
     png = plot_curves(histories, paths.report_png, floor, held_out, before["eval/success_rate"], control)
@@ -114,6 +114,9 @@ def write_report(run_dir: Path, histories: dict[str, list[dict[str, Any]]], *, f
             lines.append("")
             lines.append(f"{name} means over updates: " + ", ".join(f"{k} {v:.3f}" for k, v in found.items()))
     lines += ["", "Wall time per phase (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items())]
+    if job_seconds:
+        lines.append("Each job after SFT, in its lane, side by side (s): "
+                     + ", ".join(f"{k} {v:.0f}" for k, v in job_seconds.items()))
     if png is not None:
         lines += ["", f"![success vs update]({png.name})"]
     path = paths.report_md

@@ -330,6 +330,8 @@ class LogConfig:
 @dataclass
 class DemoConfig:
     algorithms: list[Algorithm] = opt(["grpo", "seed"], "algorithms the demo trains and compares")
+    lanes: int = opt(2, "processes that run the jobs after SFT side by side (each algorithm's run, the control, the "
+                        "SFT policy's evaluation), each with its share of the CPUs (app/demo_jobs.py)", ge=1)
 
 
 @dataclass

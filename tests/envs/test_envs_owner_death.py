@@ -61,6 +61,25 @@ if __name__ == "__main__":
 '''
 
 
+# The demo's lanes (app/demo_jobs.py): each lane runs a job that holds an environment pool of its own.
+LANES_OWNER = OWNER.split('if __name__ == "__main__":')[0] + '''
+from seedfast.app.demo_jobs import run_jobs
+from seedfast.config import load_config
+
+
+def job_with_envs(cfg, name, out):
+    pool = EnvPool(4, SlowEnv, processes=1, step_timeout=600)
+    pool.reset(["fast"] * 4)
+    print(f"job {name} stepping", flush=True)
+    while True:
+        pool.step({slot: "wait" for slot in range(4)})
+
+
+if __name__ == "__main__":
+    run_jobs(load_config(None, ["demo.lanes=2"]), sys.argv[1], cpus=2, job=job_with_envs)
+'''
+
+
 def marked(marker: bytes) -> list[int]:
     """Live (not zombie) processes whose environment holds `marker`."""
     found = []
@@ -119,3 +138,30 @@ def test_owner_death_leaves_no_worker_behind(tmp_path, state, method, sig):
     if state == "resetting":
         assert "reset done" not in printed
     print(f"{state}/{method}/{sig.name}: {len(started) - 1} processes gone {gone_after:.2f}s after the owner")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_the_demo_lanes_and_their_environments_die_with_the_demo(tmp_path, sig):
+    token = uuid.uuid4().hex
+    marker = f"SEEDFAST_OWNER_TEST={token}".encode()
+    script = tmp_path / "lanes_owner.py"
+    script.write_text(LANES_OWNER)
+    env = {**os.environ, "SEEDFAST_OWNER_TEST": token, "SLOW_MAIN_IMPORT": ""}
+    owner = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        stepping = 0
+        while stepping < 2:  # both lanes step their environments
+            line = owner.stdout.readline()
+            assert line, "the owner ended before its lanes stepped"
+            stepping += "stepping" in line
+        started = marked(marker)
+        assert owner.pid in started and len(started) >= 5  # the owner, 2 lanes, a worker each (and helpers)
+        owner.send_signal(sig)
+        owner.wait(timeout=30)
+        wait_for(lambda: not marked(marker), GONE_WITHIN_S, "the lanes and their workers to exit")
+    finally:
+        owner.kill()
+        owner.wait()
+        for pid in marked(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert owner.returncode == -sig
