@@ -24,10 +24,13 @@ NEW_TOKENS = 8
 
 @pytest.fixture(scope="module", params=["qwen3", "qwen2"])
 def setup(request, tmp_path_factory):
-    """(policy, engine) per family: one engine each for the module (their start is most of the time here)."""
+    """(policy, engine) per family: one engine each for the module (their start is most of the time here), shut
+    down after the family's tests: left to the interpreter's exit, vLLM logs into pytest's closed output streams."""
     folder = tmp_path_factory.mktemp(f"vllm_{request.param}")
     policy = tiny_policy(request.param, folder)
-    return policy, make_engine(folder)
+    engine = make_engine(folder)
+    yield policy, engine
+    engine.close()
 
 
 def _same_as_own(engine, policy) -> list[float]:

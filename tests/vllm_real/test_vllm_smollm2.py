@@ -54,7 +54,9 @@ def setup():
     tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
     prompts = [tok.encode(t).ids for t in TEXTS]
     policy = load_hf(MODEL, dtype=torch.float32, attn_backend="sdpa")
-    return policy, make_engine(MODEL), prompts
+    engine = make_engine(MODEL)
+    yield policy, engine, prompts
+    engine.close()  # now: left to the interpreter's exit, vLLM logs into pytest's closed output streams
 
 
 def test_smollm2_rollout_gap_through_real_vllm_beside_the_own_engine(setup):
