@@ -13,17 +13,15 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import dataclass
-from multiprocessing import get_context
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from seedfast.config import Config
-from seedfast.envs.lifeline import die_with_owner
+from seedfast.envs.lifeline import OwnedProcessPool
 from seedfast.runtime.paths import RunPaths
 from seedfast.runtime.setup import device_of, env_slot_count, load_policy, load_run_tokenizer, make_env_slots
 from seedfast.train.evaluate import evaluate_policy, evaluation_tasks, random_policy_success
@@ -54,10 +52,7 @@ def run_jobs(cfg: Config, sft_dir: Path, cpus: int, on_done: Callable[[JobResult
     raises here, and the lanes still running end with it."""
     names = job_names(cfg)
     lanes = min(cfg.demo.lanes, len(names))
-    ctx = get_context("spawn")  # PR_SET_PDEATHSIG needs the owner to be the parent (envs/lifeline.py)
-    lifeline_r, lifeline_w = ctx.Pipe(duplex=False)  # only this process holds the write end
-    pool = ProcessPoolExecutor(max_workers=lanes, mp_context=ctx, initializer=_lane_start,
-                               initargs=(lifeline_r, max(1, cpus // lanes)))
+    pool = OwnedProcessPool(lanes, initializer=torch.set_num_threads, initargs=(max(1, cpus // lanes),))
     results: dict[str, JobResult] = {}
     try:
         futures = [pool.submit(job or run_job, cfg, name, sft_dir) for name in names]
@@ -67,20 +62,10 @@ def run_jobs(cfg: Config, sft_dir: Path, cpus: int, on_done: Callable[[JobResult
             if on_done is not None:
                 on_done(result)
     except BaseException:
-        lifeline_w.close()  # every lane exits now, whatever it is doing
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=False, cancel_futures=True)  # the lanes still running end with the demo
         raise
-    else:
-        pool.shutdown()
-    finally:
-        lifeline_w.close()
-        lifeline_r.close()
+    pool.shutdown()
     return {name: results[name] for name in names}
-
-
-def _lane_start(lifeline: Connection, threads: int) -> None:
-    die_with_owner(lifeline)
-    torch.set_num_threads(threads)
 
 
 def run_job(cfg: Config, name: str, sft_dir: Path) -> JobResult:

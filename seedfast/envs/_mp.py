@@ -1,4 +1,4 @@
-"""The multiprocessing context shared by the environment workers and game generation."""
+"""The multiprocessing context of the environment workers."""
 
 from __future__ import annotations
 

@@ -15,6 +15,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 
 _PR_SET_PDEATHSIG = 1
@@ -33,3 +36,28 @@ def die_with_owner(lifeline: Connection) -> None:
 def _exit_at_eof(lifeline: Connection) -> None:
     wait([lifeline])
     os._exit(0)
+
+
+class OwnedProcessPool(ProcessPoolExecutor):
+    """A ProcessPoolExecutor whose workers die with this process, whatever ends it (the two mechanisms above; spawn,
+    so that the owner is their parent). `shutdown(wait=False)` ends the running tasks too."""
+
+    def __init__(self, max_workers: int, initializer: Callable[..., object] | None = None,
+                 initargs: tuple = ()) -> None:
+        ctx = get_context("spawn")
+        self._lifeline_r, self._lifeline_w = ctx.Pipe(duplex=False)  # only this process holds the write end
+        super().__init__(max_workers=max_workers, mp_context=ctx, initializer=_start_owned,
+                         initargs=(self._lifeline_r, initializer, initargs))
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if not wait:
+            self._lifeline_w.close()  # every worker exits now, whatever it is doing
+        super().shutdown(wait=wait, cancel_futures=cancel_futures)
+        self._lifeline_w.close()
+        self._lifeline_r.close()
+
+
+def _start_owned(lifeline: Connection, initializer: Callable[..., object] | None, initargs: tuple) -> None:
+    die_with_owner(lifeline)
+    if initializer is not None:
+        initializer(*initargs)

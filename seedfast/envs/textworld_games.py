@@ -20,12 +20,11 @@ import json
 import os
 import warnings
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seedfast.envs._mp import worker_context
+from seedfast.envs.lifeline import OwnedProcessPool
 from seedfast.seeds import EVAL_GAME_SEED_OFFSET, first_game_seed
 
 GAME_TYPES = ("coin_collector", "treasure_hunter", "cooking")
@@ -222,16 +221,15 @@ class _Generator:
     def __enter__(self) -> _Generator:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if self._pool is not None:  # on an error the workers end at once (they die with this process anyway)
+            self._pool.shutdown(wait=exc_type is None, cancel_futures=True)
 
     def run(self, jobs: list[dict]) -> list[dict | str]:
         if self.workers == 1 or len(jobs) == 1:
             return [_generate_one(str(self.out), job) for job in jobs]
         if self._pool is None:
-            ctx = worker_context(preload=("seedfast.envs.textworld_games", "seedfast.envs.textworld_env"))
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
+            self._pool = OwnedProcessPool(self.workers)
         return list(self._pool.map(_generate_one, [str(self.out)] * len(jobs), jobs))
 
 

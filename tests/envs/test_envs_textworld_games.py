@@ -149,8 +149,9 @@ def test_seeds_without_a_quest_are_skipped_replaced_and_remembered(tmp_path, mon
 
 def test_knowledge_bases_parsed_once_make_the_same_games(tmp_path, monkeypatch):
     """The knowledge base a challenge parses once per process (textworld_games._parse_knowledge_bases_once) makes
-    the games TextWorld makes when it parses it for every game: one process makes two games of each of two types in a row
-    with the shared one, then again with TextWorld's own load, and every game file and manifest entry is equal."""
+    the games TextWorld makes when it parses it for every game: one process makes two games of each of two types in
+    a row with the shared one, then again with TextWorld's own load, and every game file and manifest entry is
+    equal."""
     from textworld.generator.data import KnowledgeBase
 
     from seedfast.envs import textworld_games
