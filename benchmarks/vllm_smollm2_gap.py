@@ -67,9 +67,8 @@ class Run:
     probe: dict[str, float] | None = None  # vLLM: the probe's gap max with stale and with pushed weights
 
     def gaps(self) -> list[dict[str, float]]:
-        """Per update: the gap's mean and max, the share of zero advantages (a group that all failed alike: only the
-        entropy bonus moves the weights), the tensors pushed (vLLM) and the update's seconds (all, rollout, weight
-        sync, update)."""
+        """Per update: the gap's mean and max, the share of samples with a zero advantage, the tensors pushed (vLLM)
+        and the update's seconds (all, rollout, weight sync, update)."""
         return [{"step": r["step"], "mean": r.get("rollout/logprob_gap_mean"), "max": r.get("rollout/logprob_gap_max"),
                  "advantage_zero_frac": r.get("train/advantage_zero_frac"),
                  **({"pushed_tensors": r["sync/tensors"]} if "sync/tensors" in r else {}),
