@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from seedfast.config import Config, ConfigError
+from seedfast.config import Config
 from seedfast.rollout.agent_loop import Task
 from seedfast.rollout.collect import collect_skill_data
 from seedfast.runtime.paths import collect_dir
@@ -20,6 +20,7 @@ from seedfast.runtime.setup import (
     make_env_slots,
     policy_path,
 )
+from seedfast.train.privileged import skill_analyzer
 
 
 def main(cfg: Config, **_flags: Any) -> int:
@@ -29,11 +30,16 @@ def main(cfg: Config, **_flags: Any) -> int:
     engine = build_engine(cfg, path, device_of(cfg))
     tasks = collect_tasks(cfg)
     out_dir = collect_dir(cfg)
-    summary = collect_skill_data(
-        engine, tokenizer, tasks, lambda n_slots: make_env_slots(cfg, n_slots), make_analyzer(cfg, engine, tokenizer),
-        out_dir, agent_config(cfg, n=cfg.collect.rollouts_per_task, temperature=cfg.rollout.temperature),
-        tasks_per_batch=cfg.rollout.tasks_per_batch, skill_mode=cfg.skill.skill_mode,
-    )
+    per_batch = min(cfg.rollout.tasks_per_batch or len(tasks), len(tasks))
+    envs = make_env_slots(cfg, per_batch * cfg.collect.rollouts_per_task)  # one pool for every batch
+    try:
+        summary = collect_skill_data(
+            engine, tokenizer, tasks, envs, skill_analyzer(cfg, cfg.skill.collect_analyzer, engine, tokenizer),
+            out_dir, agent_config(cfg, n=cfg.collect.rollouts_per_task, temperature=cfg.rollout.temperature),
+            tasks_per_batch=per_batch, skill_mode=cfg.skill.skill_mode,
+        )
+    finally:
+        envs.close()
     rollout = summary.rollout
     print(f"collected {summary.trajectories} trajectories on {len(tasks)} tasks "
           f"(success {rollout['success_rate']:.1%}, invalid actions {rollout['invalid_rate']:.1%}); "
@@ -49,22 +55,3 @@ def collect_tasks(cfg: Config) -> list[Task]:
               f"(env.n_train{' x levels' if cfg.env.kind == 'textworld' else ''}); using all of them",
               file=sys.stderr)
     return tasks[: cfg.collect.tasks]
-
-
-def make_analyzer(cfg: Config, engine: Any, tokenizer: Any) -> Any:
-    """The analyzer of skill.collect_analyzer: oracle, self (the policy through `engine`), or external."""
-    from seedfast.skills.analyzers import make_analyzer as make
-
-    kind, skill = cfg.skill.collect_analyzer, cfg.skill
-    if kind == "oracle":
-        return make("oracle", skill_mode=skill.skill_mode)
-    if kind == "self":
-        return make("self", engine=engine, tokenizer=tokenizer, skill_mode=skill.skill_mode,
-                    max_new_tokens=skill.max_analysis_tokens, max_prompt_tokens=cfg.rollout.max_prompt_length,
-                    temperature=skill.analysis_temperature)
-    ext = skill.external
-    if not ext.endpoint or not ext.model:
-        raise ConfigError("skill.collect_analyzer=external needs skill.external.endpoint and skill.external.model")
-    return make("external", base_url=ext.endpoint, model=ext.model, api_key_env=ext.api_key_env,
-                timeout_s=ext.timeout_s, max_retries=ext.retries, max_concurrency=ext.concurrency,
-                temperature=ext.temperature, max_tokens=skill.max_analysis_tokens, skill_mode=skill.skill_mode)

@@ -39,8 +39,7 @@ def write_json(path: Path, data: Any) -> Path:
 def held_out_points(histories: dict[str, list[dict[str, Any]]], before: float,
                     after: dict[str, dict[str, float]]) -> dict[str, list[tuple[int, float]]]:
     """The held-out panel, per algorithm: the SFT start at update 0 and the final evaluation after its last update,
-    the very numbers the report's table prints (the trainer's own in-loop evaluations plays other games and seeds,
-    so plotting them beside the table would show two numbers for one policy)."""
+    the very numbers the report's table prints (one evaluation path: train/evaluate.py evaluate_policy)."""
     return {name: [(0, before), (len(histories[name]), m["eval/success_rate"])] for name, m in after.items()}
 
 

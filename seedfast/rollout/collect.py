@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ def collect_skill_data(
     engine,
     tokenizer,
     tasks: Sequence[Task],
-    make_envs: Callable[[int], EnvSlots],
+    envs: EnvSlots,
     analyzer,
     out_dir: str | os.PathLike,
     agent_config: AgentLoopConfig,
@@ -49,8 +49,9 @@ def collect_skill_data(
     tasks_per_batch: int | None = None,
     skill_mode: str = "episode_only",
 ) -> CollectSummary:
-    """Roll out `agent_config.n` trajectories per task, `tasks_per_batch` tasks at a time, on slots made by
-    `make_envs(n_slots)`; label every trajectory with `analyzer.analyze`; write the output folder."""
+    """Roll out `agent_config.n` trajectories per task, `tasks_per_batch` tasks at a time, on `envs` (one pool for
+    every batch: at least tasks_per_batch x n slots; the caller closes it); label every trajectory with
+    `analyzer.analyze`; write the output folder."""
     if not tasks:
         raise ValueError("tasks is empty: collect needs at least one task")
     per_batch = tasks_per_batch or len(tasks)
@@ -58,12 +59,7 @@ def collect_skill_data(
     totals = RolloutStats()
     for start in range(0, len(tasks), per_batch):
         batch = list(tasks[start : start + per_batch])
-        envs = make_envs(len(batch) * agent_config.n)
-        try:
-            result = run_agent_loop(engine, tokenizer, batch, envs, agent_config)
-        finally:
-            if hasattr(envs, "close"):
-                envs.close()
+        result = run_agent_loop(engine, tokenizer, batch, envs, agent_config)
         for trajectory in result.trajectories:
             trajectory.meta["trajectory_index"] = len(trajectories)
             trajectory.meta["group_id"] += start

@@ -48,26 +48,30 @@ class Privileged:
 
 
 def _external_client(cfg: Config, **overrides: Any) -> ChatClient:
-    """The skill.external endpoint's client; the analyzer caps its answer at skill.max_analysis_tokens, as collect's
-    does (app/collect.py make_analyzer), the GRSD judge keeps the client's default."""
+    """The skill.external endpoint's client; the analyzer caps its answer at skill.max_analysis_tokens
+    (skill_analyzer), the GRSD judge keeps the client's default."""
     ext = cfg.skill.external
     return ChatClient(base_url=ext.endpoint, model=ext.model, api_key_env=ext.api_key_env, timeout_s=ext.timeout_s,
                       max_retries=ext.retries, max_concurrency=ext.concurrency, temperature=ext.temperature,
                       **overrides)
 
 
-def _seed_skills(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, tokenizer: Any) -> Privileged:
-    kind = cfg.skill.analyzer
+def skill_analyzer(cfg: Config, kind: str, engine: Any, tokenizer: Any) -> Any:
+    """The analyzer of `kind` (skill.analyzer in RL, skill.collect_analyzer in `seedfast collect`) with the skill.*
+    options: one mapping for every command. `self` writes through `engine` (the policy)."""
     if kind == "self":
-        analyzer = make_analyzer("self", engine=engine, tokenizer=tokenizer, skill_mode=cfg.skill.skill_mode,
-                                 max_new_tokens=cfg.skill.max_analysis_tokens,
-                                 max_prompt_tokens=cfg.rollout.max_prompt_length,
-                                 temperature=cfg.skill.analysis_temperature)
-    elif kind == "external":
-        analyzer = make_analyzer("external", client=_external_client(cfg, max_tokens=cfg.skill.max_analysis_tokens),
-                                 skill_mode=cfg.skill.skill_mode)
-    else:
-        analyzer = make_analyzer("oracle", skill_mode=cfg.skill.skill_mode)
+        return make_analyzer("self", engine=engine, tokenizer=tokenizer, skill_mode=cfg.skill.skill_mode,
+                             max_new_tokens=cfg.skill.max_analysis_tokens,
+                             max_prompt_tokens=cfg.rollout.max_prompt_length,
+                             temperature=cfg.skill.analysis_temperature)
+    if kind == "external":
+        return make_analyzer("external", client=_external_client(cfg, max_tokens=cfg.skill.max_analysis_tokens),
+                             skill_mode=cfg.skill.skill_mode)
+    return make_analyzer(kind, skill_mode=cfg.skill.skill_mode)
+
+
+def _seed_skills(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, tokenizer: Any) -> Privileged:
+    analyzer = skill_analyzer(cfg, cfg.skill.analyzer, engine, tokenizer)
     try:
         results = analyzer.analyze(list(trajectories))
         reasons = Counter(r.reason for r in results)

@@ -41,6 +41,7 @@ from seedfast.runtime.setup import (
     agent_config,
     device_of,
     env_slot_count,
+    hf_folder_key,
     load_policy,
     load_run_tokenizer,
     load_tasks,
@@ -138,7 +139,7 @@ class Trainer:
         self.plan = plan_step(cfg)
         self.ref = None
         if self.plan.kl:
-            ref_dir = Path(cfg.model.ref_path) if cfg.model.ref_path else start
+            ref_dir = hf_folder_key("model.ref_path", cfg.model.ref_path) if cfg.model.ref_path else start
             self.ref = load_policy(cfg, ref_dir, self.device, trainable=False).eval()
         self.optimizer, self.scheduler = rl_optimizer(cfg, self.trained)
         self.rounding = watch_precision(cfg, self.optimizer, self.masters)

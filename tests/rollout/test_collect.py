@@ -69,7 +69,7 @@ def test_collect_with_the_policy_as_analyzer_counts_parse_failures(tmp_path, gam
     engine = Sampler(policy, seed=0)
     analyzer = SelfAnalyzer(engine, tokenizer, max_new_tokens=8)
     config = AgentLoopConfig(n=1, max_steps=1, max_new_tokens=4)
-    summary = collect_skill_data(engine, tokenizer, tasks, lambda n: LocalEnvSlots(TextWorldEnv, n), analyzer,
+    summary = collect_skill_data(engine, tokenizer, tasks, LocalEnvSlots(TextWorldEnv, 1), analyzer,
                                  tmp_path / "out", config, tasks_per_batch=1)
     # an untrained policy writes no JSON: every label is a counted parse failure and no pair is kept
     assert summary.trajectories == 2 and summary.kept_pairs == 0
@@ -92,7 +92,7 @@ def test_collect_rejects_an_analyzer_that_loses_trajectories(tmp_path, games, to
 
     tasks = [Task.from_record(g) for g in games]
     with pytest.raises(RuntimeError, match="1 results for 2 trajectories"):
-        collect_skill_data(Look(), tokenizer, tasks, lambda n: LocalEnvSlots(TextWorldEnv, n), Lossy(), tmp_path,
+        collect_skill_data(Look(), tokenizer, tasks, LocalEnvSlots(TextWorldEnv, 2), Lossy(), tmp_path,
                            AgentLoopConfig(n=1, max_steps=1))
     assert not list(tmp_path.iterdir())  # nothing half-written
 

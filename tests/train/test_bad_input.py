@@ -15,6 +15,13 @@ def test_missing_model_path_names_the_key(overrides, train_games, tmp_path):
         Trainer(cfg)
 
 
+def test_a_reference_policy_that_is_not_an_hf_folder_names_the_key(overrides, tiny_policy, train_games, tmp_path):
+    cfg = load_config(None, [*overrides(train_games, tmp_path), "algorithm=grpo", "loss.kl_coef=0.05",
+                             f"model.ref_path={tmp_path / 'no_reference'}"])
+    with pytest.raises(ConfigError, match=r"model\.ref_path=.*is not an HF model folder"):
+        Trainer(cfg, policy_dir=tiny_policy)
+
+
 def test_nonfinite_loss_is_skipped_logged_and_stops_after_k(overrides, tiny_policy, train_games, tmp_path,
                                                            monkeypatch):
     real = update.fused_loss
