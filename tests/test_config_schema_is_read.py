@@ -94,7 +94,7 @@ KINDS = {"textworld": "TextWorld", "alfworld": "ALFWorld"}  # env.kind -> how a 
 ANALYZERS = ("self", "external", "oracle")  # skill.analyzer
 GENERATING = ("self", "external")  # the analyzers that generate text (the oracle writes from the walkthrough)
 # What names a choice in a test: env.kind as `<...>.kind`; the analyzer as `<...>.analyzer` or a local `kind`
-# (`kind = cfg.skill.analyzer` in train/privileged.py, make_analyzer's argument in skills/analyzers.py).
+# (`skill_analyzer`'s `kind` in train/privileged.py, make_analyzer's argument in skills/analyzers.py).
 CHOICES = ((tuple(KINDS), ("kind",), ()), (ANALYZERS, ("analyzer",), ("kind",)))
 DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 

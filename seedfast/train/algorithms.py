@@ -32,7 +32,7 @@ TeacherNeed = Literal["none", "opd", "scorer"]
 
 class PrivilegedWriter(Protocol):
     def __call__(self, cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
-                 group_of: Sequence[int], judge: Any = None) -> Privileged: ...
+                 group_of: Sequence[int], judge: Any = None, analyzer: Any = None) -> Privileged: ...
 
 
 # (cfg, samples, scores of the scoring pass, GRPO advantages, trajectories) -> (advantages, metrics)
@@ -46,6 +46,8 @@ class AlgorithmSpec:
     privileged: PrivilegedWriter | None = None  # writes the text only the teacher sees; None: no teacher context
     teacher: TeacherNeed = "none"  # where the teacher's log-probs come from
     judge: Callable[[Config], Any] | None = None  # builds the judge the writer scores with, once per run
+    # builds the analyzer the writer labels trajectories with, once per run: (cfg, engine, tokenizer) -> analyzer
+    analyzer: Callable[[Config, Any, Any], Any] | None = None
     modulate: AdvantageModulation | None = None  # changes the GRPO advantages with the scoring pass's log-probs
     reflection_update: bool = False  # the RL loss on the writer's reflections, after the update
 
@@ -93,8 +95,8 @@ def grsd_modulate(cfg: Config, samples: list[StepSample], scores: Any, advantage
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {spec.name: spec for spec in (
     AlgorithmSpec("grpo"),
-    AlgorithmSpec("seed", privileged=privileged.seed_skills, teacher="opd"),
-    AlgorithmSpec("sdar", privileged=privileged.sdar_skills, teacher="opd"),
+    AlgorithmSpec("seed", privileged=privileged.seed_skills, teacher="opd", analyzer=privileged.run_analyzer),
+    AlgorithmSpec("sdar", privileged=privileged.sdar_skills, teacher="opd", analyzer=privileged.sdar_analyzer),
     AlgorithmSpec("grsd", privileged=privileged.grsd_guidance, teacher="scorer", judge=privileged.make_judge,
                   modulate=grsd_modulate, reflection_update=True),
 )}

@@ -70,8 +70,19 @@ def skill_analyzer(cfg: Config, kind: str, engine: Any, tokenizer: Any) -> Any:
     return make_analyzer(kind, skill_mode=cfg.skill.skill_mode)
 
 
-def _seed_skills(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, tokenizer: Any) -> Privileged:
-    analyzer = skill_analyzer(cfg, cfg.skill.analyzer, engine, tokenizer)
+def run_analyzer(cfg: Config, engine: Any, tokenizer: Any) -> Any:
+    """The RL run's analyzer (skill.analyzer), built once per run by the trainer."""
+    return skill_analyzer(cfg, cfg.skill.analyzer, engine, tokenizer)
+
+
+def sdar_analyzer(cfg: Config, engine: Any, tokenizer: Any) -> Any:
+    """SDAR's analyzer: none when its skills come from skill.library."""
+    return None if cfg.skill.library else run_analyzer(cfg, engine, tokenizer)
+
+
+def _seed_skills(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, tokenizer: Any,
+                 analyzer: Any = None) -> Privileged:
+    analyzer = analyzer or run_analyzer(cfg, engine, tokenizer)
     try:
         results = analyzer.analyze(list(trajectories))
         reasons = Counter(r.reason for r in results)
@@ -179,27 +190,27 @@ def make_judge(cfg: Config) -> Any:
 
 
 def seed_skills(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
-                group_of: Sequence[int], judge: Any = None) -> Privileged:
-    """SEED's writer: the configured analyzer's hindsight skills."""
-    return _seed_skills(cfg, trajectories, engine, tokenizer)
+                group_of: Sequence[int], judge: Any = None, analyzer: Any = None) -> Privileged:
+    """SEED's writer: the hindsight skills of `analyzer` (default: the configured one, built here)."""
+    return _seed_skills(cfg, trajectories, engine, tokenizer, analyzer)
 
 
 def sdar_skills(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
-                group_of: Sequence[int], judge: Any = None) -> Privileged:
+                group_of: Sequence[int], judge: Any = None, analyzer: Any = None) -> Privileged:
     """SDAR's writer, a static provider: the library file, else per-task oracle/external skills."""
     if cfg.skill.library:
         return _sdar_skills(cfg, trajectories)
-    return _seed_skills(cfg, trajectories, engine, tokenizer)
+    return _seed_skills(cfg, trajectories, engine, tokenizer, analyzer)
 
 
 def grsd_guidance(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
-                  group_of: Sequence[int], judge: Any = None) -> Privileged:
+                  group_of: Sequence[int], judge: Any = None, analyzer: Any = None) -> Privileged:
     """GRSD's writer: reflections, judged, then each contrast group's guidance."""
     return _grsd_guidance(cfg, trajectories, engine, tokenizer, group_of, judge or make_judge(cfg))
 
 
 def privileged_text(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
-                    group_of: Sequence[int], judge: Any = None) -> Privileged:
+                    group_of: Sequence[int], judge: Any = None, analyzer: Any = None) -> Privileged:
     """The privileged text of cfg.algorithm's writer (train/algorithms.py); none for an algorithm without one."""
     # here, not at the top: the algorithm table names this module's writers
     from seedfast.train.algorithms import algorithm_spec
@@ -207,4 +218,5 @@ def privileged_text(cfg: Config, trajectories: Sequence[Trajectory], *, engine: 
     write = algorithm_spec(cfg.algorithm).privileged
     if write is None:
         return Privileged([None] * len(trajectories), [{} for _ in trajectories])
-    return write(cfg, trajectories, engine=engine, tokenizer=tokenizer, group_of=group_of, judge=judge)
+    return write(cfg, trajectories, engine=engine, tokenizer=tokenizer, group_of=group_of, judge=judge,
+                 analyzer=analyzer)

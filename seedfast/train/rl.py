@@ -158,6 +158,8 @@ class Trainer:
         self.engine = build_rollout(cfg.rollout.engine, self.policy, start, seed=cfg.run.seed, dtype=self.rollout_dtype,
                                     gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                                     tensor_parallel_size=cfg.rollout.tensor_parallel, sleep=cfg.rollout.vllm_sleep)
+        make_analyzer = self.plan.algorithm.analyzer
+        self.analyzer = make_analyzer(cfg, self.engine, self.tokenizer) if make_analyzer is not None else None
         self.sync_metrics: dict[str, float] = {}
         self.n_params = sum(p.numel() for p in self.policy.parameters())
         self.bad_steps = 0
@@ -215,7 +217,7 @@ class Trainer:
         if plan.privileged_text:
             with timer.phase("analyze"), self._generating():
                 privileged = privileged_text(cfg, trajectories, engine=self.engine, tokenizer=self.tokenizer,
-                                             group_of=group_of, judge=self.judge)
+                                             group_of=group_of, judge=self.judge, analyzer=self.analyzer)
             metrics.update(privileged.metrics)
             if self.is_main:
                 record_skills(self.paths.skills, step, trajectories, privileged)

@@ -31,19 +31,20 @@ def test_an_algorithm_without_its_spec_or_its_check_fails():
     check_tables(allowed, allowed, allowed)
 
 
-# name: (writer, teacher, judge, modulate, reflection_update), written out by hand
+# name: (writer, teacher, judge, analyzer, modulate, reflection_update), written out by hand
 SPECS = {
-    "grpo": (None, "none", None, None, False),
-    "seed": (privileged.seed_skills, "opd", None, None, False),
-    "sdar": (privileged.sdar_skills, "opd", None, None, False),
-    "grsd": (privileged.grsd_guidance, "scorer", privileged.make_judge, algorithms.grsd_modulate, True),
+    "grpo": (None, "none", None, None, None, False),
+    "seed": (privileged.seed_skills, "opd", None, privileged.run_analyzer, None, False),
+    "sdar": (privileged.sdar_skills, "opd", None, privileged.sdar_analyzer, None, False),
+    "grsd": (privileged.grsd_guidance, "scorer", privileged.make_judge, None, algorithms.grsd_modulate, True),
 }
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_what_each_algorithm_does(name):
     spec = ALGORITHMS[name]
-    assert (spec.privileged, spec.teacher, spec.judge, spec.modulate, spec.reflection_update) == SPECS[name]
+    assert (spec.privileged, spec.teacher, spec.judge, spec.analyzer, spec.modulate,
+            spec.reflection_update) == SPECS[name]
     assert spec.opd == (name in ("seed", "sdar"))
 
 
@@ -57,8 +58,8 @@ def test_a_spec_that_cannot_work_is_refused():
 def test_the_plan_and_the_privileged_text_read_the_spec(monkeypatch):
     calls = []
 
-    def writer(cfg, trajectories, *, engine, tokenizer, group_of, judge=None):
-        calls.append((len(trajectories), list(group_of), judge))
+    def writer(cfg, trajectories, *, engine, tokenizer, group_of, judge=None, analyzer=None):
+        calls.append((len(trajectories), list(group_of), judge, analyzer))
         return privileged.Privileged(["skill"] * len(trajectories))
 
     monkeypatch.setitem(ALGORITHMS, "grpo", AlgorithmSpec("grpo", privileged=writer, teacher="scorer",
@@ -68,8 +69,8 @@ def test_the_plan_and_the_privileged_text_read_the_spec(monkeypatch):
     assert (plan.privileged_text, plan.teacher, plan.score_pass, plan.opd, plan.reflection_update) == (
         True, "scorer", True, False, True)
     out = privileged.privileged_text(cfg, [object(), object()], engine=None, tokenizer=None, group_of=[0, 0],
-                                     judge="j")
-    assert out.episode == ["skill", "skill"] and calls == [(2, [0, 0], "j")]
+                                     judge="j", analyzer="a")
+    assert out.episode == ["skill", "skill"] and calls == [(2, [0, 0], "j", "a")]
 
 
 def test_an_algorithm_without_a_writer_has_no_privileged_text():
@@ -98,3 +99,25 @@ def _name_tests(path: Path) -> list[str]:
 def test_nothing_else_tests_the_algorithms_name():
     found = [hit for p in sorted(PACKAGE.rglob("*.py")) for hit in _name_tests(p)]
     assert not found, f"tests of the algorithm's name outside the two tables (use its spec or its check): {found}"
+
+
+def test_the_trainer_builds_its_analyzer_once_per_run(overrides, tiny_policy, train_games, tmp_path, monkeypatch):
+    from seedfast.train.rl import Trainer
+
+    built = []
+    real = privileged.skill_analyzer
+
+    def counted(cfg, kind, engine, tokenizer):
+        built.append(kind)
+        return real(cfg, kind, engine, tokenizer)
+
+    monkeypatch.setattr(privileged, "skill_analyzer", counted)
+    cfg = load_config(None, [*overrides(train_games, tmp_path), "algorithm=seed", "skill.analyzer=oracle",
+                             "trainer.steps=2"])
+    trainer = Trainer(cfg, policy_dir=tiny_policy)
+    try:
+        rows = trainer.run()
+    finally:
+        trainer.close()
+    assert len(rows) == 2 and all("skill/parse_rate" in r for r in rows)
+    assert built == ["oracle"]  # not once per step
