@@ -235,12 +235,15 @@ DEMO_ROW = ("| {} | {} | {} | {} | {} | {} → {} / {} → {} / {} → {} | {} /
 
 DEMO_H128 = [("demo_seeds_heldout128.json", str(s)) for s in _load("demo_seeds_heldout128.json")["seeds"]]
 DH = "demo_heldout.json"
-FRESH = "demo_fresh_clone.json"  # `make demo` on a fresh clone, collected by benchmarks/demo_seeds.py --collect-only
+# `make demo` on a fresh clone, collected by benchmarks/demo_seeds.py --collect-only: at 8b6ec0f (the jobs after SFT
+# one after another), and now (side by side on demo.lanes processes)
+FRESH_8B6, FRESH = "demo_fresh_clone_8b6ec0f.json", "demo_fresh_clone.json"
 BUDGET = "demo_seeds_budget.json"  # the smaller recipe that was not kept
 
 
 def fresh_phases() -> tuple:
-    return tuple(J(FRESH, ("runs", "0", "timings", k)) for k in ("games", "sft", "eval_sft", "grpo", "seed", "control"))
+    return tuple(J(FRESH_8B6, ("runs", "0", "timings", k))
+                 for k in ("games", "sft", "eval_sft", "grpo", "seed", "control"))
 
 
 def dh(*keys) -> J:
@@ -508,7 +511,7 @@ REGISTRY: list[Q] = [
       (J(FRESH, ("runs", "0", "wall_s"), 1 / 60),)),
     Q(README, "games {} s, SFT {} s, held-out evaluation {} s, GRPO {} s, SEED {} s, control {} s", fresh_phases()),
     Q(DEMO_MD, "games {} s, SFT {} s, held-out evaluation {} s, GRPO {} s,\nSEED {} s, control {} s: {} min, against "
-               "the 12.4 min above", (*fresh_phases(), J(FRESH, ("runs", "0", "wall_s"), 1 / 60))),
+               "the 12.4 min above", (*fresh_phases(), J(FRESH_8B6, ("runs", "0", "wall_s"), 1 / 60))),
     Q(DEMO_MD, "below the no-learning control's at seed 0 ({} vs\n{}; SEED {})",
       (j(BUDGET, "runs", "0", "means", "grpo", "last_half"), j(BUDGET, "runs", "0", "means", "control", "last_half"),
        j(BUDGET, "runs", "0", "means", "seed", "last_half"))),
