@@ -99,6 +99,7 @@ def record_skills(path: Path, step: int, trajectories: list, privileged: Privile
         lines.append(json.dumps({"step": step, "game_id": t.game_id, "won": t.won, "actions": t.actions,
                                  "episode": privileged.episode[i],
                                  "steps": privileged.step[i] if privileged.step else {}}))
+    path.parent.mkdir(parents=True, exist_ok=True)  # a caller of Trainer.learn alone (benchmarks/step.py)
     with open(path, "a") as f:
         f.write("".join(line + "\n" for line in lines))
 
