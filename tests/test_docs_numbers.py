@@ -238,6 +238,7 @@ DH = "demo_heldout.json"
 # `make demo` on a fresh clone, collected by benchmarks/demo_seeds.py --collect-only: at 8b6ec0f (the jobs after SFT
 # one after another), and now (side by side on demo.lanes processes)
 FRESH_8B6, FRESH = "demo_fresh_clone_8b6ec0f.json", "demo_fresh_clone.json"
+LANES = [("demo_seeds_lanes.json", str(s)) for s in _load("demo_seeds_lanes.json")["seeds"]]  # seed 0: FRESH's run
 BUDGET = "demo_seeds_budget.json"  # the smaller recipe that was not kept
 
 
@@ -509,7 +510,21 @@ REGISTRY: list[Q] = [
                "each (with their end-of-run evaluation),\ncontrol {} s: {} min", h128_phases()),
     Q(README, "On a fresh clone, nothing else running, it took {} min at seed 0 on this 2-core box",
       (J(FRESH, ("runs", "0", "wall_s"), 1 / 60),)),
-    Q(README, "games {} s, SFT {} s, held-out evaluation {} s, GRPO {} s, SEED {} s, control {} s", fresh_phases()),
+    Q(README, "phases): games {} s, SFT {} s, then {} s for the four jobs after SFT",
+      tuple(J(FRESH, ("runs", "0", "timings", k)) for k in ("games", "sft", "after_sft"))),
+    # ---- docs/demo.md: games parsed once, the jobs after SFT side by side ----
+    Q(DEMO_MD, "(`benchmarks/results/demo_fresh_clone.json`): games {} s, SFT {} s, the jobs after SFT {} s (each in "
+               "its lane: GRPO {} s, SEED {} s, control {} s, the SFT policy's evaluation {} s): {} min, against {} "
+               "min at 8b6ec0f",
+      (*(J(FRESH, ("runs", "0", "timings", k)) for k in ("games", "sft", "after_sft")),
+       *(J(FRESH, ("runs", "0", "job_seconds", k)) for k in ("grpo", "seed", "control", "eval_sft")),
+       J(FRESH, ("runs", "0", "wall_s"), 1 / 60), J(FRESH_8B6, ("runs", "0", "wall_s"), 1 / 60))),
+    *(Q(DEMO_MD, DEMO_ROW.replace("| {} |", f"| {src[1]} (lanes) |", 1), demo_row(src)) for src in LANES),
+    Q(DEMO_MD, "(GRPO {}, {}, {}; SEED {}, {}, {})",
+      tuple(diff(held(src, alg), held(src)) for alg in ("grpo", "seed") for src in LANES)),
+    Q(DEMO_MD, "at seed 0: GRPO {} and SEED {} after, {} and {} with two threads",
+      (held(LANES[0], "grpo"), held(LANES[0], "seed"), held((FRESH_8B6, "0"), "grpo"), held((FRESH_8B6, "0"), "seed"))),
+    Q(DEMO_MD, "plays longer episodes, the jobs after SFT took {} s", (run(LANES[1], "timings", "after_sft"),)),
     Q(DEMO_MD, "games {} s, SFT {} s, held-out evaluation {} s, GRPO {} s,\nSEED {} s, control {} s: {} min, against "
                "the 12.4 min above", (*fresh_phases(), J(FRESH_8B6, ("runs", "0", "wall_s"), 1 / 60))),
     Q(DEMO_MD, "below the no-learning control's at seed 0 ({} vs\n{}; SEED {})",
