@@ -1,9 +1,10 @@
 """`make demo`: the whole pipeline on a CPU with a tiny model, for real.
 
 games (TextWorld, generated offline) → tokenizer + tiny decoder → SFT (behaviour cloning, skill-augmented
-prompts, skill writing) → held-out eval of the SFT policy and of a random policy → GRPO and SEED for the same
-number of updates from the same SFT checkpoint and seed, plus a no-learning control (the same rollouts, same games
-and sampling seeds, with the SFT policy and no update) → held-out eval of each → report.md + report.png.
+prompts, skill writing) → side by side (app/demo_jobs.py): held-out eval of the SFT policy and of a random policy,
+GRPO and SEED for the same number of updates from the same SFT checkpoint and seed, each with its held-out eval,
+and a no-learning control (the same rollouts, same games and sampling seeds, with the SFT policy and no update) →
+report.md + report.png.
 
 Held-out success before and after is the evaluation every command shares (train/evaluate.py evaluate_policy:
 each held-out game trainer.eval_repeats times, the same seed for every policy): the SFT start's is run here,

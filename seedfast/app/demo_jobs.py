@@ -1,10 +1,11 @@
 """The demo's jobs after SFT, run side by side: the SFT policy's held-out evaluation, each algorithm's RL run and
 the no-learning control need only the SFT checkpoint, so `demo.lanes` child processes run them at once, each with
-its share of the CPUs and its own environment pool (docs/demo.md, "Where the 10 minutes go").
+its share of the CPUs and its own environment pool (docs/demo.md, "Games parsed once, the jobs after SFT side by
+side").
 
-Why processes: the demo's decoder is tiny, and its ops use two threads poorly (one copy-task step: 112 ms with two
-threads, 176 ms with one, and two one-thread processes side by side run 178 ms each: 1.26x the work done); a lane
-also computes while the other waits on its environments. A lane dies with the demo, whatever ended it
+Why processes: the demo's decoder is tiny, and its ops use two threads poorly (one copy-task step on the 2-core box:
+112 ms with two threads, 176 ms with one, and two one-thread processes side by side 178 ms each: 1.26x the work
+done); a lane also computes while the other waits on its environments. A lane dies with the demo, whatever ended it
 (envs/lifeline.py), and takes its environment workers with it.
 """
 
