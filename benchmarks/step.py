@@ -80,18 +80,18 @@ def main() -> None:
                 phases[name].setdefault(k, []).append(v)
 
     names = ["rollout", "analyze", "score", "advantage", "update"]
-    rows, grpo_total, grpo_learn = [], None, None
+    rows, totals = [], {}
     for name, per in phases.items():
         med = {k: median(v) for k, v in per.items()}
         learn = sum(med.get(k, 0.0) for k in names[1:])
-        total = learn + med["rollout"]
-        if name == "grpo":
-            grpo_total, grpo_learn = total, learn
+        totals[name] = (learn + med["rollout"], learn)
         rows.append({"algorithm": name, **{k: round(med.get(k, 0.0), 3) for k in names},
-                     "learner_s": round(learn, 3), "step_s": round(total, 3)})
-    for row in rows:
-        row["step_vs_grpo"] = round(row["step_s"] / grpo_total, 3)
-        row["learner_vs_grpo"] = round(row["learner_s"] / grpo_learn, 3)
+                     "learner_s": round(learn, 3), "step_s": round(learn + med["rollout"], 3)})
+    grpo_total, grpo_learn = totals["grpo"]
+    for row in rows:  # ratios of the unrounded seconds
+        total, learn = totals[row["algorithm"]]
+        row["step_vs_grpo"] = round(total / grpo_total, 3)
+        row["learner_vs_grpo"] = round(learn / grpo_learn, 3)
     print_table(rows, ["algorithm", *names, "learner_s", "step_s", "step_vs_grpo", "learner_vs_grpo"],
                 title=f"RL step by phase (s, median of {args.reps}), same rollout for all")
     write_results("step", {
