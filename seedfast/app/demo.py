@@ -25,8 +25,9 @@ from seedfast.app.demo_jobs import CONTROL, SFT_EVAL, JobResult, run_jobs
 from seedfast.app.report import EVIDENCE, curve_means, write_json, write_report
 from seedfast.config import Config
 from seedfast.envs.textworld_games import make_games
+from seedfast.model import parameter_count
 from seedfast.runtime.paths import RunPaths
-from seedfast.runtime.setup import device_of, load_policy, load_tasks
+from seedfast.runtime.setup import load_tasks
 from seedfast.sft import run as sft
 from seedfast.train.evaluate import evaluation_tasks
 
@@ -77,7 +78,6 @@ def main(cfg: Config, **_: Any) -> int:
     _say(f"SFT done in {timings['sft']:.0f} s -> {sft_dir}")
 
     t = time.perf_counter()
-    policy = load_policy(cfg, sft_dir, device_of(cfg), trainable=False)  # for the report's model line
     eval_games = evaluation_tasks(cfg, "eval")
     eval_games = eval_games[: len(eval_games) // cfg.trainer.eval_repeats]  # the list is the games, repeated
     jobs = run_jobs(cfg, sft_dir, os.cpu_count() or 1,
@@ -93,7 +93,7 @@ def main(cfg: Config, **_: Any) -> int:
     setup = {
         "games": f"{e.game_type} levels {e.levels}: {len(load_tasks(cfg, 'train'))} training, "
                  f"{len(eval_games)} held-out (each played {plays(cfg.trainer.eval_repeats)} per evaluation)",
-        "model": model_line(cfg, sum(p.numel() for p in policy.parameters())),
+        "model": model_line(cfg, parameter_count(sft_dir)),
         "RL": f"{cfg.trainer.steps} updates x {cfg.rollout.tasks_per_batch} games x {cfg.rollout.n} trajectories, "
               f"lr {cfg.optim.lr}, seed {cfg.run.seed}, same SFT start for every algorithm",
         "RL pool": (f"a fixed pool of {cfg.rollout.task_pool} training games, drawn again every update "

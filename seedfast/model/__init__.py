@@ -3,7 +3,7 @@
 from .attention import BACKENDS, VarlenPlan, resolve_backend, varlen_attention
 from .config import SUPPORTED_MODEL_TYPES, DecoderConfig
 from .decoder import Decoder, build_decoder
-from .hf_io import hf_config, is_hf_folder, load_hf, save_hf
+from .hf_io import hf_config, is_hf_folder, load_hf, parameter_count, save_hf
 from .kv import PackedKV, StaticKVCache
 from .packing import make_cu_seqlens
 
@@ -19,6 +19,7 @@ __all__ = [
     "hf_config",
     "is_hf_folder",
     "load_hf",
+    "parameter_count",
     "make_cu_seqlens",
     "resolve_backend",
     "save_hf",

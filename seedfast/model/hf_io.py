@@ -7,6 +7,7 @@ checkpoints may carry are ignored: `lm_head.weight` of a tied model, and old `ro
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -118,6 +119,18 @@ def save_hf(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def parameter_count(path: str | os.PathLike) -> int:
+    """The decoder's parameters from its weight files' headers, nothing loaded (a tied LM head counted once)."""
+    path = Path(path)
+    tied = hf_config(path).tie_word_embeddings
+    count = 0
+    for file in _weight_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            count += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys()
+                         if not (name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight")))
+    return count
 
 
 def _shard_names(count: int) -> list[str]:

@@ -8,7 +8,7 @@ import transformers
 from model_helpers import hf_and_ours, random_packed, randomize_, tiny_decoder
 from safetensors.torch import load_file, save_file
 
-from seedfast.model import Decoder, DecoderConfig, build_decoder, load_hf, save_hf
+from seedfast.model import Decoder, DecoderConfig, build_decoder, load_hf, parameter_count, save_hf
 
 
 def assert_same_weights(a: Decoder, b: Decoder):
@@ -28,6 +28,13 @@ def test_round_trip_is_bit_exact(family, tmp_path):
     assert loaded.config == model.config
     save_hf(loaded, tmp_path / "b")
     assert_same_weights(loaded, load_hf(tmp_path / "b"))
+
+
+@pytest.mark.parametrize("family", ["qwen3-tied", "llama-untied-llama3rope"])
+def test_parameter_count_reads_the_headers(family, tmp_path):
+    model = tiny_decoder(family)
+    save_hf(model, tmp_path, max_shard_bytes=8 * 1024)  # sharded: every file counted
+    assert parameter_count(tmp_path) == sum(p.numel() for p in load_hf(tmp_path).parameters())
 
 
 def test_sharded_round_trip_and_index(tmp_path):
