@@ -1,8 +1,9 @@
 """The decoder (Llama / Qwen2 / Qwen3) over packed variable-length sequences, returning final hidden states.
 
     hidden = model(input_ids [T] int64, cu_seqlens [B+1] int32)                       # [T, d], after final norm
+    hidden = model(ids, cu, keep_last=[2, 1, ...])                 # [3 + ..., d]: each sequence's last rows only
     hidden, kv = model(ids, cu, position_ids=None, past=past_kv, return_kv=True)
-    hidden, cache = model.prefill(ids, cu, capacity)                                  # + a StaticKVCache
+    hidden, cache = model.prefill(ids, cu, capacity)              # [B, d] each prompt's last + a StaticKVCache
     hidden = model.decode(next_ids [B], cache)                                        # [B, d], one token per row
     logits would be hidden @ model.lm_head_weight.T -- never formed here (seedfast.ops streams it)
 
@@ -15,6 +16,8 @@ model.norm.weight, lm_head.weight when untied), so HF state dicts load without a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,7 +27,7 @@ from .attention import VarlenPlan, check_backend
 from .config import DecoderConfig
 from .kv import DecodeStep, PackedKV, StaticKVCache, concat_gather_index
 from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
-from .packing import check_cu_seqlens, check_input_ids, lengths_of, positions_in_sequence
+from .packing import check_cu_seqlens, check_input_ids, lengths_of, make_cu_seqlens, positions_in_sequence
 
 
 class Attention(nn.Module):
@@ -49,9 +52,11 @@ class Attention(nn.Module):
         past_k: torch.Tensor | None,
         past_v: torch.Tensor | None,
         merge_index: torch.Tensor | None,
+        keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Packed tokens x [T, d] -> (attention output [T, d], their keys and values [T, n_kv_heads, hd])."""
-        q, k, v = self.qkv(x, cos, sin)
+        """Packed tokens x [T, d] -> (attention output [T, d], their keys and values [T, n_kv_heads, hd]). With `keep`
+        (row indices), only those rows query: the output is [len(keep), d] and `plan` is the plan of their queries."""
+        q, k, v = self.qkv(x, cos, sin, keep)
         k_all, v_all = k, v
         if past_k is not None:
             k_all = torch.cat([past_k, k])[merge_index]
@@ -82,16 +87,18 @@ class Attention(nn.Module):
         return self.project_out(out)
 
     def qkv(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_rows: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [N, heads, hd], k and v [N, kv_heads, hd] of tokens x [N, d]: projections, qk-norm, RoPE on q/k."""
+        """q [N, heads, hd], k and v [N, kv_heads, hd] of tokens x [N, d]: projections, qk-norm, RoPE on q/k. With
+        `q_rows`, q of those rows only."""
         N = x.shape[0]
-        q = self.q_proj(x).view(N, self.n_heads, self.head_dim)
+        xq, cos_q, sin_q = (x, cos, sin) if q_rows is None else (x[q_rows], cos[q_rows], sin[q_rows])
+        q = self.q_proj(xq).view(xq.shape[0], self.n_heads, self.head_dim)
         k = self.k_proj(x).view(N, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(N, self.n_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return apply_rope(q, cos_q, sin_q), apply_rope(k, cos, sin), v
 
     def project_out(self, attn: torch.Tensor) -> torch.Tensor:
         """o_proj of the per-head attention output of N tokens ([N, heads, hd] or [N, heads, 1, hd])."""
@@ -115,9 +122,12 @@ class DecoderLayer(nn.Module):
         past_k: torch.Tensor | None,
         past_v: torch.Tensor | None,
         merge_index: torch.Tensor | None,
+        keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        attn, k, v = self.self_attn(self.input_layernorm(h), cos, sin, plan, past_k, past_v, merge_index)
-        return self.mlp_residual(h + attn), k, v
+        """The layer over packed tokens h [T, d]; with `keep` (row indices) every row's key and value but the
+        output of those rows only ([len(keep), d]), `plan` being the plan of their queries."""
+        attn, k, v = self.self_attn(self.input_layernorm(h), cos, sin, plan, past_k, past_v, merge_index, keep)
+        return self.mlp_residual((h if keep is None else h[keep]) + attn), k, v
 
     def decode(
         self,
@@ -174,12 +184,19 @@ class Decoder(nn.Module):
         past: PackedKV | None = None,
         return_kv: bool = False,
         attn_backend: str | None = None,
+        keep_last: Sequence[int] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, PackedKV]:
         """Final hidden states [T, d] of a packed batch (after the final norm, never logits).
 
         position_ids default to 0, 1, ... per sequence, offset by that sequence's past length. With `past`,
         sequence b attends to past[b] and then causally to its own new tokens. `return_kv` also returns the new
         tokens' (post-RoPE) keys/values as a PackedKV laid out like input_ids.
+
+        `keep_last[b]`: only the last keep_last[b] tokens of sequence b are wanted, and the hidden states are
+        [sum(keep_last), d], those rows in packed order. The last layer then computes every token's key and value
+        (the kept rows attend to them, and `return_kv` returns them) but queries, attention output and MLP for
+        the kept rows alone: the same values, without the last layer's work for rows whose output nobody reads,
+        e.g. a prompt's (docs/performance.md, 'The last layer runs only the rows that are read').
         """
         embed = self.model.embed_tokens.weight
         ids = self._check_ids(input_ids, embed.device)
@@ -198,18 +215,24 @@ class Decoder(nn.Module):
             cu_k = past.cu_seqlens.to(cu_seqlens.device) + cu_seqlens
             merge_index, _ = concat_gather_index(past.cu_seqlens.to(ids.device), cu_seqlens.to(ids.device))
         plan = VarlenPlan(cu_seqlens, cu_k, attn_backend or self.attn_backend)
+        keep, keep_plan = None, None
+        if keep_last is not None:
+            keep, keep_plan = _kept_rows(keep_last, cu, cu_k, attn_backend or self.attn_backend, ids.device)
 
         if self.inv_freq.device != ids.device:
             self.inv_freq = self.inv_freq.to(ids.device)
         h = self.model.embed_tokens(ids)
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, h.dtype)
         keys, values = [], []
+        last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
             pk, pv = (past.keys[i], past.values[i]) if past is not None else (None, None)
+            args = (h, cos, sin, plan, pk, pv, merge_index) if i < last or keep is None else (
+                h, cos, sin, keep_plan, pk, pv, merge_index, keep)
             if self.gradient_checkpointing and torch.is_grad_enabled():
-                h, k, v = checkpoint(layer, h, cos, sin, plan, pk, pv, merge_index, use_reentrant=False)
+                h, k, v = checkpoint(layer, *args, use_reentrant=False)
             else:
-                h, k, v = layer(h, cos, sin, plan, pk, pv, merge_index)
+                h, k, v = layer(*args)
             if return_kv:
                 keys.append(k)
                 values.append(v)
@@ -225,10 +248,11 @@ class Decoder(nn.Module):
         capacity: int,
         rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, StaticKVCache]:
-        """The packed forward of prompts that will be decoded: hidden states [T, d] and a StaticKVCache with
-        room for `capacity` tokens per row, row r holding sequence rows[r] (default: one row per sequence;
-        repeats let identical prompts be run once and decoded many times)."""
-        hidden, kv = self(input_ids, cu_seqlens, return_kv=True)
+        """The packed forward of prompts that will be decoded: the hidden state of each prompt's last token [B, d]
+        (what the first sampled token reads) and a StaticKVCache with room for `capacity` tokens per row, row r
+        holding sequence rows[r] (default: one row per sequence; repeats let identical prompts be run once and
+        decoded many times)."""
+        hidden, kv = self(input_ids, cu_seqlens, return_kv=True, keep_last=[1] * (cu_seqlens.numel() - 1))
         if rows is not None:
             kv = kv.select(rows)
         return hidden, StaticKVCache.from_packed(kv, capacity)
@@ -304,6 +328,23 @@ class Decoder(nn.Module):
                 f"past is {past.keys[0].dtype} on {past.keys[0].device}, the model {embed.dtype} on {embed.device}"
             )
         return past_cu
+
+
+def _kept_rows(keep_last: Sequence[int], cu: list[int], cu_k: torch.Tensor, backend: str,
+               device: torch.device) -> tuple[torch.Tensor, VarlenPlan]:
+    """The packed indices of each sequence's last keep_last[b] tokens, and the attention plan of their queries
+    (bottom-right aligned against the sequence's keys: each kept row sees what it saw in the full forward)."""
+    lengths = lengths_of(cu)
+    keep_last = [int(n) for n in keep_last]
+    if len(keep_last) != len(lengths):
+        raise ValueError(f"keep_last has {len(keep_last)} entries for {len(lengths)} sequences")
+    bad = [b for b, (n, length) in enumerate(zip(keep_last, lengths)) if not 0 <= n <= length]
+    if bad:
+        b = bad[0]
+        raise ValueError(f"keep_last[{b}]={keep_last[b]} must lie in [0, {lengths[b]}] (sequence {b}'s tokens)")
+    index = [t for b, n in enumerate(keep_last) for t in range(cu[b + 1] - n, cu[b + 1])]
+    cu_q = make_cu_seqlens(keep_last, cu_k.device)
+    return torch.tensor(index, dtype=torch.long, device=device), VarlenPlan(cu_q, cu_k, backend)
 
 
 def _check_position_ids(position_ids: object, ids: torch.Tensor) -> None:

@@ -14,7 +14,7 @@ re-packs it in every layer; here each layer's cache is one [B, n_kv_heads, capac
 writes one key/value per row in place and attends to a view of it, so a step reads O(cached tokens) and copies
 nothing.
 
-    hidden, cache = model.prefill(prompt_ids, cu_prompts, capacity)    # cache row b = prompt b
+    hidden, cache = model.prefill(prompt_ids, cu_prompts, capacity)    # [B, d] last tokens; cache row b = prompt b
     hidden = model.decode(next_ids, cache)                            # [B, d]; cache.lengths += 1
 """
 

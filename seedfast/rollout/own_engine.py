@@ -152,13 +152,12 @@ class Sampler:
         unique = list(first_of)
         ids = torch.tensor([t for p in unique for t in p], dtype=torch.long, device=self.device)
         cu = make_cu_seqlens([len(p) for p in unique], self.device)
-        last = cu[1:].long() - 1
         if not self.use_cache:
-            return self.model(ids, cu)[last][inverse], None
+            return self.model(ids, cu, keep_last=[1] * len(unique))[inverse], None
         capacity = max(len(p) for p in prompts) + max_new
         rows = inverse if len(unique) < len(prompts) else None
         hidden, cache = self.model.prefill(ids, cu, capacity, rows=rows)
-        return hidden[last][inverse], cache
+        return hidden[inverse], cache
 
     def _forward_whole(self, prompts: list[list[int]], seqs: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
         """No cache: last hidden state of each sequence in `seqs`, re-running prompt + generated tokens."""
@@ -166,7 +165,7 @@ class Sampler:
         prompt_ids = [torch.tensor(prompts[b], dtype=torch.long, device=self.device) for b in rows]
         ids = torch.cat([t for p, g in zip(prompt_ids, generated[seqs]) for t in (p, g)])
         cu = make_cu_seqlens([len(prompts[b]) + generated.shape[1] for b in rows], self.device)
-        return self.model(ids, cu)[cu[1:].long() - 1]
+        return self.model(ids, cu, keep_last=[1] * len(rows))
 
     def _logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
         return (last_hidden @ self.model.lm_head_weight.T).float()

@@ -46,6 +46,7 @@ class Packed:
     position_ids: torch.Tensor  # [T] int64
     rows: torch.Tensor  # [R] int64 indices into the T rows
     targets: torch.Tensor  # [R] int64, the token each row predicts
+    scored: list[int]  # per sequence, how many of its last rows are scored (the rows, in order)
 
     @property
     def num_tokens(self) -> int:
@@ -53,7 +54,7 @@ class Packed:
 
     def to(self, device: torch.device | str) -> Packed:
         return Packed(*(t.to(device) for t in (self.input_ids, self.cu_seqlens, self.position_ids,
-                                                self.rows, self.targets)))
+                                                self.rows, self.targets)), self.scored)
 
 
 def pack(sequences: Sequence[torch.Tensor], starts: Sequence[int], targets: Sequence[torch.Tensor]) -> Packed:
@@ -74,6 +75,7 @@ def pack(sequences: Sequence[torch.Tensor], starts: Sequence[int], targets: Sequ
         position_ids=position_ids,
         rows=rows,
         targets=torch.cat(list(targets)) if len(targets) else torch.zeros(0, dtype=torch.long),
+        scored=n_targets.tolist(),
     )
 
 

@@ -15,6 +15,7 @@ from seedfast.model.kv import PackedKV
 from seedfast.model.packing import make_cu_seqlens
 from seedfast.scoring.packing import pack, shared_prefix_length, teacher_branch
 from seedfast.scoring.score import head_logprob_op
+from seedfast.scoring.shared_prompts import forward_packed
 
 
 def _leading_tokens(kv: PackedKV, index: list[int], lengths: list[int]) -> PackedKV:
@@ -66,11 +67,9 @@ def teacher_logprob_with_prefix(
             raise ValueError(f"{name}: prefix_kv sequence {i} has {have[i]} tokens, the shared prefix needs {need}")
     past = _leading_tokens(prefix_kv, chosen, lengths)
     branches = pack([teacher_branch(samples[i], n) for i, n in zip(chosen, lengths)], lengths,
-                    [samples[i].response_ids for i in chosen]).to(device)
-    hidden = model(branches.input_ids, branches.cu_seqlens, position_ids=branches.position_ids, past=past,
-                   attn_backend=attn_backend)
-    out = head_logprob_op(model)(hidden[branches.rows], model.lm_head_weight, branches.targets,
-                                 temperature=temperature)
+                    [samples[i].response_ids for i in chosen])
+    hidden = forward_packed(model, branches, past=past, attn_backend=attn_backend)  # the scored rows alone
+    out = head_logprob_op(model)(hidden, model.lm_head_weight, branches.targets.to(device), temperature=temperature)
     offsets = torch.tensor([0, *n_resp]).cumsum(0).tolist()
     where = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in chosen]).to(device)
     teacher_logprob[where] = out.logprob

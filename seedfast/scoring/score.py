@@ -98,7 +98,8 @@ def _dual_head(model, samples, branches: Packed, hidden, has_teacher, temperatur
     """Log-probs from branch rows: student rows first (all samples), then teacher rows (has_teacher)."""
     n_resp = [len(s.response_ids) for s in samples]
     n_student = sum(n_resp)
-    student_rows, teacher_rows = branches.rows[:n_student], branches.rows[n_student:]
+    rows = torch.arange(hidden.shape[0], device=hidden.device)  # hidden holds the scored rows alone, in order
+    student_rows, teacher_rows = rows[:n_student], rows[n_student:]
     targets = branches.targets[:n_student]
     # rows of samples with a teacher are paired with their teacher rows; the others go alone
     owner = torch.repeat_interleave(torch.arange(len(samples)), torch.tensor(n_resp))

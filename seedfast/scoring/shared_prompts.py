@@ -27,10 +27,12 @@ class ResponseRows(NamedTuple):
 
 def forward_packed(model, packed: Packed, past: PackedKV | None = None, return_kv: bool = False,
                    attn_backend: str | None = None):
-    """The model over a packed batch on the model's device (its positions, and `past` when given)."""
+    """The model over a packed batch on the model's device (its positions, and `past` when given): the hidden states
+    of its scored rows alone, [R, d] in `packed.rows` order (the last layer runs no other row: model/decoder.py
+    keep_last)."""
     packed = packed.to(model.lm_head_weight.device)
     return model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids, past=past,
-                 return_kv=return_kv, attn_backend=attn_backend)
+                 return_kv=return_kv, attn_backend=attn_backend, keep_last=packed.scored)
 
 
 def response_rows(model, samples: Sequence[StepSample], *, share_prompts: bool, return_kv: bool = False,
@@ -44,14 +46,11 @@ def response_rows(model, samples: Sequence[StepSample], *, share_prompts: bool, 
         packed = pack_single(samples)
         out = forward_packed(model, packed, return_kv=return_kv, attn_backend=attn_backend)
         hidden, kv = out if return_kv else (out, None)
-        device = hidden.device
-        return ResponseRows(hidden[packed.rows.to(device)], packed.targets.to(device), kv)
+        return ResponseRows(hidden, packed.targets.to(hidden.device), kv)
     prefixes = pack_prefixes([samples[i] for i in first], [lengths[i] for i in first])
     _, kv = forward_packed(model, prefixes, return_kv=True, attn_backend=attn_backend)
     past = kv.select(torch.tensor(owner, dtype=torch.long))
     branches = pack([student_branch(s, n) for s, n in zip(samples, lengths)], lengths,
                     [s.response_ids for s in samples])
     hidden = forward_packed(model, branches, past=past, attn_backend=attn_backend)
-    device = hidden.device
-    # every branch row predicts a response token (P[-1] and A[:-1]): rows is all of them, in sample order
-    return ResponseRows(hidden[branches.rows.to(device)], branches.targets.to(device), past if return_kv else None)
+    return ResponseRows(hidden, branches.targets.to(hidden.device), past if return_kv else None)
