@@ -104,18 +104,26 @@ class PackedBatch:
     targets: torch.Tensor  # [N] the tokens they predict
     row_kind: torch.Tensor  # [N] index into EXAMPLE_KINDS
     row_is_answer: torch.Tensor  # [N] bool: the row predicts an answer token (not a prompt token)
+    keep_last: list[int]  # per example, its rows from the first loss row on: all the last layer must run
+    kept_rows: torch.Tensor  # [N] the loss rows' places among those kept rows
 
 
 def pack(examples: Sequence[SFTExample], device: torch.device | str) -> PackedBatch:
     ids, rows, targets, kinds, answer, offset = [], [], [], [], [], 0
+    keep_last, kept_rows, kept_before = [], [], 0
     for ex in examples:
         ids += ex.input_ids
+        first = None
         for t in range(1, len(ex.input_ids)):
             if ex.loss_mask[t]:
+                first = t - 1 if first is None else first
                 rows.append(offset + t - 1)
+                kept_rows.append(kept_before + t - 1 - first)
                 targets.append(ex.input_ids[t])
                 kinds.append(EXAMPLE_KINDS.index(ex.kind))
                 answer.append(t >= ex.answer_start)
+        keep_last.append(0 if first is None else len(ex.input_ids) - first)
+        kept_before += keep_last[-1]
         offset += len(ex.input_ids)
 
     def tensor(values: list[int]) -> torch.Tensor:
@@ -123,7 +131,7 @@ def pack(examples: Sequence[SFTExample], device: torch.device | str) -> PackedBa
 
     cu_seqlens = make_cu_seqlens([len(e.input_ids) for e in examples], device)
     return PackedBatch(tensor(ids), cu_seqlens, tensor(rows), tensor(targets), tensor(kinds),
-                       torch.tensor(answer, dtype=torch.bool, device=device))
+                       torch.tensor(answer, dtype=torch.bool, device=device), keep_last, tensor(kept_rows))
 
 
 def batch_loss(logprob: torch.Tensor, batch: PackedBatch, prompt_weight: float = 1.0,
@@ -140,8 +148,9 @@ def batch_loss(logprob: torch.Tensor, batch: PackedBatch, prompt_weight: float =
 
 
 def token_logprobs(model: torch.nn.Module, batch: PackedBatch) -> torch.Tensor:
-    """[N] log-probs of the batch's loss tokens (differentiable when grad is enabled)."""
-    hidden = model(batch.input_ids, batch.cu_seqlens)[batch.rows]
+    """[N] log-probs of the batch's loss tokens (differentiable when grad is enabled). The last layer runs the rows
+    from each example's first loss row on (model/decoder.py keep_last: a copy task's string, a prompt without loss)."""
+    hidden = model(batch.input_ids, batch.cu_seqlens, keep_last=batch.keep_last)[batch.kept_rows]
     return linear_logprob(hidden, model.lm_head_weight, batch.targets).logprob
 
 

@@ -80,9 +80,10 @@ def _equal_steps_worker(rank: int, world: int) -> None:
     assert any(r["grad_norm"] > 0.05 for r in ref_logs)  # clipping was active: the global norm matters
     for (n, p), (rn, rp) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
         assert n == rn
-        # 2e-5: fp32 summation order (per-rank partial norms and losses) moves a weight by ~1e-5 after Adam's first
-        # steps at eps 1e-8, where g / (|g| + eps) amplifies differences on near-zero gradients
-        torch.testing.assert_close(_full(p.detach()), rp.detach(), rtol=1e-5, atol=2e-5, msg=n)
+        # 3e-5: fp32 summation order (per-rank partial norms and losses) moves a weight by ~1e-5 after Adam's first
+        # steps at eps 1e-8, where g / (|g| + eps) amplifies differences on near-zero gradients (one weight of 4096
+        # moved 2.4e-5 once the last layer summed over the loss rows alone: model/decoder.py keep_last)
+        torch.testing.assert_close(_full(p.detach()), rp.detach(), rtol=1e-5, atol=3e-5, msg=n)
     untrained = build_decoder(make_config("qwen2"), dtype=torch.float32, seed=3)
     assert not torch.allclose(ref.lm_head_weight, untrained.lm_head_weight)  # the steps moved the weights
 

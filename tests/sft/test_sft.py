@@ -94,6 +94,27 @@ def test_first_loss_gradient_and_update_equal_a_materialized_reference(tok, bc):
         torch.testing.assert_close(p, adam, atol=1e-7, rtol=1e-6, msg=name)
 
 
+def test_loss_rows_anywhere_in_an_example_match_the_reference(tok):
+    """The last layer runs each example's rows from its first loss row on (sft/loop.py pack, keep_last): loss masks
+    with gaps, a loss on the whole example and one on its last token alone give the reference's log-probs."""
+    model = tiny(tok, layers=2)
+    gen = torch.Generator().manual_seed(0)
+    masks = [[False, False, True, False, True, True, False, True], [False] + [True] * 8, [False] * 5 + [True]]
+    examples = [SFTExample(torch.randint(0, len(tok), (len(m),), generator=gen).tolist(), m, "bc", f"e{i}",
+                           answer_start=len(m) - 1) for i, m in enumerate(masks)]
+    batch = pack(examples, "cpu")
+    assert batch.keep_last == [7, 9, 2]
+    expected = []
+    with torch.no_grad():
+        got = token_logprobs(model, batch)
+        for ex in examples:  # each alone, the fp64 log-softmax of every row
+            ids = torch.tensor(ex.input_ids)
+            hidden = model(ids, torch.tensor([0, len(ids)], dtype=torch.int32))
+            logp = torch.log_softmax(hidden.double() @ model.lm_head_weight.double().T, dim=-1)
+            expected += [logp[t - 1, ids[t]] for t in range(1, len(ids)) if ex.loss_mask[t]]
+    torch.testing.assert_close(got.double(), torch.stack(expected), rtol=0, atol=1e-5)
+
+
 def test_per_kind_loss_and_evaluate_loss_match_the_reference(tok, bc):
     model = tiny(tok)
     skill = make_example(bc[0].input_ids[:30], bc[1].input_ids[-5:], kind="skill", source="s")
