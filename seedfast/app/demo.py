@@ -77,13 +77,14 @@ def main(cfg: Config, **_: Any) -> int:
     sft_dir = paths.sft
     _say(f"SFT done in {timings['sft']:.0f} s -> {sft_dir}")
 
-    t = time.perf_counter()
+    t, t_epoch = time.perf_counter(), time.time()
     eval_games = evaluation_tasks(cfg, "eval")
     eval_games = eval_games[: len(eval_games) // cfg.trainer.eval_repeats]  # the list is the games, repeated
     jobs = run_jobs(cfg, sft_dir, os.cpu_count() or 1,
                     on_done=lambda r: _say(f"{r.name}: {_done_line(r)} in {r.wall_s:.0f} s"))
     timings["after_sft"] = time.perf_counter() - t
     job_seconds = {name: result.wall_s for name, result in jobs.items()}  # each in its lane: they overlap
+    job_start_s = {name: result.started_at - t_epoch for name, result in jobs.items()}  # the lanes' schedule
     _say(f"{len(jobs)} jobs on {min(cfg.demo.lanes, len(jobs))} lanes in {timings['after_sft']:.0f} s")
     before, floor = jobs[SFT_EVAL].evaluation, jobs[SFT_EVAL].floor
     histories = {name: jobs[name].history for name in cfg.demo.algorithms}
@@ -109,7 +110,7 @@ def main(cfg: Config, **_: Any) -> int:
     signal = {name: [r.get("train/groups_with_signal") for r in h] for name, h in every.items()}
     write_json(paths.demo_summary, {
         "before": before, "after": after, "random_floor": floor, "timings": timings, "job_seconds": job_seconds,
-        "lanes": min(cfg.demo.lanes, len(jobs)), "setup": setup,
+        "job_start_s": job_start_s, "lanes": min(cfg.demo.lanes, len(jobs)), "setup": setup,
         "seed": cfg.run.seed, "pool_success": curves, "groups_with_signal": signal,
         "means": {name: curve_means(c) for name, c in curves.items()},
         "seed_metrics": {name: {k: sum(r.get(k, 0.0) for r in h) / len(h) for k in EVIDENCE if any(k in r for r in h)}

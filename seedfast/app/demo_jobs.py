@@ -39,6 +39,7 @@ class JobResult:
     evaluation: dict[str, float]  # held-out metrics of the job's final policy (the SFT policy for eval_sft)
     floor: float | None  # the random policy's held-out success (eval_sft only)
     wall_s: float
+    started_at: float  # time.time() when its lane began it: the lanes' schedule (demo_summary.json job_start_s)
 
 
 def job_names(cfg: Config) -> list[str]:
@@ -72,7 +73,7 @@ def run_jobs(cfg: Config, sft_dir: Path, cpus: int, on_done: Callable[[JobResult
 def run_job(cfg: Config, name: str, sft_dir: Path) -> JobResult:
     """One job in this process, with an environment pool of its own (built once, used by every rollout and
     evaluation of the job)."""
-    t = time.perf_counter()
+    started, t = time.time(), time.perf_counter()
     sub = copy.deepcopy(cfg)
     sub.log.progress = False  # lanes print side by side: the demo reports each job as it ends
     if name == CONTROL:
@@ -89,16 +90,16 @@ def run_job(cfg: Config, name: str, sft_dir: Path) -> JobResult:
             evaluation = evaluate_policy(sub, policy, tokenizer, "eval", envs=envs)
             held_out = episodes[: len(episodes) // sub.trainer.eval_repeats]  # the list is the games, repeated
             floor = random_policy_success(sub, held_out, seed=sub.run.seed, envs=envs)
-            return JobResult(name, [], evaluation, floor, time.perf_counter() - t)
+            return JobResult(name, [], evaluation, floor, time.perf_counter() - t, started)
         trainer = Trainer(sub, policy_dir=sft_dir, run_dir=RunPaths.of(cfg).sub(name).root, envs=envs)
         try:
             if name == CONTROL:
-                return JobResult(name, trainer.control_run(), {}, None, time.perf_counter() - t)
+                return JobResult(name, trainer.control_run(), {}, None, time.perf_counter() - t, started)
             history = trainer.run()
             # the trainer's end-of-run evaluation is evaluate_policy's; a run that ended without one gets it here
             evaluation = ({k: v for k, v in history[-1].items() if k.startswith("eval/")}
                           or evaluate_policy(sub, trainer.policy, trainer.tokenizer, "eval", envs=envs))
-            return JobResult(name, history, evaluation, None, time.perf_counter() - t)
+            return JobResult(name, history, evaluation, None, time.perf_counter() - t, started)
         finally:
             trainer.close()
     finally:

@@ -20,7 +20,8 @@ def where(cfg, name: str, out: Path) -> JobResult:
     deadline = time.monotonic() + 60
     while len(list(out.glob("*.started"))) < side_by_side and time.monotonic() < deadline:
         time.sleep(0.02)
-    return JobResult(name, [], {"pid": float(os.getpid()), "threads": float(torch.get_num_threads())}, None, 0.0)
+    return JobResult(name, [], {"pid": float(os.getpid()), "threads": float(torch.get_num_threads())}, None, 0.0,
+                     time.time())
 
 
 def fail_first_else_hang(cfg, name: str, out: Path) -> JobResult:

@@ -28,6 +28,11 @@ def test_the_demo_reports_what_seedfast_eval_measures(overrides, train_games, tm
     paths = RunPaths.of(cfg)
     summary = json.loads(paths.demo_summary.read_text())
     assert "1 held-out (each played 2 times per evaluation)" in summary["setup"]["games"]
+    # the wall time by phase and the lanes' schedule: every job's start (after the jobs phase began) and length
+    jobs = {"grpo", "control", "eval_sft"}
+    assert set(summary["job_seconds"]) == set(summary["job_start_s"]) == jobs
+    assert all(0 <= summary["job_start_s"][j] < summary["timings"]["after_sft"] for j in jobs)
+    assert all(summary["job_start_s"][j] + summary["job_seconds"][j] <= summary["timings"]["after_sft"] for j in jobs)
 
     before = _seedfast_eval(args, paths.sft, "eval_sft")
     after = _seedfast_eval(args, paths.sub("grpo").hf, "eval_grpo")
