@@ -235,10 +235,12 @@ DEMO_ROW = ("| {} | {} | {} | {} | {} | {} → {} / {} → {} / {} → {} | {} /
 
 DEMO_H128 = [("demo_seeds_heldout128.json", str(s)) for s in _load("demo_seeds_heldout128.json")["seeds"]]
 DH = "demo_heldout.json"
-# `make demo` on a fresh clone, collected by benchmarks/demo_seeds.py --collect-only: at 8b6ec0f (the jobs after SFT
-# one after another), and now (side by side on demo.lanes processes)
-FRESH_8B6, FRESH = "demo_fresh_clone_8b6ec0f.json", "demo_fresh_clone.json"
-LANES = [("demo_seeds_lanes.json", str(s)) for s in _load("demo_seeds_lanes.json")["seeds"]]  # seed 0: FRESH's run
+# `make demo` on a fresh clone (benchmarks/demo_seeds.py): at 8b6ec0f (the jobs after SFT one after another), at
+# 5c941cc (side by side on demo.lanes processes), and now (the last layer on the rows that are read)
+FRESH_8B6, FRESH_5C9 = "demo_fresh_clone_8b6ec0f.json", "demo_fresh_clone_5c941cc.json"
+FRESH, FRESH_C1E = "demo_fresh_clone.json", "demo_fresh_clone_c1e6795.json"  # the same code, run twice
+KEEP = [(FRESH, "0"), *(("demo_seeds_keep_last.json", str(s)) for s in _load("demo_seeds_keep_last.json")["seeds"])]
+LANES = [("demo_seeds_lanes.json", str(s)) for s in _load("demo_seeds_lanes.json")["seeds"]]  # seed 0: FRESH_5C9's run
 BUDGET = "demo_seeds_budget.json"  # the smaller recipe that was not kept
 
 
@@ -512,14 +514,43 @@ REGISTRY: list[Q] = [
       (J(FRESH, ("runs", "0", "wall_s"), 1 / 60),)),
     Q(README, "phases): games {} s, SFT {} s, then {} s for the four jobs after SFT",
       tuple(J(FRESH, ("runs", "0", "timings", k)) for k in ("games", "sft", "after_sft"))),
+    Q(README, "(the same code ran {} min before;", (J(FRESH_C1E, ("runs", "0", "wall_s"), 1 / 60),)),
     # ---- docs/demo.md: games parsed once, the jobs after SFT side by side ----
-    Q(DEMO_MD, "(`benchmarks/results/demo_fresh_clone.json`): games {} s, SFT {} s, the jobs after SFT {} s (each in "
-               "its lane: GRPO {} s, SEED {} s, control {} s, the SFT policy's evaluation {} s): {} min, against {} "
-               "min at 8b6ec0f",
-      (*(J(FRESH, ("runs", "0", "timings", k)) for k in ("games", "sft", "after_sft")),
-       *(J(FRESH, ("runs", "0", "job_seconds", k)) for k in ("grpo", "seed", "control", "eval_sft")),
-       J(FRESH, ("runs", "0", "wall_s"), 1 / 60), J(FRESH_8B6, ("runs", "0", "wall_s"), 1 / 60))),
+    Q(DEMO_MD, "(`benchmarks/results/demo_fresh_clone_5c941cc.json`): games {} s, SFT {} s, the jobs after SFT {} s "
+               "(each in its lane: GRPO {} s, SEED {} s, control {} s, the SFT policy's evaluation {} s): {} min, "
+               "against {} min at 8b6ec0f",
+      (*(J(FRESH_5C9, ("runs", "0", "timings", k)) for k in ("games", "sft", "after_sft")),
+       *(J(FRESH_5C9, ("runs", "0", "job_seconds", k)) for k in ("grpo", "seed", "control", "eval_sft")),
+       J(FRESH_5C9, ("runs", "0", "wall_s"), 1 / 60), J(FRESH_8B6, ("runs", "0", "wall_s"), 1 / 60))),
     *(Q(DEMO_MD, DEMO_ROW.replace("| {} |", f"| {src[1]} (lanes) |", 1), demo_row(src)) for src in LANES),
+    # ---- docs/demo.md: the last layer on the rows that are read ----
+    Q(DEMO_MD, "twice with the same code: {} min (`benchmarks/results/demo_fresh_clone_c1e6795.json`: games {} s, SFT "
+               "{} s, the jobs after SFT {} s) and {} min (`benchmarks/results/demo_fresh_clone.json`: games {} s, SFT "
+               "{} s, the jobs after SFT {} s, each in its lane: GRPO {} s, SEED {} s, control {} s, the SFT policy's "
+               "evaluation {} s), against {} min at 5c941cc",
+      (J(FRESH_C1E, ("runs", "0", "wall_s"), 1 / 60),
+       *(J(FRESH_C1E, ("runs", "0", "timings", k)) for k in ("games", "sft", "after_sft")),
+       J(FRESH, ("runs", "0", "wall_s"), 1 / 60),
+       *(J(FRESH, ("runs", "0", "timings", k)) for k in ("games", "sft", "after_sft")),
+       *(J(FRESH, ("runs", "0", "job_seconds", k)) for k in ("grpo", "seed", "control", "eval_sft")),
+       J(FRESH_5C9, ("runs", "0", "wall_s"), 1 / 60))),
+    Q(DEMO_MD, "An update in a lane took {} s (GRPO) and {} s (SEED) on average, against {} s and {} s at 5c941cc",
+      tuple(J(src, ("runs", "0", "seed_metrics", alg, "time/step")) for src in (FRESH, FRESH_5C9)
+            for alg in ("grpo", "seed"))),
+    Q(DEMO_MD, "(`job_start_s`: GRPO and SEED {} s after", (J(FRESH, ("runs", "0", "job_start_s", "grpo")),)),
+    Q(DEMO_MD, "(`job_start_s`: GRPO and SEED {} s after", (J(FRESH, ("runs", "0", "job_start_s", "seed")),)),
+    Q(DEMO_MD, DEMO_ROW.replace("| {} |", "| 0 (keep_last, fresh clone) |", 1), demo_row(KEEP[0])),
+    *(Q(DEMO_MD, DEMO_ROW.replace("| {} |", f"| {src[1]} (keep_last) |", 1), demo_row(src)) for src in KEEP[1:]),
+    Q(DEMO_MD, "(last half: GRPO {}, {}, {} and\nSEED {}, {}, {} against {}, {}, {})",
+      tuple(pool(src, alg, "last_half") for alg in ("grpo", "seed", "control") for src in KEEP)),
+    Q(DEMO_MD, "At seed 1 the control fell from {} to {} over the",
+      (pool(KEEP[1], "control", "first_quarter"), pool(KEEP[1], "control", "last_half"))),
+    Q(DEMO_MD, "Held-out success moved by GRPO {}, {}, {} and SEED {}, {}, {}",
+      tuple(diff(held(src, alg), held(src)) for alg in ("grpo", "seed") for src in KEEP)),
+    Q(DEMO_MD, "Seed 2's jobs after SFT took {} s", (run(KEEP[2], "timings", "after_sft"),)),
+    Q(DEMO_MD, "that run, games cached, took {} min,\nto which generating the games adds {}–{} s",
+      (J(KEEP[2][0], ("runs", "2", "wall_s"), 1 / 60), J(FRESH_C1E, ("runs", "0", "timings", "games")),
+       J(FRESH, ("runs", "0", "timings", "games")))),
     Q(DEMO_MD, "(GRPO {}, {}, {}; SEED {}, {}, {})",
       tuple(diff(held(src, alg), held(src)) for alg in ("grpo", "seed") for src in LANES)),
     Q(DEMO_MD, "at seed 0: GRPO {} and SEED {} after, {} and {} with two threads",
