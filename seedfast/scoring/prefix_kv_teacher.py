@@ -9,13 +9,30 @@ from collections.abc import Sequence
 
 import torch
 
-from seedfast.context.sample import StepSample, check_samples
+from seedfast.context.sample import StepSample, check_samples, spliced_suffix
 from seedfast.model.decoder import Decoder
 from seedfast.model.kv import PackedKV
 from seedfast.model.packing import make_cu_seqlens
-from seedfast.scoring.packing import pack, shared_prefix_length, teacher_branch
+from seedfast.scoring.packing import pack, shared_prefix_length
 from seedfast.scoring.score import head_logprob_op
 from seedfast.scoring.shared_prompts import forward_packed
+
+
+def _distinct_contexts(prompts: Sequence[torch.Tensor], lengths: Sequence[int],
+                       contexts: Sequence[torch.Tensor]) -> tuple[list[int], list[int]]:
+    """Teacher contexts P[:n] ⊕ splice(P)[n:] computed once each: (the first of each distinct one, and for each the
+    position of its context in that list). An oracle writes one skill per game and outcome, so a group's samples at a
+    shared prompt hold the same teacher context and differ only in their response."""
+    first: list[int] = []
+    owner: list[int] = []
+    seen: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    for i, (prompt, n, context) in enumerate(zip(prompts, lengths, contexts)):
+        key = (tuple(prompt[:n].tolist()), tuple(context.tolist()))
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(i)
+        owner.append(seen[key])
+    return first, owner
 
 
 def _leading_tokens(kv: PackedKV, index: list[int], lengths: list[int]) -> PackedKV:
@@ -45,7 +62,9 @@ def teacher_logprob_with_prefix(
     `shared_prefix_length(sample)` tokens long, e.g. the (detached) KV of the update's forward over
     P ⊕ A[:-1] with `return_kv=True`; only its leading shared-prefix tokens are used.
     Returns (teacher_logprob [ΣA] fp32, teacher_mask [ΣA] bool), packed in sample order like
-    `Scores.logprob`; rows of samples without a teacher are 0 and masked out.
+    `Scores.logprob`; rows of samples without a teacher are 0 and masked out. A teacher context that several samples
+    hold (the same P[:n] and splice(P)[n:]) runs once, each sample's response against its keys and values
+    (docs/performance.md, 'The teacher reuses the prefix KV').
     """
     if not isinstance(prefix_kv, PackedKV):
         raise TypeError(f"prefix_kv must be a PackedKV, got {type(prefix_kv).__name__}")
@@ -66,8 +85,17 @@ def teacher_logprob_with_prefix(
             name = samples[i].describe(i)
             raise ValueError(f"{name}: prefix_kv sequence {i} has {have[i]} tokens, the shared prefix needs {need}")
     past = _leading_tokens(prefix_kv, chosen, lengths)
-    branches = pack([teacher_branch(samples[i], n) for i, n in zip(chosen, lengths)], lengths,
-                    [samples[i].response_ids for i in chosen])
+    contexts = [spliced_suffix(samples[i].prompt_ids, samples[i].splices(), n) for i, n in zip(chosen, lengths)]
+    first, owner = _distinct_contexts([samples[i].prompt_ids for i in chosen], lengths, contexts)
+    responses = [samples[i].response_ids for i in chosen]
+    if len(first) < len(chosen):  # a teacher context repeated: its tokens run once, each response against its KV
+        heads = pack([contexts[g][:-1] for g in first], [lengths[g] for g in first], [contexts[g][:0] for g in first])
+        _, kv = forward_packed(model, heads, past=past.select(first), return_kv=True, attn_backend=attn_backend)
+        past = past.concat(kv.select(owner))
+        branches = pack([torch.cat([c[-1:], a[:-1]]) for c, a in zip(contexts, responses)],
+                        [n + len(c) - 1 for n, c in zip(lengths, contexts)], responses)
+    else:
+        branches = pack([torch.cat([c, a[:-1]]) for c, a in zip(contexts, responses)], lengths, responses)
     hidden = forward_packed(model, branches, past=past, attn_backend=attn_backend)  # the scored rows alone
     out = head_logprob_op(model)(hidden, model.lm_head_weight, branches.targets.to(device), temperature=temperature)
     offsets = torch.tensor([0, *n_resp]).cumsum(0).tolist()

@@ -4,6 +4,7 @@ import pytest
 import torch
 from scoring_helpers import hf_twin, make_config, random_samples, reference_scores
 
+from seedfast.context import StepSample
 from seedfast.model.decoder import build_decoder
 from seedfast.scoring import shared_prefix_length, teacher_logprob_with_prefix
 from seedfast.scoring.packing import pack_prefixes, pack_single
@@ -39,6 +40,33 @@ def test_matches_full_forward_of_the_teacher_context(model, kv_source):
             assert bool((teacher[offset:offset + n] == 0).all())
         offset += n
     assert offset == teacher.numel()
+
+
+def test_a_repeated_teacher_context_runs_once_and_scores_each_response(model, monkeypatch):
+    """Samples sharing a prompt and a skill (an oracle's one skill per game and outcome, a group at a shared prompt)
+    differ only in their response: the context runs once and each response is scored against its KV, giving the
+    HF reference's log-probs for every sample."""
+    base = [s for s in random_samples(torch.Generator().manual_seed(6), n=12) if s.has_teacher][:4]
+    gen = torch.Generator().manual_seed(7)
+    samples = [StepSample(prompt_ids=s.prompt_ids, insertions=s.insertions, teacher_drops=s.teacher_drops,
+                          response_ids=torch.randint(0, model.config.vocab_size, (r,), generator=gen), sample_id=(k, r))
+               for k, s in enumerate(base) for r in (1, 3, 4)]  # each context three times
+    calls = []
+    forward = type(model).forward
+    monkeypatch.setattr(type(model), "forward", lambda self, ids, cu, *a, **kw: calls.append(int(cu.numel()) - 1)
+                        or forward(self, ids, cu, *a, **kw))
+    with torch.no_grad():
+        packed = pack_single(samples)
+        _, kv = forward(model, packed.input_ids, packed.cu_seqlens, return_kv=True)
+    teacher, mask = teacher_logprob_with_prefix(model, kv, samples)
+    assert calls == [len(base), len(samples)]  # the distinct contexts, then one branch per sample
+    assert bool(mask.all())
+    hf, offset = hf_twin(model), 0
+    for sample in samples:
+        n = len(sample.response_ids)
+        expected, _ = reference_scores(hf, sample.teacher_prompt_ids(), sample.response_ids)
+        torch.testing.assert_close(teacher[offset:offset + n].double(), expected, atol=1e-4, rtol=0)
+        offset += n
 
 
 def test_kv_that_does_not_fit_the_samples(model):
