@@ -16,7 +16,7 @@ they act differently) share one copy of it in the prefix call: `distinct_prefixe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -102,19 +102,24 @@ def pack_single(samples: Sequence[StepSample]) -> Packed:
     return pack([student_branch(s, 0) for s in samples], [0] * len(samples), [s.response_ids for s in samples])
 
 
-def distinct_prefixes(samples: Sequence[StepSample], lengths: Sequence[int]) -> tuple[list[int], list[int]]:
-    """The prefixes P[:lengths[i]] computed once each: (the first sample of each distinct prefix, and for every sample
-    the position of its prefix in that list)."""
+def distinct(keys: Iterable[Hashable]) -> tuple[list[int], list[int]]:
+    """Each distinct key once: (the index of its first occurrence, and for every key the position of its first
+    occurrence in that list). What runs once for a batch that repeats a prompt or a teacher context."""
     first: list[int] = []
     owner: list[int] = []
-    seen: dict[tuple[int, ...], int] = {}
-    for i, (s, n) in enumerate(zip(samples, lengths)):
-        key = tuple(s.prompt_ids[:n].tolist())
+    seen: dict[Hashable, int] = {}
+    for i, key in enumerate(keys):
         if key not in seen:
             seen[key] = len(first)
             first.append(i)
         owner.append(seen[key])
     return first, owner
+
+
+def distinct_prefixes(samples: Sequence[StepSample], lengths: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The prefixes P[:lengths[i]] computed once each: (the first sample of each distinct prefix, and for every sample
+    the position of its prefix in that list)."""
+    return distinct(tuple(s.prompt_ids[:n].tolist()) for s, n in zip(samples, lengths))
 
 
 def prompt_order(samples: Sequence[StepSample], index: Sequence[int]) -> list[int]:

@@ -13,26 +13,9 @@ from seedfast.context.sample import StepSample, check_samples, spliced_suffix
 from seedfast.model.decoder import Decoder
 from seedfast.model.kv import PackedKV
 from seedfast.model.packing import make_cu_seqlens
-from seedfast.scoring.packing import pack, shared_prefix_length
+from seedfast.scoring.packing import distinct, pack, shared_prefix_length
 from seedfast.scoring.score import head_logprob_op
 from seedfast.scoring.shared_prompts import forward_packed
-
-
-def _distinct_contexts(prompts: Sequence[torch.Tensor], lengths: Sequence[int],
-                       contexts: Sequence[torch.Tensor]) -> tuple[list[int], list[int]]:
-    """Teacher contexts P[:n] ⊕ splice(P)[n:] computed once each: (the first of each distinct one, and for each the
-    position of its context in that list). An oracle writes one skill per game and outcome, so a group's samples at a
-    shared prompt hold the same teacher context and differ only in their response."""
-    first: list[int] = []
-    owner: list[int] = []
-    seen: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
-    for i, (prompt, n, context) in enumerate(zip(prompts, lengths, contexts)):
-        key = (tuple(prompt[:n].tolist()), tuple(context.tolist()))
-        if key not in seen:
-            seen[key] = len(first)
-            first.append(i)
-        owner.append(seen[key])
-    return first, owner
 
 
 def _leading_tokens(kv: PackedKV, index: list[int], lengths: list[int]) -> PackedKV:
@@ -86,7 +69,10 @@ def teacher_logprob_with_prefix(
             raise ValueError(f"{name}: prefix_kv sequence {i} has {have[i]} tokens, the shared prefix needs {need}")
     past = _leading_tokens(prefix_kv, chosen, lengths)
     contexts = [spliced_suffix(samples[i].prompt_ids, samples[i].splices(), n) for i, n in zip(chosen, lengths)]
-    first, owner = _distinct_contexts([samples[i].prompt_ids for i in chosen], lengths, contexts)
+    # the same P[:n] and splice(P)[n:]: an oracle writes one skill per game and outcome, so a group's samples at a
+    # shared prompt hold one teacher context and differ only in their response
+    first, owner = distinct((tuple(samples[i].prompt_ids[:n].tolist()), tuple(c.tolist()))
+                            for i, n, c in zip(chosen, lengths, contexts))
     responses = [samples[i].response_ids for i in chosen]
     if len(first) < len(chosen):  # a teacher context repeated: its tokens run once, each response against its KV
         heads = pack([contexts[g][:-1] for g in first], [lengths[g] for g in first], [contexts[g][:0] for g in first])
