@@ -6,6 +6,8 @@ non-decreasing, cu[B] = T); sequence b owns tokens cu[b]:cu[b+1]. Empty sequence
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable
+
 import torch
 
 
@@ -64,3 +66,18 @@ def positions_in_sequence(cu: list[int], device: torch.device, offsets: list[int
     if offsets is not None:
         pos = pos + torch.tensor(offsets, dtype=torch.int64, device=device)[seq]
     return pos
+
+
+def distinct(keys: Iterable[Hashable]) -> tuple[list[int], list[int]]:
+    """Each distinct key once: (the index of its first occurrence, and for every key the position of its first
+    occurrence in that list). What runs once for a batch that repeats a prompt (a GRPO group at its first step), a
+    teacher context, or a greedy generation."""
+    first: list[int] = []
+    owner: list[int] = []
+    seen: dict[Hashable, int] = {}
+    for i, key in enumerate(keys):
+        if key not in seen:
+            seen[key] = len(first)
+            first.append(i)
+        owner.append(seen[key])
+    return first, owner

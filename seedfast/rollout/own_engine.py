@@ -6,7 +6,8 @@ decoders (CPU and GPU), with a KV cache.
     gens = sampler.generate_full(...)            # + sampling log-probs and finish reasons
 
 All prompts are prefilled in one packed forward (identical prompts once); then every unfinished sequence
-advances by one token per step. Both are the decoder's own (`Decoder.prefill` / `Decoder.decode` over a
+advances by one token per step. Greedy generation (temperature 0: the policy writing its skills) of a repeated prompt
+runs once and is copied, since it draws nothing. Both are the decoder's own (`Decoder.prefill` / `Decoder.decode` over a
 preallocated StaticKVCache from seedfast/model/kv.py), so the layer math exists once. Logits exist only for
 the last position of each sequence ([B, V] per step: sampling, not training); a tensor-parallel model samples
 from its vocabulary shards instead (Gumbel-max, docs/scaling.md 'Tensor-parallel LM head'). A sequence finishes
@@ -16,11 +17,12 @@ when it emits a stop id (kept in its output) or reaches max_new_tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
 from seedfast.model.kv import StaticKVCache
-from seedfast.model.packing import make_cu_seqlens
+from seedfast.model.packing import distinct, make_cu_seqlens
 from seedfast.rollout.engine import Generation
 from seedfast.rollout.sampling import check_sampling_args, sample_next
 
@@ -82,6 +84,13 @@ class Sampler:
         stops = self._check_stop_ids(stop_ids)
         if seed is not None:
             self.generator.manual_seed(seed)
+        if temperature == 0:  # greedy draws nothing: a repeated prompt's generation is the same, so it runs once
+            first, owner = distinct(tuple(p) for p in prompts)
+            if len(first) < len(prompts):
+                unique = self.generate_full([prompts[i] for i in first], max_new_tokens, temperature, top_p, stop_ids)
+                return [replace(unique[o], token_ids=list(unique[o].token_ids),
+                                logprobs=None if unique[o].logprobs is None else list(unique[o].logprobs))
+                        for o in owner]
         chunk = self.max_batch_sequences or max(len(prompts), 1)
         out: list[Generation] = []
         was_training = self.model.training
@@ -147,9 +156,9 @@ class Sampler:
         Identical prompts (the N trajectories of a task at their first step, or after the same actions) are
         run once and share their keys/values.
         """
-        first_of: dict[tuple[int, ...], int] = {}
-        inverse = torch.tensor([first_of.setdefault(tuple(p), len(first_of)) for p in prompts], device=self.device)
-        unique = list(first_of)
+        first, owner = distinct(tuple(p) for p in prompts)
+        inverse = torch.tensor(owner, device=self.device)
+        unique = [prompts[i] for i in first]
         ids = torch.tensor([t for p in unique for t in p], dtype=torch.long, device=self.device)
         cu = make_cu_seqlens([len(p) for p in unique], self.device)
         if not self.use_cache:

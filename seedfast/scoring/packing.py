@@ -16,12 +16,13 @@ they act differently) share one copy of it in the prefix call: `distinct_prefixe
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from seedfast.context.sample import StepSample, spliced_suffix
+from seedfast.model.packing import distinct
 
 
 def shared_prefix_length(sample: StepSample) -> int:
@@ -100,20 +101,6 @@ def pack_branches(samples: Sequence[StepSample], lengths: Sequence[int], teacher
 def pack_single(samples: Sequence[StepSample]) -> Packed:
     """One context per sample: P ⊕ A[:-1] from position 0."""
     return pack([student_branch(s, 0) for s in samples], [0] * len(samples), [s.response_ids for s in samples])
-
-
-def distinct(keys: Iterable[Hashable]) -> tuple[list[int], list[int]]:
-    """Each distinct key once: (the index of its first occurrence, and for every key the position of its first
-    occurrence in that list). What runs once for a batch that repeats a prompt or a teacher context."""
-    first: list[int] = []
-    owner: list[int] = []
-    seen: dict[Hashable, int] = {}
-    for i, key in enumerate(keys):
-        if key not in seen:
-            seen[key] = len(first)
-            first.append(i)
-        owner.append(seen[key])
-    return first, owner
 
 
 def distinct_prefixes(samples: Sequence[StepSample], lengths: Sequence[int]) -> tuple[list[int], list[int]]:

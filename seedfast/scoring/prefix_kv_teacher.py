@@ -12,8 +12,8 @@ import torch
 from seedfast.context.sample import StepSample, check_samples, spliced_suffix
 from seedfast.model.decoder import Decoder
 from seedfast.model.kv import PackedKV
-from seedfast.model.packing import make_cu_seqlens
-from seedfast.scoring.packing import distinct, pack, shared_prefix_length
+from seedfast.model.packing import distinct, make_cu_seqlens
+from seedfast.scoring.packing import pack, shared_prefix_length
 from seedfast.scoring.score import head_logprob_op
 from seedfast.scoring.shared_prompts import forward_packed
 
@@ -67,7 +67,6 @@ def teacher_logprob_with_prefix(
         if have[i] < need:
             name = samples[i].describe(i)
             raise ValueError(f"{name}: prefix_kv sequence {i} has {have[i]} tokens, the shared prefix needs {need}")
-    past = _leading_tokens(prefix_kv, chosen, lengths)
     contexts = [spliced_suffix(samples[i].prompt_ids, samples[i].splices(), n) for i, n in zip(chosen, lengths)]
     # the same P[:n] and splice(P)[n:]: an oracle writes one skill per game and outcome, so a group's samples at a
     # shared prompt hold one teacher context and differ only in their response
@@ -75,12 +74,15 @@ def teacher_logprob_with_prefix(
                             for i, n, c in zip(chosen, lengths, contexts))
     responses = [samples[i].response_ids for i in chosen]
     if len(first) < len(chosen):  # a teacher context repeated: its tokens run once, each response against its KV
+        # the distinct contexts' KV is gathered once and copied per sample once (the branches need it in their order)
+        past = _leading_tokens(prefix_kv, [chosen[g] for g in first], [lengths[g] for g in first])
         heads = pack([contexts[g][:-1] for g in first], [lengths[g] for g in first], [contexts[g][:0] for g in first])
-        _, kv = forward_packed(model, heads, past=past.select(first), return_kv=True, attn_backend=attn_backend)
-        past = past.concat(kv.select(owner))
+        _, kv = forward_packed(model, heads, past=past, return_kv=True, attn_backend=attn_backend)
+        past = past.concat(kv).select(owner)
         branches = pack([torch.cat([c[-1:], a[:-1]]) for c, a in zip(contexts, responses)],
                         [n + len(c) - 1 for n, c in zip(lengths, contexts)], responses)
     else:
+        past = _leading_tokens(prefix_kv, chosen, lengths)
         branches = pack([torch.cat([c, a[:-1]]) for c, a in zip(contexts, responses)], lengths, responses)
     hidden = forward_packed(model, branches, past=past, attn_backend=attn_backend)  # the scored rows alone
     out = head_logprob_op(model)(hidden, model.lm_head_weight, branches.targets.to(device), temperature=temperature)

@@ -5,6 +5,7 @@ import torch
 from model_helpers import random_packed, tiny_decoder
 
 from seedfast.model import Decoder, DecoderConfig, PackedKV, make_cu_seqlens
+from seedfast.model.packing import distinct
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +92,10 @@ def test_bf16_model_keeps_rotary_frequencies_in_fp32():
     _, flat, cu = random_packed([5], model.config.vocab_size)
     with torch.no_grad():
         assert model(flat, cu).dtype == torch.bfloat16
+
+
+def test_distinct_keeps_first_occurrences_and_maps_every_key_to_its_own():
+    first, owner = distinct(["b", "a", "b", "c", "a", "b"])
+    assert first == [0, 1, 3]
+    assert owner == [0, 1, 0, 2, 1, 0]
+    assert distinct([]) == ([], [])

@@ -201,3 +201,24 @@ def test_identical_prompts_share_prefill_but_sample_independently(model):
     sampled = Sampler(model, seed=11).generate(prompts, 6, temperature=2.0)
     assert len({tuple(s) for s in sampled[0::2]}) > 1
     assert Sampler(model, seed=11, use_cache=False).generate(prompts, 6, temperature=2.0) == sampled
+
+
+def test_greedy_generation_of_a_repeated_prompt_runs_once(model, monkeypatch):
+    prompts = random_prompts(3, seed=12) * 3  # a group's identical trajectories asked for their skill
+    rows = []
+    decode = model.decode
+
+    def counting_decode(ids, cache):
+        rows.append(ids.shape[0])
+        return decode(ids, cache)
+
+    monkeypatch.setattr(model, "decode", counting_decode)
+    gens = Sampler(model).generate_full(prompts, 5, temperature=0.0)
+    assert [g.token_ids for g in gens] == reference_greedy(model, prompts, 5, [])
+    assert rows and max(rows) == 3  # the three distinct prompts, not nine rows
+    assert [g.logprobs for g in gens[3:6]] == [g.logprobs for g in gens[:3]]
+    gens[0].token_ids.append(-1)  # each copy is its own list
+    assert gens[3].token_ids[-1] != -1
+    monkeypatch.undo()
+    sampled = Sampler(model, seed=3).generate(prompts, 5, temperature=1.5)  # sampling still draws every row
+    assert len({tuple(s) for s in sampled[0::3]}) > 1
