@@ -113,6 +113,7 @@ class Q:
 # ---- the sources, named ----
 
 STEP = "step.json"
+STEP_BEFORE, STEP_AFTER = "step_before22_1d8ed6e.json", "step_after22.json"  # the same run, back to back
 SCORING = "scoring.json"
 PEERS = "peers_cpu.json"
 LP1, LP2 = "logprob_cpu_t1.json", "logprob_cpu.json"
@@ -410,8 +411,21 @@ REGISTRY: list[Q] = [
        peer("qwen0.5b_ckpt", "seed", "seedfast", "memory_vs_reference"))),
     Q(PERF, "holds at full depth with checkpointing ({}×)",
       (peer("qwen0.5b_ckpt", "seed", "seedfast", "time_vs_reference"),)),
-    Q(PERF, "1-minute load averages {}–{} for the op rows, {}–{} for the others",
+    Q(PERF, "1-minute load averages {}–{} for the op rows, {} for the scoring row and {} for the step row",
       (load1(LP1), load1(LP2), load1(SCORING), load1(STEP))),
+    Q(PERF, "the GRPO step went from {} s to {} s", (j(STEP_BEFORE, "rows", {"algorithm": "grpo"}, "step_s"),
+                                                      j(STEP_AFTER, "rows", {"algorithm": "grpo"}, "step_s"))),
+    Q(PERF, "the analysis from {} s to {} s",
+      (j(STEP_BEFORE, "rows", {"algorithm": "seed (self analyzer)"}, "analyze"),
+       j(STEP_AFTER, "rows", {"algorithm": "seed (self analyzer)"}, "analyze"))),
+    Q(PERF, "(the oracle row's update less GRPO's) from {} s to {} s",
+      tuple(diff(j(f, "rows", {"algorithm": "seed (oracle skills)"}, "update"), j(f, "rows", {"algorithm": "grpo"},
+                                                                                   "update"))
+            for f in (STEP_BEFORE, STEP_AFTER))),
+    Q(PERF, "oracle skills {}× → {}×, SDAR {}× → {}×, self analyzer {}× → {}×",
+      tuple(j(f, "rows", {"algorithm": a}, "step_vs_grpo") for a in ("seed (oracle skills)", "sdar",
+                                                                       "seed (self analyzer)")
+            for f in (STEP_BEFORE, STEP_AFTER))),
     Q(PERF, "{}× (1 thread) / {}× (2 threads) naive time; {} MiB extra vs {} MiB",
       (lp(LP1, "ours_logprob"), lp(LP2, "ours_logprob"), lp(LP2, "ours_logprob", "extra_beyond_grads_mib"),
        lp(LP2, "naive_logprob", "extra_beyond_grads_mib"))),
