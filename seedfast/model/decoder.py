@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .attention import VarlenPlan, check_backend
+from .attention_shared_past import SharedPastPlan
 from .config import DecoderConfig
 from .kv import DecodeStep, PackedKV, StaticKVCache, concat_gather_index
 from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
@@ -48,7 +49,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        plan: VarlenPlan,
+        plan: VarlenPlan | SharedPastPlan,
         past_k: torch.Tensor | None,
         past_v: torch.Tensor | None,
         merge_index: torch.Tensor | None,
@@ -57,6 +58,8 @@ class Attention(nn.Module):
         """Packed tokens x [T, d] -> (attention output [T, d], their keys and values [T, n_kv_heads, hd]). With `keep`
         (row indices), only those rows query: the output is [len(keep), d] and `plan` is the plan of their queries."""
         q, k, v = self.qkv(x, cos, sin, keep)
+        if isinstance(plan, SharedPastPlan):  # the past is held once per owner (attention_shared_past.py)
+            return self.project_out(plan(q, k, v, past_k, past_v, self.head_dim**-0.5)), k, v
         k_all, v_all = k, v
         if past_k is not None:
             k_all = torch.cat([past_k, k])[merge_index]
@@ -118,7 +121,7 @@ class DecoderLayer(nn.Module):
         h: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        plan: VarlenPlan,
+        plan: VarlenPlan | SharedPastPlan,
         past_k: torch.Tensor | None,
         past_v: torch.Tensor | None,
         merge_index: torch.Tensor | None,
@@ -185,6 +188,7 @@ class Decoder(nn.Module):
         return_kv: bool = False,
         attn_backend: str | None = None,
         keep_last: Sequence[int] | None = None,
+        past_owner: Sequence[int] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, PackedKV]:
         """Final hidden states [T, d] of a packed batch (after the final norm, never logits).
 
@@ -197,27 +201,42 @@ class Decoder(nn.Module):
         (the kept rows attend to them, and `return_kv` returns them) but queries, attention output and MLP for
         the kept rows alone: the same values, without the last layer's work for rows whose output nobody reads,
         e.g. a prompt's (docs/performance.md, 'The last layer runs only the rows that are read').
+
+        `past_owner[b]`: sequence b attends to past[past_owner[b]] (past then holds the distinct pasts, any number),
+        e.g. several responses to one teacher context, without a copy of that context's keys and values per response
+        (model/attention_shared_past.py; its own attention, whatever the backend).
         """
         embed = self.model.embed_tokens.weight
         ids = self._check_ids(input_ids, embed.device)
         T = ids.shape[0]
         cu = check_cu_seqlens(cu_seqlens, T)
-        past_cu = self._check_past(past, len(cu) - 1, embed) if past is not None else None
+        if past_owner is not None and past is None:
+            raise ValueError("past_owner needs a past (the distinct pasts it indexes)")
+        past_cu = self._check_past(past, len(cu) - 1 if past_owner is None else None, embed) if past is not None \
+            else None
+        offsets = lengths_of(past_cu) if past_cu is not None else None
+        merge_index = None
+        keep, keep_plan = None, None
+        if keep_last is not None:
+            keep = _kept_rows(keep_last, cu, ids.device)
+        if past_owner is not None:
+            plan: VarlenPlan | SharedPastPlan = SharedPastPlan(cu, past_cu, past_owner, ids.device)
+            offsets = [offsets[int(o)] for o in past_owner]
+            if keep is not None:
+                keep_plan = SharedPastPlan(cu, past_cu, past_owner, ids.device, keep_last)
+        else:
+            cu_k = cu_seqlens
+            if past is not None:
+                cu_k = past.cu_seqlens.to(cu_seqlens.device) + cu_seqlens
+                merge_index, _ = concat_gather_index(past.cu_seqlens.to(ids.device), cu_seqlens.to(ids.device))
+            plan = VarlenPlan(cu_seqlens, cu_k, attn_backend or self.attn_backend)
+            if keep is not None:  # the kept rows' queries, bottom-right against each sequence's keys
+                keep_plan = VarlenPlan(make_cu_seqlens([int(n) for n in keep_last], cu_k.device), cu_k,
+                                       attn_backend or self.attn_backend)
         if position_ids is None:
-            offsets = lengths_of(past_cu) if past_cu is not None else None
             position_ids = positions_in_sequence(cu, ids.device, offsets)
         else:
             _check_position_ids(position_ids, ids)
-
-        merge_index = None
-        cu_k = cu_seqlens
-        if past is not None:
-            cu_k = past.cu_seqlens.to(cu_seqlens.device) + cu_seqlens
-            merge_index, _ = concat_gather_index(past.cu_seqlens.to(ids.device), cu_seqlens.to(ids.device))
-        plan = VarlenPlan(cu_seqlens, cu_k, attn_backend or self.attn_backend)
-        keep, keep_plan = None, None
-        if keep_last is not None:
-            keep, keep_plan = _kept_rows(keep_last, cu, cu_k, attn_backend or self.attn_backend, ids.device)
 
         if self.inv_freq.device != ids.device:
             self.inv_freq = self.inv_freq.to(ids.device)
@@ -307,14 +326,14 @@ class Decoder(nn.Module):
             shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
             raise ValueError(f"input_ids must be [{cache.num_rows}] (one per cache row), got {shape}")
 
-    def _check_past(self, past: PackedKV, batch: int, embed: torch.Tensor) -> list[int]:
+    def _check_past(self, past: PackedKV, batch: int | None, embed: torch.Tensor) -> list[int]:
         if not isinstance(past, PackedKV):
             raise TypeError(f"past must be a PackedKV, got {type(past).__name__}")
         past_cu = past.check()
         cfg = self.config
         if past.num_layers != cfg.num_hidden_layers:
             raise ValueError(f"past has {past.num_layers} layers, the model has {cfg.num_hidden_layers}")
-        if len(past_cu) - 1 != batch:
+        if batch is not None and len(past_cu) - 1 != batch:
             raise ValueError(f"past holds {len(past_cu) - 1} sequences but cu_seqlens describes {batch}")
         # the heads this process holds: all of them, or n_kv_heads / tp under tensor parallel (the attention modules
         # are narrowed by distributed/parallelize.py apply_tp; the config, which the HF export writes, stays global)
@@ -330,10 +349,8 @@ class Decoder(nn.Module):
         return past_cu
 
 
-def _kept_rows(keep_last: Sequence[int], cu: list[int], cu_k: torch.Tensor, backend: str,
-               device: torch.device) -> tuple[torch.Tensor, VarlenPlan]:
-    """The packed indices of each sequence's last keep_last[b] tokens, and the attention plan of their queries
-    (bottom-right aligned against the sequence's keys: each kept row sees what it saw in the full forward)."""
+def _kept_rows(keep_last: Sequence[int], cu: list[int], device: torch.device) -> torch.Tensor:
+    """The packed indices of each sequence's last keep_last[b] tokens (checked against the sequences)."""
     lengths = lengths_of(cu)
     keep_last = [int(n) for n in keep_last]
     if len(keep_last) != len(lengths):
@@ -343,8 +360,7 @@ def _kept_rows(keep_last: Sequence[int], cu: list[int], cu_k: torch.Tensor, back
         b = bad[0]
         raise ValueError(f"keep_last[{b}]={keep_last[b]} must lie in [0, {lengths[b]}] (sequence {b}'s tokens)")
     index = [t for b, n in enumerate(keep_last) for t in range(cu[b + 1] - n, cu[b + 1])]
-    cu_q = make_cu_seqlens(keep_last, cu_k.device)
-    return torch.tensor(index, dtype=torch.long, device=device), VarlenPlan(cu_q, cu_k, backend)
+    return torch.tensor(index, dtype=torch.long, device=device)
 
 
 def _check_position_ids(position_ids: object, ids: torch.Tensor) -> None:

@@ -73,18 +73,19 @@ def teacher_logprob_with_prefix(
     first, owner = distinct((tuple(samples[i].prompt_ids[:n].tolist()), tuple(c.tolist()))
                             for i, n, c in zip(chosen, lengths, contexts))
     responses = [samples[i].response_ids for i in chosen]
-    if len(first) < len(chosen):  # a teacher context repeated: its tokens run once, each response against its KV
-        # the distinct contexts' KV is gathered once and copied per sample once (the branches need it in their order)
+    if len(first) < len(chosen):
+        # a teacher context repeated: its tokens run once, and each response reads that context's keys and values
+        # where they are held once (model/attention_shared_past.py: no copy per response)
         past = _leading_tokens(prefix_kv, [chosen[g] for g in first], [lengths[g] for g in first])
         heads = pack([contexts[g][:-1] for g in first], [lengths[g] for g in first], [contexts[g][:0] for g in first])
         _, kv = forward_packed(model, heads, past=past, return_kv=True, attn_backend=attn_backend)
-        past = past.concat(kv).select(owner)
         branches = pack([torch.cat([c[-1:], a[:-1]]) for c, a in zip(contexts, responses)],
                         [n + len(c) - 1 for n, c in zip(lengths, contexts)], responses)
+        hidden = forward_packed(model, branches, past=past.concat(kv), past_owner=owner)
     else:
         past = _leading_tokens(prefix_kv, chosen, lengths)
         branches = pack([torch.cat([c, a[:-1]]) for c, a in zip(contexts, responses)], lengths, responses)
-    hidden = forward_packed(model, branches, past=past, attn_backend=attn_backend)  # the scored rows alone
+        hidden = forward_packed(model, branches, past=past, attn_backend=attn_backend)  # the scored rows alone
     out = head_logprob_op(model)(hidden, model.lm_head_weight, branches.targets.to(device), temperature=temperature)
     offsets = torch.tensor([0, *n_resp]).cumsum(0).tolist()
     where = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in chosen]).to(device)

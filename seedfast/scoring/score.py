@@ -4,7 +4,7 @@
 Per micro-batch (packed varlen, no padding; packing.py says which tokens go where):
     1. prefix call   P[:L] of every sample, keeping its KV
     2. branch call   student branches of all samples and teacher branches of samples with a teacher,
-                     each attending to its sample's prefix KV (repeated for the two branches)
+                     each attending to its sample's prefix KV, held once (model/attention_shared_past.py)
     3. LM head       linear_logprob on the rows that predict A: student rows, with the teacher rows as
                      `teacher_hidden`, so both contexts share each W tile; never [tokens × vocab] logits.
 """
@@ -82,15 +82,16 @@ def _score_microbatch(model, samples: list[StepSample], temperature: float, with
                       attn_backend: str | None):
     lengths = [shared_prefix_length(s) for s in samples]
     has_teacher = [s.has_teacher for s in samples]
-    past = None
+    branches = pack_branches(samples, lengths, has_teacher)
     if any(lengths):
         first, owner = distinct_prefixes(samples, lengths)  # a prefix repeated in the batch is run once
         prefixes = pack_prefixes([samples[i] for i in first], [lengths[i] for i in first])
         _, kv = forward_packed(model, prefixes, return_kv=True, attn_backend=attn_backend)
+        # each branch, student and teacher, reads its prefix where it is held once (model/attention_shared_past.py)
         teacher_of = [owner[i] for i, t in enumerate(has_teacher) if t]
-        past = kv.select(torch.tensor(owner + teacher_of, dtype=torch.long))
-    branches = pack_branches(samples, lengths, has_teacher)
-    hidden = forward_packed(model, branches, past=past, attn_backend=attn_backend)
+        hidden = forward_packed(model, branches, past=kv, past_owner=owner + teacher_of)
+    else:
+        hidden = forward_packed(model, branches, attn_backend=attn_backend)
     return _dual_head(model, samples, branches, hidden, has_teacher, temperature, with_entropy)
 
 

@@ -26,13 +26,13 @@ class ResponseRows(NamedTuple):
 
 
 def forward_packed(model, packed: Packed, past: PackedKV | None = None, return_kv: bool = False,
-                   attn_backend: str | None = None):
-    """The model over a packed batch on the model's device (its positions, and `past` when given): the hidden states
-    of its scored rows alone, [R, d] in `packed.rows` order (the last layer runs no other row: model/decoder.py
-    keep_last)."""
+                   attn_backend: str | None = None, past_owner: Sequence[int] | None = None):
+    """The model over a packed batch on the model's device (its positions, and `past` when given, read through
+    `past_owner` when several sequences share one): the hidden states of its scored rows alone, [R, d] in
+    `packed.rows` order (the last layer runs no other row: model/decoder.py keep_last)."""
     packed = packed.to(model.lm_head_weight.device)
     return model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids, past=past,
-                 return_kv=return_kv, attn_backend=attn_backend, keep_last=packed.scored)
+                 return_kv=return_kv, attn_backend=attn_backend, keep_last=packed.scored, past_owner=past_owner)
 
 
 def response_rows(model, samples: Sequence[StepSample], *, share_prompts: bool, return_kv: bool = False,

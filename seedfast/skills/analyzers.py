@@ -68,7 +68,16 @@ class SelfAnalyzer:
 
     def analyze(self, trajectories: Sequence[Trajectory]) -> list[SkillResult]:
         _check_trajectories(trajectories)
-        prompts = [self.prompt_ids(t) for t in trajectories]
+        # a group's identical trajectories ask the same question: each distinct prompt is tokenized once (and the
+        # engine generates a repeated greedy prompt once: rollout/own_engine.py)
+        built: dict[str, list[int] | None] = {}
+        prompts = []
+        for t in trajectories:
+            max_steps, max_chars = _PROMPT_SHAPES[0]
+            key = repr(build_analyzer_messages(t, self.skill_mode, max_chars, max_steps))
+            if key not in built:
+                built[key] = self.prompt_ids(t)
+            prompts.append(built[key])
         fitting = [i for i, p in enumerate(prompts) if p is not None]
         texts = generate_texts(self.engine, self.tokenizer, [prompts[i] for i in fitting], self.max_new_tokens,
                                temperature=self.temperature, top_p=1.0, stop_ids=self.stop_ids)

@@ -168,3 +168,21 @@ def test_the_seed_skills_of_a_run_use_skill_analysis_temperature(tokenizer):
     engine = ScriptedEngine(tokenizer, [GOOD])
     privileged = _seed_skills(cfg, [trajectory(["go south"], won=True)], engine, tokenizer)
     assert engine.calls[0]["temperature"] == 0.6 and privileged.metrics["skill/parse_rate"] == 1.0
+
+
+def test_self_analyzer_tokenizes_a_repeated_trajectory_once(tokenizer, monkeypatch):
+    same = [trajectory(["go south", "take passkey"], won=True) for _ in range(3)]  # a group acting alike
+    trajs = [*same, trajectory(["go north"], won=False)]
+    rendered = []
+    template = tokenizer.apply_chat_template
+
+    def counting_template(messages, **kwargs):
+        rendered.append(messages)
+        return template(messages, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "apply_chat_template", counting_template)
+    engine = ScriptedEngine(tokenizer, [GOOD, GOOD, GOOD, "I cannot tell."])
+    results = SelfAnalyzer(engine, tokenizer, max_new_tokens=64).analyze(trajs)
+    assert len(rendered) == 2  # the distinct prompts
+    assert engine.calls[0]["prompts"][:3] == [engine.calls[0]["prompts"][0]] * 3
+    assert [r.valid for r in results] == [True, True, True, False]
