@@ -31,8 +31,21 @@ def forward_packed(model, packed: Packed, past: PackedKV | None = None, return_k
     `past_owner` when several sequences share one): the hidden states of its scored rows alone, [R, d] in
     `packed.rows` order (the last layer runs no other row: model/decoder.py keep_last)."""
     packed = packed.to(model.lm_head_weight.device)
+    if past_owner is not None and not sharing_pays(packed, past, past_owner):
+        past, past_owner = past.select(torch.tensor(past_owner, dtype=torch.long)), None
     return model(packed.input_ids, packed.cu_seqlens, position_ids=packed.position_ids, past=past,
                  return_kv=return_kv, attn_backend=attn_backend, keep_last=packed.scored, past_owner=past_owner)
+
+
+def sharing_pays(packed: Packed, past: PackedKV, past_owner: Sequence[int]) -> bool:
+    """Whether sequences that share a past should read it where it is held once (model/attention_shared_past.py)
+    rather than from a copy per sequence through the backend's varlen kernel. The shared form computes each sequence's
+    attention to its own tokens unfused (their [L, L] scores in memory), so it pays where those are the smaller part:
+    sequences no longer than their past on the whole, e.g. a response after a long prompt, not a long prompt tail after
+    a short prefix (docs/performance.md, 'Responses that share a teacher context')."""
+    own = packed.cu_seqlens.diff().long()
+    shared = past.lengths.to(own.device)[torch.as_tensor(past_owner, dtype=torch.long, device=own.device)]
+    return bool((own * own).sum() <= (own * shared).sum())
 
 
 def response_rows(model, samples: Sequence[StepSample], *, share_prompts: bool, return_kv: bool = False,

@@ -53,13 +53,14 @@ def test_a_repeated_teacher_context_runs_once_and_scores_each_response(model, mo
                for k, s in enumerate(base) for r in (1, 3, 4)]  # each context three times
     calls = []
     forward = type(model).forward
-    monkeypatch.setattr(type(model), "forward", lambda self, ids, cu, *a, **kw: calls.append(int(cu.numel()) - 1)
-                        or forward(self, ids, cu, *a, **kw))
+    monkeypatch.setattr(type(model), "forward", lambda self, ids, cu, *a, **kw: calls.append(
+        (int(cu.numel()) - 1, kw.get("past_owner") is not None)) or forward(self, ids, cu, *a, **kw))
     with torch.no_grad():
         packed = pack_single(samples)
         _, kv = forward(model, packed.input_ids, packed.cu_seqlens, return_kv=True)
     teacher, mask = teacher_logprob_with_prefix(model, kv, samples)
-    assert calls == [len(base), len(samples)]  # the distinct contexts, then one branch per sample
+    # the distinct contexts, then one branch per sample reading its context's keys and values where they are held
+    assert calls == [(len(base), False), (len(samples), True)]
     assert bool(mask.all())
     hf, offset = hf_twin(model), 0
     for sample in samples:

@@ -7,10 +7,11 @@ import torch
 from scoring_helpers import hf_twin, make_config, random_samples, reference_scores
 
 from seedfast.config import LossConfig
+from seedfast.model import PackedKV, make_cu_seqlens
 from seedfast.model.decoder import build_decoder
-from seedfast.scoring import StepSample, score, score_reference
-from seedfast.scoring.packing import distinct_prefixes, prompt_order
-from seedfast.scoring.shared_prompts import response_rows
+from seedfast.scoring import StepSample, score, score_reference, shared_prompts
+from seedfast.scoring.packing import distinct_prefixes, pack, prompt_order
+from seedfast.scoring.shared_prompts import response_rows, sharing_pays
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
 
@@ -107,10 +108,14 @@ def test_reference_scores_of_repeated_prompts_match_transformers(family):
         torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_scoring_repeated_prefixes_runs_them_once_and_scores_as_each_alone():
+@pytest.mark.parametrize("in_place", [False, True])
+def test_scoring_repeated_prefixes_runs_them_once_and_scores_as_each_alone(in_place, monkeypatch):
     model = build_decoder(make_config("qwen3"), dtype=torch.float32, seed=6)
     samples = repeated_prompts(seed=9)
+    # the branches read their prefixes in place (attention_shared_past.py) or from copies (the varlen kernel)
+    monkeypatch.setattr(shared_prompts, "sharing_pays", lambda *args: in_place)
     together = score(model, samples, with_entropy=True, temperature=1.1)
+    monkeypatch.undo()
     for i, s in enumerate(samples):
         alone = score(model, [s], with_entropy=True, temperature=1.1)
         part = slice(int(together.offsets[i]), int(together.offsets[i + 1]))
@@ -152,3 +157,15 @@ def test_the_update_with_shared_prompts_equals_one_sample_per_micro_batch(teache
         assert metrics_a[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
     for name, grad in grads_b.items():
         torch.testing.assert_close(grads_a[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_a_shared_past_is_read_in_place_only_where_the_sequences_are_the_shorter_part():
+    def kv(lengths):
+        cu = make_cu_seqlens(lengths)
+        keys = [torch.zeros(int(cu[-1]), 1, 2)]
+        return PackedKV(keys, [k.clone() for k in keys], cu)
+
+    responses = pack([torch.zeros(24, dtype=torch.long)] * 3, [600] * 3, [torch.zeros(24, dtype=torch.long)] * 3)
+    assert sharing_pays(responses, kv([600, 500]), [0, 0, 1])  # responses after long prompts: in place
+    tails = pack([torch.zeros(1500, dtype=torch.long)] * 2, [96] * 2, [torch.zeros(128, dtype=torch.long)] * 2)
+    assert not sharing_pays(tails, kv([96]), [0, 0])  # long prompt tails after a short prefix: the varlen kernel
