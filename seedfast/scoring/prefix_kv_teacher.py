@@ -81,7 +81,7 @@ def teacher_logprob_with_prefix(
         _, kv = forward_packed(model, heads, past=past, return_kv=True, attn_backend=attn_backend)
         branches = pack([torch.cat([c[-1:], a[:-1]]) for c, a in zip(contexts, responses)],
                         [n + len(c) - 1 for n, c in zip(lengths, contexts)], responses)
-        hidden = forward_packed(model, branches, past=past.concat(kv), past_owner=owner)
+        hidden = forward_packed(model, branches, past=past.concat(kv), past_owner=owner, attn_backend=attn_backend)
     else:
         past = _leading_tokens(prefix_kv, chosen, lengths)
         branches = pack([torch.cat([c, a[:-1]]) for c, a in zip(contexts, responses)], lengths, responses)

@@ -89,7 +89,7 @@ def _score_microbatch(model, samples: list[StepSample], temperature: float, with
         _, kv = forward_packed(model, prefixes, return_kv=True, attn_backend=attn_backend)
         # each branch, student and teacher, reads its prefix where it is held once (model/attention_shared_past.py)
         teacher_of = [owner[i] for i, t in enumerate(has_teacher) if t]
-        hidden = forward_packed(model, branches, past=kv, past_owner=owner + teacher_of)
+        hidden = forward_packed(model, branches, past=kv, past_owner=owner + teacher_of, attn_backend=attn_backend)
     else:
         hidden = forward_packed(model, branches, attn_backend=attn_backend)
     return _dual_head(model, samples, branches, hidden, has_teacher, temperature, with_entropy)

@@ -72,8 +72,8 @@ class SelfAnalyzer:
         # engine generates a repeated greedy prompt once: rollout/own_engine.py)
         built: dict[str, list[int] | None] = {}
         prompts = []
+        max_steps, max_chars = _PROMPT_SHAPES[0]
         for t in trajectories:
-            max_steps, max_chars = _PROMPT_SHAPES[0]
             key = repr(build_analyzer_messages(t, self.skill_mode, max_chars, max_steps))
             if key not in built:
                 built[key] = self.prompt_ids(t)
