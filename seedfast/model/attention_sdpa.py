@@ -32,36 +32,40 @@ class SdpaState:
 
 def prepare(plan: VarlenPlan, device: torch.device) -> SdpaState:
     B, max_q, max_k = plan.num_sequences, plan.max_q, plan.max_k
-    lens_q = torch.tensor(plan.lens_q, device=device)
-    lens_k = torch.tensor(plan.lens_k, device=device)
-    iq = torch.arange(max_q, device=device)
-    ik = torch.arange(max_k, device=device)
-    q_real = iq[None, :] < lens_q[:, None]  # [B, max_q]
-    k_real = ik[None, :] < lens_k[:, None]
-    starts_q = torch.tensor(plan.cu_q_list[:-1], device=device)[:, None]
-    starts_k = torch.tensor(plan.cu_k_list[:-1], device=device)[:, None]
-    q_gather = torch.where(q_real, starts_q + iq[None, :], plan.total_q).reshape(-1)
-    k_gather = torch.where(k_real, starts_k + ik[None, :], plan.total_k).reshape(-1)
+    q_gather, q_real = padding(plan.cu_q_list, max_q, device)
+    k_gather, k_real = padding(plan.cu_k_list, max_k, device)
     q_valid = q_real.reshape(-1).nonzero().squeeze(1)
     no_padding = all(lq == max_q for lq in plan.lens_q) and all(lk == max_q for lk in plan.lens_k)
     if no_padding:
         return SdpaState(B, max_q, max_k, q_gather, k_gather, q_valid, None, True)
-    offset = (lens_k - lens_q)[:, None, None]
+    iq = torch.arange(max_q, device=device)
+    ik = torch.arange(max_k, device=device)
+    offset = torch.tensor([lk - lq for lq, lk in zip(plan.lens_q, plan.lens_k)], device=device)[:, None, None]
     mask = (ik[None, None, :] <= iq[None, :, None] + offset) & k_real[:, None, :]
     mask = mask | ~q_real[:, :, None]
     return SdpaState(B, max_q, max_k, q_gather, k_gather, q_valid, mask[:, None], False)
 
 
-def _pad(x: torch.Tensor, gather: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+def padding(cu: list[int], length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """How packed rows (cu) go into a [B, length] padded batch: the gather index of each padded slot (a pad reads row
+    cu[-1], the zero row `pad` appends), flattened, and which slots are real [B, length]."""
+    lengths = torch.tensor([b - a for a, b in zip(cu, cu[1:])], dtype=torch.int64, device=device)
+    i = torch.arange(length, device=device)
+    real = i[None, :] < lengths[:, None]
+    starts = torch.tensor(cu[:-1], dtype=torch.int64, device=device)[:, None]
+    return torch.where(real, starts + i[None, :], cu[-1]).reshape(-1), real
+
+
+def pad(x: torch.Tensor, gather: torch.Tensor, batch: int, length: int) -> torch.Tensor:
     """[T, heads, hd] -> [B, heads, length, hd] with zero rows where a sequence is shorter."""
     x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])[gather]
     return x.view(batch, length, *x.shape[1:]).transpose(1, 2)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: SdpaState, scale: float | None) -> torch.Tensor:
-    qp = _pad(q, s.q_gather, s.batch, s.max_q)
-    kp = _pad(k, s.k_gather, s.batch, s.max_k)
-    vp = _pad(v, s.k_gather, s.batch, s.max_k)
+    qp = pad(q, s.q_gather, s.batch, s.max_q)
+    kp = pad(k, s.k_gather, s.batch, s.max_k)
+    vp = pad(v, s.k_gather, s.batch, s.max_k)
     groups = q.shape[1] // k.shape[1]
     if groups > 1 and not _HAS_ENABLE_GQA:
         kp, vp = kp.repeat_interleave(groups, dim=1), vp.repeat_interleave(groups, dim=1)

@@ -15,9 +15,12 @@ ROW_BLOCK), part 2 one padded batch; neither gathers a past's keys per sequence,
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
+
+from .attention_sdpa import pad, padding
 
 ROW_BLOCK = 1024  # rows of one past's queries per matmul: bounds the fp32 [heads, rows, past] scores held at once
 
@@ -40,20 +43,20 @@ class SharedPastPlan:
             raise ValueError(f"past_owner[{bad[0]}]={owner[bad[0]]} must lie in [0, {n_past}) (the past's sequences)")
         lens_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
         lens_q = lens_k if keep_last is None else [int(n) for n in keep_last]
-        cu_q = [0]
-        for n in lens_q:
-            cu_q.append(cu_q[-1] + n)
+        cu_q = [0, *itertools.accumulate(lens_q)]
         self.total_q, self.batch = cu_q[-1], len(lens_k)
-        # part 1: each past's query rows (those of every sequence it owns)
-        self.rows_of_past: list[tuple[int, int, torch.Tensor]] = []
-        for g in range(n_past):
-            rows = [t for b, o in enumerate(owner) if o == g for t in range(cu_q[b], cu_q[b + 1])]
-            if rows and cu_past[g + 1] > cu_past[g]:
-                self.rows_of_past.append((cu_past[g], cu_past[g + 1], torch.tensor(rows, device=device)))
+        # part 1: each past's query rows (those of every sequence it owns), in one pass over the sequences
+        rows_of: dict[int, list[int]] = {}
+        for b, g in enumerate(owner):
+            rows_of.setdefault(g, []).extend(range(cu_q[b], cu_q[b + 1]))
+        self.rows_of_past: list[tuple[int, int, torch.Tensor]] = [
+            (cu_past[g], cu_past[g + 1], torch.tensor(rows, device=device))
+            for g, rows in sorted(rows_of.items()) if rows and cu_past[g + 1] > cu_past[g]]
         # part 2: queries padded to [B, Lq], keys to [B, Lk]; query i of sequence b is its token Lk_b - Lq_b + i
         self.max_q, self.max_k = max(lens_q, default=0), max(lens_k, default=0)
-        self.q_gather, self.valid = _padding(cu_q, self.max_q, device)
-        self.k_gather, _ = _padding(cu_k, self.max_k, device)
+        self.q_gather, q_real = padding(cu_q, self.max_q, device)
+        self.valid = q_real.reshape(-1).nonzero().squeeze(1)
+        self.k_gather, _ = padding(cu_k, self.max_k, device)
         offset = torch.tensor([k - q for k, q in zip(lens_k, lens_q)], device=device)[:, None, None]
         i, j = torch.arange(self.max_q, device=device), torch.arange(self.max_k, device=device)
         # [B, 1, 1, Lq, Lk]; a padded query row still sees key 0 (never a fully masked row)
@@ -92,26 +95,12 @@ class SharedPastPlan:
         heads, kv_heads, hd = q.shape[1], k.shape[1], q.shape[2]
         B, Lq, Lk = self.batch, self.max_q, self.max_k
 
-        def padded(x: torch.Tensor, gather: torch.Tensor, length: int) -> torch.Tensor:  # [T, h, hd] -> [B, h, L, hd]
-            x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])[gather]
-            return x.view(B, length, *x.shape[1:]).transpose(1, 2)
-
-        qp = padded(q, self.q_gather, Lq).reshape(B, kv_heads, group * Lq, hd)  # query heads under their kv head
-        scores = (qp @ padded(k, self.k_gather, Lk).transpose(-1, -2) * scale).view(B, kv_heads, group, Lq, Lk)
+        qp = pad(q, self.q_gather, B, Lq).reshape(B, kv_heads, group * Lq, hd)  # query heads under their kv head
+        scores = (qp @ pad(k, self.k_gather, B, Lk).transpose(-1, -2) * scale).view(B, kv_heads, group, Lq, Lk)
         scores = scores.masked_fill(~self.visible, float("-inf")).view(B, kv_heads, group * Lq, Lk)
-        o, lse = _softmax_attend(scores, padded(v, self.k_gather, Lk))
+        o, lse = _softmax_attend(scores, pad(v, self.k_gather, B, Lk))
         o = o.view(B, heads, Lq, hd).transpose(1, 2).reshape(B * Lq, heads, hd)[self.valid]
         return o, lse.view(B, heads, Lq).transpose(1, 2).reshape(B * Lq, heads)[self.valid]
-
-
-def _padding(cu: list[int], length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gather indices from packed rows (cu) into [B, length] (the pad reads row cu[-1], a zero row appended), and the
-    real rows of the flattened padded layout, in packed order."""
-    lengths = torch.tensor([b - a for a, b in zip(cu, cu[1:])], dtype=torch.int64, device=device)
-    i = torch.arange(length, device=device)
-    real = i[None, :] < lengths[:, None]
-    starts = torch.tensor(cu[:-1], dtype=torch.int64, device=device)[:, None]
-    return torch.where(real, starts + i[None, :], cu[-1]).reshape(-1), real.reshape(-1).nonzero().squeeze(1)
 
 
 def _softmax_attend(scores: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
