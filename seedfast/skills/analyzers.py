@@ -134,8 +134,23 @@ class OracleAnalyzer:
         return results
 
 
+def on_walkthrough_path(actions: Sequence[str], walkthrough: Sequence[str]) -> list[bool]:
+    """Per step, whether it advanced the walkthrough: its action is the walkthrough's next action not yet taken
+    (a detour, such as 'look' or an admissible move the walkthrough does not make, is not on the path)."""
+    done, path = 0, []
+    for action in actions:
+        hit = done < len(walkthrough) and normalize_action(action) == normalize_action(walkthrough[done])
+        path.append(hit)
+        done += hit
+    return path
+
+
 def oracle_answer(trajectory: Trajectory, with_step_skills: bool = False) -> dict[str, Any]:
-    """The analyzer JSON the oracle gives for one trajectory (needs `trajectory.walkthrough`)."""
+    """The analyzer JSON the oracle gives for one trajectory (needs `trajectory.walkthrough`).
+
+    A winner's workflow and step skills name only the steps on the walkthrough's path, so a detour is never
+    endorsed; a loser's skill names the right action before the wrong one, since the reader copies the first
+    quoted command (docs/demo.md, 'Oracle skills that say what is right')."""
     plan = list(trajectory.walkthrough or [])
     if not plan:
         raise ValueError(f"trajectory {trajectory.game_id!r} has no walkthrough")
@@ -143,13 +158,16 @@ def oracle_answer(trajectory: Trajectory, with_step_skills: bool = False) -> dic
     taken = [step.action for step in trajectory.steps]
     step_skills: dict[str, str] = {}
     if trajectory.won:
-        done = [step.action for step in trajectory.steps if step.valid]
+        path = on_walkthrough_path(taken, plan)
+        # a win by another route than the walkthrough's: its valid actions were a solution all the same
+        route = ([a for a, on in zip(taken, path) if on] if sum(path) == len(plan)
+                 else [step.action for step in trajectory.steps if step.valid])
         summary = f"The agent solved the task in {len(taken)} steps."
         skill = (f"Workflow: carry out the objective's instructions in the order they are given, one admissible "
-                 f"command each: {' -> '.join(done)}. Decision rule: act on the objective only; looking "
+                 f"command each: {' -> '.join(route)}. Decision rule: act on the objective only; looking "
                  f"around or trying other rooms wastes steps.")
-        for index, step in enumerate(trajectory.steps):
-            if step.valid and len(step_skills) < MAX_STEP_SKILLS:
+        for index, (step, on) in enumerate(zip(trajectory.steps, path)):
+            if on and len(step_skills) < MAX_STEP_SKILLS:
                 step_skills[str(index)] = f"Do '{step.action}' now."
     else:
         deviation = next((i for i, (a, b) in enumerate(zip(taken, plan))
@@ -158,16 +176,16 @@ def oracle_answer(trajectory: Trajectory, with_step_skills: bool = False) -> dic
             wrong, right = taken[deviation], plan[deviation]
             why = ("it was not an admissible command" if not trajectory.steps[deviation].valid
                    else "the objective did not ask for it")
-            summary = f"The agent failed: at step {deviation} it chose '{wrong}' instead of '{right}'."
-            skill = (f"Avoid: at step {deviation} the agent did '{wrong}' instead of '{right}'; {why}. Warning "
+            summary = f"The agent failed: at step {deviation} the right action was '{right}', not '{wrong}'."
+            skill = (f"Do '{right}' at step {deviation}: the agent did '{wrong}' there instead; {why}. Warning "
                      f"sign: an action that matches no instruction of the objective. Correct order: {plan_text}.")
             step_skills[str(deviation)] = f"Do '{right}' here, not '{wrong}'."
         else:
             stop = len(taken)
             nxt = plan[stop] if stop < len(plan) else plan[-1]
             summary = f"The agent failed: it stopped after {stop} correct steps, before '{nxt}'."
-            skill = (f"Avoid stopping early: after {stop} correct steps the agent never did '{nxt}'. Warning sign: "
-                     f"an objective instruction not yet carried out. Correct order: {plan_text}.")
+            skill = (f"Do '{nxt}' next: after {stop} correct steps the agent never did it. Warning sign: an "
+                     f"objective instruction not yet carried out. Correct order: {plan_text}.")
     answer: dict[str, Any] = {"episode_summary": summary, "episode_skill": skill}
     if with_step_skills and step_skills:
         answer["step_skills"] = step_skills

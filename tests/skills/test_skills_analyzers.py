@@ -13,6 +13,7 @@ from seedfast.skills import (
     make_analyzer,
     oracle_answer,
 )
+from seedfast.skills.analyzers import on_walkthrough_path
 from seedfast.skills.policy_text import chat_prompt_ids, default_stop_ids, generate_completions
 
 GOOD = json.dumps({"episode_summary": "Went south, took the passkey.",
@@ -21,19 +22,37 @@ GOOD = json.dumps({"episode_summary": "Went south, took the passkey.",
 
 # ---- oracle ---------------------------------------------------------------------------------------
 
-def test_oracle_success_is_the_action_order_as_a_workflow():
-    traj = trajectory(["look", "go south", "take passkey"], won=True, valid=[True, True, True])
+def test_oracle_success_is_the_walkthrough_path_as_a_workflow_never_a_detour():
+    traj = trajectory(["look", "go south", "look", "take passkey"], won=True)
     [result] = OracleAnalyzer(skill_mode="episode_step").analyze([traj])
-    assert result.valid and "look -> go south -> take passkey" in result.skill
-    assert result.summary == "The agent solved the task in 3 steps."
-    assert result.step_skills == {0: "Do 'look' now.", 1: "Do 'go south' now.", 2: "Do 'take passkey' now."}
+    assert result.valid and "command each: go south -> take passkey." in result.skill
+    assert result.summary == "The agent solved the task in 4 steps."
+    # the detours ('look', twice) get no step skill: only the steps that advanced the walkthrough
+    assert result.step_skills == {1: "Do 'go south' now.", 3: "Do 'take passkey' now."}
+
+
+def test_oracle_success_by_another_route_keeps_its_valid_actions_as_the_workflow():
+    traj = trajectory(["go north", "take passkey"], won=True, valid=[True, True])
+    [result] = OracleAnalyzer(skill_mode="episode_step").analyze([traj])
+    assert "command each: go north -> take passkey." in result.skill
+    assert result.step_skills == {}  # neither step is the walkthrough's next action: none is endorsed
+
+
+def test_on_walkthrough_path_follows_the_next_undone_action():
+    walk = ["go south", "take passkey", "unlock chest"]
+    assert on_walkthrough_path(["go south", "Go  South", "take passkey", "look", "unlock chest"], walk) == \
+        [True, False, True, False, True]
+    assert on_walkthrough_path(["take passkey", "go south"], walk) == [False, True]
+    assert on_walkthrough_path([], walk) == []
 
 
 def test_oracle_failure_names_the_first_deviation():
     traj = trajectory(["go south", "take key", "look"], won=False)
     [result] = OracleAnalyzer(skill_mode="episode_step").analyze([traj])
     assert result.valid
-    assert "at step 1 the agent did 'take key' instead of 'take passkey'" in result.skill
+    # the right action is quoted first: the reader copies the first quoted command (docs/demo.md)
+    assert result.skill.startswith("Do 'take passkey' at step 1: the agent did 'take key' there instead")
+    assert result.summary == "The agent failed: at step 1 the right action was 'take passkey', not 'take key'."
     assert "the objective did not ask for it" in result.skill
     assert "Correct order: go south -> take passkey" in result.skill
     assert result.step_skills == {1: "Do 'take passkey' here, not 'take key'."}
@@ -42,14 +61,14 @@ def test_oracle_failure_names_the_first_deviation():
 def test_oracle_failure_with_an_invalid_action_says_so():
     traj = trajectory(["Go South", "dance"], won=False, valid=[True, False])  # case does not count as deviation
     answer = oracle_answer(traj)
-    assert "at step 1 the agent did 'dance' instead of 'take passkey'; it was not an admissible command" in \
-        answer["episode_skill"]
+    assert "Do 'take passkey' at step 1: the agent did 'dance' there instead; it was not an admissible command" \
+        in answer["episode_skill"]
 
 
 def test_oracle_failure_without_deviation_is_stopping_early():
     traj = trajectory(["go south"], won=False)
     [result] = OracleAnalyzer().analyze([traj])
-    assert result.valid and "after 1 correct steps the agent never did 'take passkey'" in result.skill
+    assert result.valid and result.skill.startswith("Do 'take passkey' next: after 1 correct steps the agent never")
     assert result.step_skills == {}  # episode_only
 
 
