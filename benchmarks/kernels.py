@@ -197,6 +197,9 @@ def model_report(shapes=MODEL_SHAPES, gemm_ref: dict | None = None) -> dict:
                     "named in device.source", "rows": rows}
 
 
+# The shape the model prices and benchmarks/gemm_reference.py measures (Qwen2.5-7B's LM head: d = 3584 is its
+# hidden size, 4096 the round shape of the docs' examples); `--n` runs at it unless --d / --v say otherwise.
+MODEL_D, MODEL_V = 4096, 152064
 FULL_N = (4096, 16384, 32768)
 QUICK_N = (4096, 16384)
 FULL_DV = ((3584, 152064), (4096, 128256))
@@ -242,24 +245,27 @@ def _variants(torch, n, d, vocab, modes, device="cuda"):
     targets = torch.randint(0, vocab, (n,), device=device, generator=g)
     upstream = torch.randn(n, device=device, generator=g)
 
-    def clear():
-        hidden.grad = weight.grad = None
-
     def ours_fwd(teacher_hidden=None):
         with torch.no_grad():
-            linear_logprob(hidden, weight, targets, teacher_hidden=teacher_hidden, backend="triton")
+            out = linear_logprob(hidden, weight, targets, teacher_hidden=teacher_hidden, backend="triton")
+        return out.logprob if teacher_hidden is None else out.teacher_logprob
 
     stacked = torch.cat([hidden.detach(), teacher])
     stacked_targets = targets.repeat(2)
 
     def ours_stacked_fwd():  # the dual-context op's alternative: [h; h_teacher] as 2N rows, single-context kernel
         with torch.no_grad():
-            linear_logprob(stacked, weight, stacked_targets, backend="triton")
+            return linear_logprob(stacked, weight, stacked_targets, backend="triton").logprob[:n]
+
+    def clear():
+        grad = hidden.grad
+        hidden.grad = weight.grad = None
+        return grad
 
     def ours_fwd_bwd():
         out = linear_logprob(hidden, weight, targets, backend="triton")
         (out.logprob * upstream).sum().backward()
-        clear()
+        return clear()
 
     token_weights = torch.full((n,), 1.0 / n, device=device)
 
@@ -267,13 +273,13 @@ def _variants(torch, n, d, vocab, modes, device="cuda"):
         loss, _ = fused_loss(hidden, weight, targets, token_weights=token_weights, advantages=upstream,
                              old_logprob=None, backend="triton")
         loss.backward()
-        clear()
+        return clear()
 
     def ours_loss_two_pass_fwd_bwd():  # the same loss with the single pass turned off (8NVd, less memory)
         saved = os.environ.get("SEEDFAST_TRITON_FUSED_MB")
         os.environ["SEEDFAST_TRITON_FUSED_MB"] = "0"
         try:
-            ours_loss_fwd_bwd()
+            return ours_loss_fwd_bwd()
         finally:
             if saved is None:
                 del os.environ["SEEDFAST_TRITON_FUSED_MB"]
@@ -286,11 +292,11 @@ def _variants(torch, n, d, vocab, modes, device="cuda"):
 
     def eager_fwd():
         with torch.no_grad():
-            eager_logprob(hidden, weight, targets)
+            return eager_logprob(hidden, weight, targets)
 
     def eager_fwd_bwd(fn=eager_logprob):
         (fn(hidden, weight, targets) * upstream).sum().backward()
-        clear()
+        return clear()
 
     variants = {
         "cublas_gemm": (lambda: hidden.detach() @ weight.detach().T, None),
@@ -308,7 +314,7 @@ def _variants(torch, n, d, vocab, modes, device="cuda"):
 
         def liger_fwd_bwd():
             liger(weight, hidden, targets).backward()  # gradients are computed inside its forward
-            clear()
+            clear()  # no error column: its loss is a cross entropy, not Σ upstream·ℓ
 
         variants["liger_flce"] = (None, liger_fwd_bwd)
     except ImportError:
@@ -318,11 +324,55 @@ def _variants(torch, n, d, vocab, modes, device="cuda"):
 
         def compiled_fwd():
             with torch.no_grad():
-                compiled(hidden, weight, targets)
+                return compiled(hidden, weight, targets)
 
         variants["torch_compile"] = (compiled_fwd, lambda: eager_fwd_bwd(compiled))
     outputs_mib = {"fwd": n * 4 * 4 / 2**20, "fwd_bwd": (n * d + vocab * d) * 2 / 2**20}
-    return variants, outputs_mib
+    check = _ErrorCheck(torch, hidden.detach(), teacher, weight.detach(), targets, upstream, token_weights)
+    return variants, outputs_mib, check
+
+
+class _ErrorCheck:
+    """Max relative error of a variant's output against fp64 on a fixed sample of rows (a row's log-prob and its dH
+    row depend on that row alone, so the sample needs no [N, V] in fp64): forward variants return log-probs
+    (the teacher's for ours_dual), forward + backward variants the hidden gradient. The loss variants run on-policy
+    GRPO with per-token-mean weights, whose per-token gradient weight is exactly -A_t/N; linear_logprob's backward
+    gets `upstream`. None where a variant returns nothing comparable (the GEMM, Liger's cross entropy)."""
+
+    ROWS = 256
+
+    def __init__(self, torch, hidden, teacher, weight, targets, upstream, token_weights):
+        n = hidden.shape[0]
+        self.rows = torch.linspace(0, n - 1, min(n, self.ROWS), device=hidden.device).long()
+        w = weight.double()
+        y = targets[self.rows]
+        self.ref = {}
+        for key, h in (("student", hidden), ("teacher", teacher)):
+            logp = torch.log_softmax(h[self.rows].double() @ w.T, dim=-1)
+            self.ref[key] = logp.gather(1, y[:, None])[:, 0]
+            if key == "student":
+                onehot = torch.zeros_like(logp).scatter_(1, y[:, None], 1.0)
+                dz = onehot - logp.exp()
+                self.ref["dh_upstream"] = (upstream[self.rows].double()[:, None] * dz) @ w
+                self.ref["dh_loss"] = (-(upstream * token_weights)[self.rows].double()[:, None] * dz) @ w
+
+    def __call__(self, name: str, phase: str, out) -> float | None:
+        if out is None or not hasattr(out, "shape") or name in ("cublas_gemm", "liger_flce"):
+            return None
+        if phase == "fwd":
+            ref = self.ref["teacher" if name == "ours_dual" else "student"]
+        else:
+            ref = self.ref["dh_loss" if name.startswith("ours_loss") else "dh_upstream"]
+        got = out[self.rows].double()
+        return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def _path_of(name: str, counts: dict) -> str:
+    """The path a variant's call took: the op paths triton_backend recorded (a silent fallback shows here)."""
+    if not name.startswith("ours"):
+        return {"cublas_gemm": "cublas", "eager": "eager, materialized logits", "liger_flce": "liger-kernel",
+                "torch_compile": "torch.compile"}.get(name, name)
+    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none recorded"
 
 
 # Which model design each measured variant runs (docs/kernels.md).
@@ -342,13 +392,15 @@ def measure_bandwidth_tbs(torch, gib: float = 1.0, reps: int = 5) -> float:
 def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | None = None) -> list[dict]:
     import torch
 
+    from seedfast.ops import triton_backend
+
     cuda = torch.cuda.is_available()
     sms = torch.cuda.get_device_properties(0).multi_processor_count if cuda else 132
     oom = torch.cuda.OutOfMemoryError if cuda else MemoryError
     rows = []
     for d, vocab in dvs:
         for n in ns:
-            variants, outputs = _variants(torch, n, d, vocab, modes, "cuda" if cuda else "cpu")
+            variants, outputs, check = _variants(torch, n, d, vocab, modes, "cuda" if cuda else "cpu")
             flops = {"fwd": 2.0 * n * vocab * d, "fwd_bwd": 6.0 * n * vocab * d}
             gemm_ms = None
             for name, fns in variants.items():
@@ -357,7 +409,12 @@ def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | No
                         continue
                     row = {"N": n, "d": d, "V": vocab, "variant": name, "phase": phase}
                     try:
-                        ms = _time_ms(torch, fn, reps)
+                        triton_backend.reset_path_counts()
+                        result = fn()  # once more than the timings: the error against fp64 and the path taken
+                        row.update(path=_path_of(name, triton_backend.path_counts()),
+                                   max_rel_err=check(name, phase, result))
+                        del result
+                        ms = _time_ms(torch, fn, reps, warmup=0)
                         contexts = 2 if name.startswith("ours_dual") else 1  # teacher rows: twice the logits
                         row.update(ms=ms, tflops=contexts * flops[phase] / ms / 1e9,
                                    peak_extra_mib=_peak_extra_mib(torch, fn), outputs_mib=outputs[phase])
@@ -443,16 +500,23 @@ def dry_run() -> int:
     os.environ.setdefault("SEEDFAST_OPS_BACKEND", "triton")
     import torch
 
+    from seedfast.kernels.interpreter_bf16 import patch_interpreter_bf16
+
+    patch_interpreter_bf16()  # the interpreter's bf16 dot and cast, as the GPU computes them
+
     rows = run((96,), ((32, 300),), reps=1, modes=set(), bandwidth_tbs=measure_bandwidth_tbs(torch, gib=1 / 16, reps=1))
     bad = [r for r in rows if "error" in r]
-    print_table(rows, ["N", "d", "V", "variant", "phase", "ms", "predicted_ms", "pct_of_gemm", "executed_tflop",
+    print_table(rows, ["N", "d", "V", "variant", "phase", "ms", "predicted_ms", "pct_of_gemm", "max_rel_err", "path",
                        "error"], title="\ndry run (interpreter, CPU: times mean nothing)")
     expected = {("cublas_gemm", "fwd"), ("ours", "fwd"), ("ours", "fwd_bwd"), ("ours_loss", "fwd_bwd"),
                 ("ours_loss_two_pass", "fwd_bwd"), ("ours_dual", "fwd"), ("ours_dual_stacked", "fwd"), ("eager", "fwd"),
                 ("eager", "fwd_bwd")}
     missing = expected - {(r["variant"], r["phase"]) for r in rows}
-    print(f"dry run: {len(rows)} rows, {len(bad)} errors, missing {sorted(missing) or 'none'}")
-    return 1 if bad or missing else 0
+    # bf16 inputs: a log-prob or dH row within 2% of fp64 (the gpu tests' tolerance); the loss ran its single pass
+    wrong = [r for r in rows if (r.get("max_rel_err") or 0.0) > 2e-2 or (
+        r["variant"] == "ours_loss" and "fused.single_pass" not in r.get("path", ""))]
+    print(f"dry run: {len(rows)} rows, {len(bad)} errors, {len(wrong)} wrong, missing {sorted(missing) or 'none'}")
+    return 1 if bad or missing or wrong else 0
 
 
 def write_model(gemm_ref: str | None = None) -> int:
@@ -476,7 +540,10 @@ def main(argv=None) -> int:
     parser.add_argument("--model", action="store_true",
                         help="no GPU needed: the model's prediction (before/after) -> results/kernel_model.json, at "
                              "the cuBLAS rate of --gemm-ref or, without it, the assumed H200 range")
-    parser.add_argument("--n", type=int, nargs="+", default=None, help="token counts (default: by --quick)")
+    parser.add_argument("--n", type=int, nargs="+", default=None,
+                        help="token counts (default: by --quick); with --n the shape is --d x --v, the model's")
+    parser.add_argument("--d", type=int, default=MODEL_D, help=f"hidden size with --n (default {MODEL_D})")
+    parser.add_argument("--v", type=int, default=MODEL_V, help=f"vocabulary with --n (default {MODEL_V})")
     parser.add_argument("--out", default=None, help="results JSON (default: results/kernels.json)")
     parser.add_argument("--gemm-ref", default=None,
                         help="benchmarks/gemm_reference.py's JSON from this run: recorded beside the rows, and the "
@@ -517,9 +584,11 @@ def main(argv=None) -> int:
         save({**meta, "partial": True, "rows": rows})
 
     ns = tuple(args.n) if args.n else QUICK_N if args.quick else FULL_N
-    rows = run(ns, QUICK_DV if args.quick or args.n else FULL_DV, args.reps, modes, save_partial, bandwidth)
+    dvs = ((args.d, args.v),) if args.n else QUICK_DV if args.quick else FULL_DV
+    print(f"shapes: N in {ns} x (d, V) in {dvs}", flush=True)
+    rows = run(ns, dvs, args.reps, modes, save_partial, bandwidth)
     columns = ["N", "d", "V", "variant", "phase", "ms", "predicted_ms", "predicted_ms_bound", "tflops", "pct_of_gemm",
-               "executed_tflop", "hbm_gb", "peak_extra_mib", "outputs_mib", "error"]
+               "max_rel_err", "executed_tflop", "hbm_gb", "peak_extra_mib", "outputs_mib", "path", "error"]
     print_table(rows, columns, title=f"\nfused linear log-prob, bf16, {torch.cuda.get_device_name(0)}")
     dual = _dual_overhead(rows)
     print_table(dual, ["N", "d", "V", "teacher_cost_vs_separate_forward", "teacher_cost_stacked_2n_rows"],

@@ -23,9 +23,11 @@ no host sync for it). Ignored rows contribute exactly 0 to dW and dH whatever th
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
+import warnings
 
 import torch
 
@@ -43,6 +45,31 @@ from .validate import check_target_range
 KL_KINDS = {"k1": _tl.KL_K1, "k2": _tl.KL_K2, "low_var_kl": _tl.KL_LOW_VAR, "k3": _tl.KL_LOW_VAR}
 GATES = {"gap": _tl.GATE_GAP, "entropy": _tl.GATE_ENTROPY, "soft_or": _tl.GATE_SOFT_OR}
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# Which path each call took, counted per process (docs/kernels.md, "Which path runs"): a fallback that keeps the
+# numbers right but costs 10x (no fp32-output GEMM, out of memory) must show in tests and benchmark rows. Names:
+#   forward                      the Triton forward          backward.two_pass   the two-pass backward
+#   fused.single_pass            fused_forward_backward's single pass
+#   fused.two_pass:<why>         its fallback: budget (no block of FUSED_MIN_ROWS fits), no_fp32_gemm, out_of_memory,
+#                                no_grad (no gradient asked for), empty (N or V = 0)
+#   gemm_f32.addmm / gemm_f32.fp32_copies   how an fp32-output GEMM of 16-bit inputs ran on CUDA
+PATHS: collections.Counter = collections.Counter()
+
+
+def path_counts() -> dict[str, int]:
+    """A copy of the per-process path counters (PATHS)."""
+    return dict(PATHS)
+
+
+def reset_path_counts() -> None:
+    PATHS.clear()
+
+
+def fused_path_taken(counts: dict[str, int]) -> str | None:
+    """The one fused_forward_backward path in `counts` ("single_pass", "two_pass:<why>"), "mixed" when calls took
+    different ones, None when there was no call."""
+    taken = sorted(k.removeprefix("fused.") for k in counts if k.startswith("fused."))
+    return None if not taken else taken[0] if len(taken) == 1 else "mixed"
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -204,6 +231,7 @@ def forward(hidden, weight, targets, teacher_hidden=None, temperature=1.0, with_
         check_target_range("forward", targets, vocab, ignore_index)
     targets = targets.contiguous()
     splits, groups = choose_n_splits(n, vocab, dev)
+    PATHS["forward"] += 1
     with _on(dev):
         return _forward(hidden, weight, targets, teacher_hidden, temperature, with_entropy, ignore_index,
                         n_splits or splits, group_n or groups)
@@ -276,6 +304,7 @@ def backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy, 
     if n == 0 or vocab == 0:
         return (torch.zeros_like(hidden) if need_hidden_grad else None,
                 torch.zeros_like(weight) if need_weight_grad else None)
+    PATHS["backward.two_pass"] += 1
     with _on(dev):
         return _backward(hidden, weight, targets.contiguous(), lse, entropy, grad_logprob, grad_entropy,
                          temperature, ignore_index, chunk, need_hidden_grad, need_weight_grad)
@@ -322,6 +351,15 @@ def gemm_f32_mode(device: torch.device | str) -> str:
     return _GEMM_F32[key]
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
 @contextlib.contextmanager
 def _full_precision_reduction(dtype: torch.dtype):
     """cuBLAS may split K and reduce the partial sums in the 16-bit output type when allowed (torch's default):
@@ -363,8 +401,10 @@ def _gemm_f32_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulat
     the two-pass dH accumulation gets here: the single pass is not taken) fp32 copies in row slices, correct, slow."""
     beta = 1.0 if accumulate else 0.0
     if gemm_f32_mode(a.device) == "addmm":
+        PATHS["gemm_f32.addmm"] += 1
         torch.addmm(out, a, b, beta=beta, alpha=alpha, out_dtype=out.dtype, out=out)
         return
+    PATHS["gemm_f32.fp32_copies"] += 1
     b32 = b.float()
     step = max(1, _FALLBACK_SLICE_BYTES // max(1, out.shape[1] * 4))
     for r0 in range(0, out.shape[0], step):
@@ -449,17 +489,24 @@ def fused_forward_backward(hidden, weight, targets, *, temperature: float, ignor
     if rows is None:
         free = torch.cuda.mem_get_info(dev)[0] if cuda else None
         rows = choose_fused_rows(n, vocab, hidden.element_size(), free, d)
-    if cuda and hidden.dtype != torch.float32 and gemm_f32_mode(dev) != "addmm":
-        rows = 0  # the single pass needs fp32-output GEMMs (logits, dW accumulation): torch >= 2.8
-    if not (n == 0 or vocab == 0 or rows == 0 or not (need_hidden_grad or need_weight_grad)):
+    why = ("empty" if n == 0 or vocab == 0 else "no_grad" if not (need_hidden_grad or need_weight_grad)
+           else "budget" if rows == 0 else None)
+    if why is None and cuda and hidden.dtype != torch.float32 and gemm_f32_mode(dev) != "addmm":
+        why = "no_fp32_gemm"  # the single pass needs fp32-output GEMMs (logits, dW accumulation)
+        _warn_once(f"torch {torch.__version__} has no fp32-output addmm for {hidden.dtype} on CUDA: fused_loss "
+                   "runs the two-pass path (8NVd, dH from fp32 copies: ~10x slower); docs/kernels.md")
+    if why is None:
         try:
             with _on(dev):
-                return _fused(hidden, weight, targets.contiguous(), temperature, ignore_index, with_entropy,
-                              per_token, options, need_hidden_grad, need_weight_grad, min(rows, n))
+                out = _fused(hidden, weight, targets.contiguous(), temperature, ignore_index, with_entropy,
+                             per_token, options, need_hidden_grad, need_weight_grad, min(rows, n))
+            PATHS["fused.single_pass"] += 1
+            return out
         except torch.OutOfMemoryError:
-            pass  # the block did not fit after all (another stream, fragmentation): the two-pass path, below
+            why = "out_of_memory"  # the block did not fit after all (another stream, fragmentation): two-pass path
         if cuda:
             torch.cuda.empty_cache()
+    PATHS[f"fused.two_pass:{why}"] += 1
     logprob, entropy, _, lse = forward(hidden, weight, targets, None, temperature, with_entropy, ignore_index,
                                        check_targets=False)
     loss, a, b, sums = token_loss(logprob, entropy, **per_token, options=options)

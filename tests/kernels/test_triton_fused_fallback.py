@@ -1,6 +1,7 @@
 """The single pass falls back to the two-pass path when it runs out of memory (torch.OutOfMemoryError only: any
 other error surfaces), and the block size respects the device's free memory. Under the interpreter, against the
-two-pass result (itself checked against fp64 in test_triton_logprob_backward.py)."""
+two-pass result (itself checked against fp64 in test_triton_logprob_backward.py). Every call records the path it took
+(triton_backend.PATHS): a fallback is counted, never silent."""
 
 import pytest
 import torch
@@ -34,8 +35,10 @@ def test_out_of_memory_in_the_single_pass_runs_the_two_pass_path(monkeypatch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.25 GiB")
 
     monkeypatch.setattr(tb, "_fused", oom)
+    tb.reset_path_counts()
     got = tb.fused_forward_backward(hidden, weight, targets, rows=16, **kw)
     assert tried
+    assert tb.path_counts() == {"fused.two_pass:out_of_memory": 1, "forward": 1, "backward.two_pass": 1}
     for x, y in zip((got[0], *got[2:]), (two_pass[0], *two_pass[2:])):
         assert torch.equal(x, y)
 
@@ -60,3 +63,28 @@ def test_row_block_fits_free_memory(monkeypatch):
     # 1200 rows fit -> 1152 (whole 128-row tiles) -> 15 blocks, balanced: ceil(16384 / 15) = 1093 -> 1152 again
     assert tb.choose_fused_rows(n, vocab, 2, free, d) == 1152
     assert tb.choose_fused_rows(n, vocab, 2, dw + dh, d) == 0  # nothing left for a block: two-pass path
+
+
+@pytest.mark.parametrize("case,expected", [
+    (dict(rows=16), "single_pass"),  # three blocks of 16, 16 and 13 rows
+    (dict(rows=None), "single_pass"),  # the default budget: one block
+    (dict(rows=0), "two_pass:budget"),  # no block of FUSED_MIN_ROWS fits
+    (dict(rows=16, need_hidden_grad=False, need_weight_grad=False), "two_pass:no_grad"),
+])
+def test_each_call_records_the_path_it_took(case, expected):
+    hidden, weight, targets, kw = _args()
+    tb.reset_path_counts()
+    tb.fused_forward_backward(hidden, weight, targets, **case, **kw)
+    counts = tb.path_counts()
+    assert tb.fused_path_taken(counts) == expected
+    assert counts[f"fused.{expected}"] == 1
+    two_pass = expected.startswith("two_pass")
+    assert counts.get("forward", 0) == int(two_pass) and counts.get("backward.two_pass", 0) == int(
+        expected == "two_pass:budget")  # the fallback's own kernels; no gradients asked: no backward
+    tb.fused_forward_backward(hidden, weight, targets, rows=0, **kw)
+    assert tb.fused_path_taken(tb.path_counts()) == ("two_pass:budget" if expected == "two_pass:budget" else "mixed")
+
+
+def test_no_call_no_path():
+    tb.reset_path_counts()
+    assert tb.path_counts() == {} and tb.fused_path_taken({}) is None

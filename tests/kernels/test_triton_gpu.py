@@ -104,6 +104,7 @@ def test_token_offsets_beyond_int32():
 
 def test_public_ops_match_torch_backend():
     from seedfast.ops import LossOptions, fused_loss, linear_logprob
+    from seedfast.ops import triton_backend as tb
 
     hidden, weight, targets = _case(3000, 2048, 64007, torch.bfloat16, seed=4)
     teacher = torch.randn_like(hidden)
@@ -127,6 +128,7 @@ def test_public_ops_match_torch_backend():
                      ref_logprob=lp + 0.1 * torch.randn(n, device="cuda", generator=g),
                      teacher_logprob=outs["torch"].teacher_logprob)
     results = {}
+    tb.reset_path_counts()
     for backend in ("torch", "triton"):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         loss, metrics = fused_loss(h, w, targets, **per_token, backend=backend, options=LossOptions(
@@ -137,6 +139,7 @@ def test_public_ops_match_torch_backend():
     assert_close(results["triton"][2], results["torch"][2], 1e-2, "fused grad_hidden")
     assert_close(results["triton"][3], results["torch"][3], 1e-2, "fused grad_weight")
     assert set(results["triton"][1]) == set(results["torch"][1])
+    assert tb.fused_path_taken(tb.path_counts()) == "single_pass", tb.path_counts()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -158,9 +161,15 @@ def test_single_pass_in_row_blocks(monkeypatch, dtype):
                      token_weights=w)
     options = LossOptions(clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0, kl_kind="k3", entropy_coef=coef,
                           opd_coef=0.0, opd_beta=5.0, gate="gap")
+    tb.reset_path_counts()
     loss, _, grad_h, grad_w, logprob = tb.fused_forward_backward(
         hidden, weight, targets, temperature=1.0, ignore_index=-100, with_entropy=True, per_token=per_token,
         options=options)
+    # the single pass ran (its two-pass fallback would pass the checks below too, 10x slower), its fp32-output GEMMs
+    # on cuBLAS's addmm: 3 blocks x (logits, dW accumulation)
+    counts = tb.path_counts()
+    assert tb.fused_path_taken(counts) == "single_pass", counts
+    assert counts.get("gemm_f32.addmm") == 6 and "gemm_f32.fp32_copies" not in counts, counts
     ref_lp, ref_ent, ref_gh, ref_gw = _reference(hidden, weight, targets, -adv * w, -coef * w)
     ref_loss = (w.double() * (-adv.double() - coef * ref_ent)).sum()
     assert_close(loss, ref_loss, 1e-3, "loss")

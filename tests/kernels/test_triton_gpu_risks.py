@@ -70,6 +70,11 @@ def test_no_fp32_output_gemm_takes_the_two_pass_path(monkeypatch):
     two_pass = tb.fused_forward_backward(hidden, weight, targets, rows=0, **kw)
     monkeypatch.setitem(tb._GEMM_F32, "cuda", "none")
     monkeypatch.setattr(tb, "_fused", lambda *a, **k: pytest.fail("the single pass needs out_dtype"))
-    got = tb.fused_forward_backward(hidden, weight, targets, **kw)
+    monkeypatch.setattr(tb, "_WARNED", set())
+    tb.reset_path_counts()
+    with pytest.warns(RuntimeWarning, match="no fp32-output addmm"):  # loud, and counted
+        got = tb.fused_forward_backward(hidden, weight, targets, **kw)
+    counts = tb.path_counts()
+    assert tb.fused_path_taken(counts) == "two_pass:no_fp32_gemm" and counts.get("gemm_f32.fp32_copies", 0) > 0
     for x, y in zip(got[2:4], two_pass[2:4]):
         torch.testing.assert_close(x.float(), y.float(), rtol=2e-2, atol=1e-6)

@@ -50,9 +50,14 @@ def _run(hidden, weight, targets, per_token, temperature, options, rows, need=(T
     per_token = {**per_token,
                  "token_weights": torch.where(targets == -100, 0.0, per_token["token_weights"].float())}
     with_entropy = options["entropy_coef"] != 0 or (options["opd_coef"] != 0 and options["gate"] != "gap")
-    return tb.fused_forward_backward(hidden, weight, targets, temperature=temperature, ignore_index=-100,
-                                     with_entropy=with_entropy, per_token=per_token, options=LossOptions(**options),
-                                     need_hidden_grad=need[0], need_weight_grad=need[1], rows=rows)
+    tb.reset_path_counts()
+    out = tb.fused_forward_backward(hidden, weight, targets, temperature=temperature, ignore_index=-100,
+                                    with_entropy=with_entropy, per_token=per_token, options=LossOptions(**options),
+                                    need_hidden_grad=need[0], need_weight_grad=need[1], rows=rows)
+    # the single pass ran, not its two-pass fallback (which gives the same numbers)
+    assert tb.fused_path_taken(tb.path_counts()) == ("two_pass:empty" if hidden.shape[0] == 0 else "single_pass")
+    assert "forward" not in tb.path_counts() and "backward.two_pass" not in tb.path_counts()
+    return out
 
 
 def _check(hidden, weight, targets, temperature=0.7, options=OPTIONS, rows=None, rel=None):
@@ -120,6 +125,7 @@ def test_fused_loss_uses_the_single_pass_and_agrees_with_the_torch_backend(monke
     monkeypatch.setenv("SEEDFAST_TRITON_FUSED_MB", str(16 * V * 4 / 2**20))  # 16 rows of fp32 logits
     monkeypatch.setattr(tb, "FUSED_MIN_ROWS", 0)
     results = {}
+    tb.reset_path_counts()
     for backend in ("torch", "triton"):
         hidden, weight, targets = random_case(torch.float32, seed=5)
         hidden.requires_grad_()
@@ -132,6 +138,7 @@ def test_fused_loss_uses_the_single_pass_and_agrees_with_the_torch_backend(monke
     # 16 rows fit: 3 balanced blocks of 15 rows, each with its logits GEMM once and its dH and dW GEMMs.
     assert tb.choose_fused_rows(N, V, 4) == 15
     assert launched.count("matmul_logits") == launched.count("matmul_dh") == launched.count("matmul_dw") == 3
+    assert tb.path_counts().get("fused.single_pass") == 1 and "forward" not in tb.path_counts()
     (loss_t, m_t, gh_t, gw_t), (loss_g, m_g, gh_g, gw_g) = results["torch"], results["triton"]
     assert_close(loss_g, loss_t.double(), 1e-5, "loss")
     assert_close(gh_g, gh_t.double(), 1e-5, "grad_hidden")
