@@ -13,9 +13,10 @@ from typing import Any
 from seedfast.rollout.collect import write_text_atomic
 from seedfast.runtime.paths import RunPaths
 
-# per-update metrics that say whether the teacher carried signal (means over updates in the report)
-EVIDENCE = ("skill/parse_rate", "samples/teacher_valid_rate", "loss/gate_mean", "loss/opd_term",
-            "skill/teacher_gap_win", "skill/teacher_gap_lose", "train/groups_with_signal", "time/step")
+# per-update metrics that say whether the teacher carried signal (means over updates in the report): the ones that
+# are not signed by construction (train/teacher_evidence.py)
+EVIDENCE = ("skill/parse_rate", "samples/teacher_valid_rate", "teacher/contrast", "teacher/raised_win",
+            "teacher/raised_lose", "teacher/opd_share", "train/groups_with_signal", "time/step")
 
 
 def curve_means(curve: Sequence[float]) -> dict[str, float]:

@@ -26,17 +26,19 @@ from seedfast.distributed.checkpoint import export_hf
 from seedfast.distributed.data import DataParallel, balance_samples, global_means
 from seedfast.distributed.parallelize import unsharded
 from seedfast.distributed.weight_push import buckets, check_colocated, hf_named_tensors
+from seedfast.envs.failures import EnvironmentFailure
 from seedfast.envs.slots import counter_delta, counters_of
 from seedfast.model import save_hf
 from seedfast.rollout.agent_loop import Task, run_agent_loop
 from seedfast.rollout.colocated import build_rollout
-from seedfast.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from seedfast.runtime.checkpoint import save_checkpoint
 from seedfast.runtime.metrics import MetricsLogger, NullLogger, truncate_metrics
 from seedfast.runtime.optim import grad_norm_and_clip
 from seedfast.runtime.paths import RunPaths
 from seedfast.runtime.precision import DTYPES
 from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, mfu
 from seedfast.runtime.progress import ProgressBar, shows_progress
+from seedfast.runtime.resume import resume_run
 from seedfast.runtime.setup import (
     agent_config,
     device_of,
@@ -59,12 +61,20 @@ from seedfast.train.evaluate import evaluate_policy, evaluation_tasks
 from seedfast.train.privileged import Privileged, privileged_text
 from seedfast.train.reflection import reflection_update
 from seedfast.train.step_plan import plan_step
+from seedfast.train.teacher_evidence import TeacherEvidence
 from seedfast.train.update import (
     UpdateBatch,
     accumulate_rollout_gap,
     minibatch_loss_backward,
     rollout_gap_metrics,
 )
+
+
+def step_fields(metrics: dict[str, float]) -> dict[str, float]:
+    """What a step's plain progress line reports (runtime/progress_lines.py)."""
+    names = {"success": "train/success_rate", "reward": "train/reward_mean", "loss": "loss/total",
+             "tokens/s": "throughput/tokens_per_s"}
+    return {short: metrics[key] for short, key in names.items() if key in metrics}
 
 
 def groups_with_signal(trajectories: list) -> float:
@@ -144,7 +154,9 @@ class Trainer:
             self.ref = load_policy(cfg, ref_dir, self.device, trainable=False).eval()
         self.optimizer, self.scheduler = rl_optimizer(cfg, self.trained)
         self.rounding = watch_precision(cfg, self.optimizer, self.masters)
-        self.train_tasks = task_pool(load_tasks(cfg, "train"), cfg.rollout.task_pool, cfg.run.seed)
+        skipped: list[str] = []  # env.damaged_games=skip: games left out, counted in every step's metrics
+        self.train_tasks = task_pool(load_tasks(cfg, "train", skipped=skipped), cfg.rollout.task_pool, cfg.run.seed)
+        self.games_skipped = float(len(skipped))
         self.eval_tasks = evaluation_tasks(cfg, "eval")  # what `seedfast eval` plays: sizes the slots below
         self.own_envs = envs is None
         self.envs = make_env_slots(cfg, env_slot_count(cfg, len(self.eval_tasks))) if envs is None else envs
@@ -212,6 +224,7 @@ class Trainer:
         trajectories, records = result.trajectories, result.steps
         metrics: dict[str, float] = {f"rollout/{k}": float(v) for k, v in result.stats.as_dict().items()}
         metrics.update(self.env_metrics)
+        metrics["rollout/games_skipped"] = self.games_skipped
         group_of = [t.meta["group_id"] for t in trajectories]
         privileged: Privileged | None = None
         plan = self.plan
@@ -227,7 +240,8 @@ class Trainer:
         samples, sample_metrics = build_samples(cfg, records, privileged, self.tokenizer)
         metrics.update(sample_metrics)
         if not samples:
-            raise RuntimeError(f"step {step}: the rollout produced no step samples")
+            raise EnvironmentFailure(f"step {step}: the rollout produced no step samples "
+                                     f"({self._env_failures()})")
 
         teacher_in_update = plan.teacher == "update"
         with timer.phase("score"):
@@ -262,6 +276,11 @@ class Trainer:
         per_token = {"old": scores.logprob if scores is not None else None, "ref": ref_lp,
                      "teacher": scores.teacher_logprob if from_scores else None,
                      "teacher_mask": scores.teacher_mask if from_scores else None}
+        # the teacher's evidence (train/teacher_evidence.py): Δ on winners and losers where both sides were scored
+        # under θ_old (here), or the first time the update's forward scores them (there)
+        evidence = TeacherEvidence()
+        if from_scores:
+            evidence.add_contrast(scores.logprob, scores.teacher_logprob, scores.teacher_mask, samples)
         if self.dp is not None:  # the update's samples spread over the ranks by token count
             samples, advantages, per_token = balance_samples(self.dp, samples, advantages, per_token)
         batch = UpdateBatch(samples, advantages, per_token["old"], ref_logprob=per_token["ref"],
@@ -269,7 +288,7 @@ class Trainer:
                             teacher_from_forward=teacher_in_update)
         self.policy.train()
         with timer.phase("update"):
-            metrics.update(self._update(batch, use_opd=use_opd))
+            metrics.update(self._update(batch, use_opd=use_opd, evidence=evidence if use_opd else None))
             if plan.reflection_update and privileged is not None and privileged.reflections is not None:
                 metrics.update(reflection_update(cfg, self.policy, self.optimizer, privileged.reflections,
                                                  group_of, self.dp))
@@ -303,13 +322,13 @@ class Trainer:
                 metrics["throughput/mfu_update"] = util
         return metrics
 
-    def _update(self, batch: UpdateBatch, use_opd: bool) -> dict[str, float]:
+    def _update(self, batch: UpdateBatch, use_opd: bool, evidence: TeacherEvidence | None) -> dict[str, float]:
         cfg = self.cfg
         n = len(batch.samples)
         gen = torch.Generator().manual_seed(update_seed(cfg.run.seed, self.step))
         out: dict[str, float] = {}
         applied = 0
-        for _ in range(cfg.trainer.ppo_epochs):
+        for epoch in range(cfg.trainer.ppo_epochs):
             order = torch.randperm(n, generator=gen).tolist()
             size = math.ceil(n / cfg.trainer.mini_batches)
             starts = range(0, n, size) if self.dp is None else range(0, size * cfg.trainer.mini_batches, size)
@@ -318,7 +337,8 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss, m = minibatch_loss_backward(
                     self.policy, batch, index, cfg.loss, use_kl=self.plan.kl, use_opd=use_opd,
-                    temperature=cfg.rollout.temperature, token_budget=cfg.trainer.micro_batch_tokens, dp=self.dp)
+                    temperature=cfg.rollout.temperature, token_budget=cfg.trainer.micro_batch_tokens, dp=self.dp,
+                    evidence=evidence, first_look=epoch == 0)
                 norm = grad_norm_and_clip(self.optimizer, cfg.optim.grad_clip)
                 if not (math.isfinite(loss) and math.isfinite(norm)):
                     self.optimizer.zero_grad(set_to_none=True)
@@ -332,12 +352,24 @@ class Trainer:
                 out["loss/total"] = loss
                 out["optim/grad_norm"] = norm
         out["optim/updates_applied"] = float(applied)
+        if evidence is not None:
+            if self.dp is not None:
+                evidence.reduce(self.dp)
+            out.update(evidence.metrics())
         if self.bad_steps >= cfg.trainer.max_bad_steps:
             raise FloatingPointError(
                 f"{self.bad_steps} non-finite updates in a row (trainer.max_bad_steps={cfg.trainer.max_bad_steps})")
         return out
 
     # ------------------------------------------------------------------ the run
+
+    def _env_failures(self) -> str:
+        """The step's environment counters that are not zero (worker restarts, failures by kind)."""
+        shown = {k.removeprefix("rollout/env_"): v for k, v in self.env_metrics.items() if v}
+        games = getattr(self.envs, "failed_games", {})
+        named = [f"{game} x{n}" for game, n in sorted(games.items())][:8]
+        return (", ".join(f"{k} {v:g}" for k, v in shown.items()) or "no environment failure counted") + (
+            f"; failed episodes per game: {', '.join(named)}" if named else "")
 
     def control_run(self) -> list[dict[str, Any]]:
         """The no-learning control: the rollouts of every update (same games, same sampling seeds as a real
@@ -356,15 +388,13 @@ class Trainer:
         cfg = self.cfg
         ckpt_dir = self.paths.ckpt
         start = 0
-        resume = cfg.trainer.resume
-        if resume:
-            path = latest_checkpoint(ckpt_dir) if resume == "auto" else Path(resume)
-            if path is not None:
-                state = load_checkpoint(path, self.trained, self.optimizer, self.scheduler)
-                if self.masters is not None:
-                    self.masters.publish()
-                start = state["step"]
-                self.bad_steps = state.get("bad_steps", 0)
+        # a damaged newest checkpoint is passed over, changed keys are named (runtime/resume.py)
+        resumed = resume_run(cfg, ckpt_dir, self.trained, self.optimizer, self.scheduler)
+        if resumed is not None:
+            if self.masters is not None:
+                self.masters.publish()
+            start = resumed.step
+            self.bad_steps = resumed.state.get("bad_steps", 0)
         if self.is_main:  # rank 0 alone writes metrics and TensorBoard
             truncate_metrics(self.paths.metrics, start - 1)
             truncate_metrics(self.paths.skills, start - 1)
@@ -372,9 +402,14 @@ class Trainer:
                                      wandb_project=cfg.log.wandb_project)
         else:
             self.log = NullLogger()
+        if resumed is not None and resumed.changes:  # the metrics record what the resumed run changed
+            self.log.event({"event": "resume", "checkpoint": str(resumed.path), "first_step": start,
+                            "changed": {k: list(v) for k, v in resumed.changes.items()}})
         window = ProfileWindow(cfg.trainer.profile_range())
         history = []
         bar = ProgressBar(cfg.trainer.steps, cfg.algorithm, start) if shows_progress(cfg, self.is_main) else None
+        if bar is not None and resumed is not None:
+            bar.phase(f"resumed from {resumed.path} at step {start}")
         try:
             for step in range(start, cfg.trainer.steps):
                 self.step = step
@@ -389,10 +424,17 @@ class Trainer:
                 self.log.log(step, metrics)
                 history.append({"step": step, **metrics})
                 if bar is not None:
-                    bar.advance(f"{cfg.algorithm} success {metrics.get('train/success_rate', float('nan')):.2f}")
+                    bar.advance(f"{cfg.algorithm} success {metrics.get('train/success_rate', float('nan')):.2f}",
+                                step_fields(metrics))
+                    if "eval/success_rate" in metrics:
+                        bar.phase(f"evaluation after step {step + 1}: success {metrics['eval/success_rate']:.3f}")
                 if (cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0) or last:
-                    save_checkpoint(ckpt_dir, step + 1, self.trained, self.optimizer, self.scheduler,
-                                    {"bad_steps": self.bad_steps}, keep=cfg.trainer.keep_checkpoints)
+                    t0 = time.perf_counter()
+                    saved = save_checkpoint(ckpt_dir, step + 1, self.trained, self.optimizer, self.scheduler,
+                                            {"bad_steps": self.bad_steps}, keep=cfg.trainer.keep_checkpoints,
+                                            config_yaml=cfg.to_yaml())
+                    if bar is not None:
+                        bar.phase(f"checkpoint {saved} written ({time.perf_counter() - t0:.1f} s)")
             if self.dp is not None:
                 # every rank gathers, rank 0 writes, in the compute dtype (the master weights are in the checkpoint)
                 export_hf(self.policy, self.paths.hf, dtype=DTYPES[cfg.model.dtype])

@@ -21,6 +21,7 @@ from seedfast.ops import LossOptions, fused_loss
 from seedfast.scoring.packing import prompt_order, split_by_budget
 from seedfast.scoring.prefix_kv_teacher import teacher_logprob_with_prefix
 from seedfast.scoring.shared_prompts import response_rows
+from seedfast.train.teacher_evidence import TeacherEvidence, policy_gradient_weight
 
 
 @dataclass
@@ -96,9 +97,14 @@ def loss_options(loss_cfg: LossConfig, *, use_kl: bool, use_opd: bool) -> LossOp
 
 def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cfg: LossConfig, *,
                             use_kl: bool, use_opd: bool, temperature: float, token_budget: int,
-                            attn_backend: str | None = None,
-                            dp: DataParallel | None = None) -> tuple[float, dict[str, float]]:
+                            attn_backend: str | None = None, dp: DataParallel | None = None,
+                            evidence: TeacherEvidence | None = None,
+                            first_look: bool = False) -> tuple[float, dict[str, float]]:
     """Forward + backward of one mini-batch (gradients accumulate in the parameters); returns (loss, metrics).
+
+    `evidence` (train/teacher_evidence.py) gets the OPD and policy terms' gradient weights of every micro-batch and,
+    with `first_look` (the samples' first forward in this update) when the forward scores the teacher itself, the
+    winners' and losers' Δ under the same parameters on both sides.
 
     With `dp` (a model sharded by distributed/parallelize.py), `index` is this rank's part of a mini-batch spread over
     the data-parallel ranks: the weights use the global counts, every rank runs as many micro-batches as the
@@ -121,7 +127,7 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
     teacher_here = use_opd and batch.teacher_from_forward
     run = _MicroBatchRun(loss_options(loss_cfg, use_kl=use_kl, use_opd=use_opd), use_kl=use_kl, use_opd=use_opd,
                          teacher_here=teacher_here, share_prompts=share_prompts, temperature=temperature,
-                         attn_backend=attn_backend)
+                         attn_backend=attn_backend, evidence=evidence, first_look=first_look)
     sums = _MiniBatchSums()
     for k in range(len(groups) + padding):
         if k < len(groups):
@@ -149,6 +155,8 @@ class _MicroBatchRun:
     share_prompts: bool  # a prompt repeated in a micro-batch runs once (scoring/shared_prompts.py)
     temperature: float
     attn_backend: str | None
+    evidence: TeacherEvidence | None = None  # the update's teacher evidence, added to by each micro-batch
+    first_look: bool = False  # the samples' first forward in this update (the contrast is measured there)
 
 
 _TEACHER_MEANS = ("gate_mean", "opd_term")  # means over teacher-valid tokens (ops/token_loss.py metric_means)
@@ -181,38 +189,6 @@ class RolloutGap:
 
 
 @dataclass
-class TeacherGap:
-    """ℓskill − ℓθ over the teacher-valid response tokens of winning and of losing trajectories: a skill that carries
-    signal raises the winners' actions more than the losers'."""
-
-    win_total: float = 0.0
-    win_tokens: float = 0.0
-    lose_total: float = 0.0
-    lose_tokens: float = 0.0
-
-    def add(self, logprob: torch.Tensor, teacher_logprob: torch.Tensor, teacher_mask: torch.Tensor,
-            samples: list[StepSample]) -> None:
-        delta = teacher_logprob.float() - logprob.detach().float()
-        valid = teacher_mask.bool()
-        lengths = torch.tensor([len(s.response_ids) for s in samples])
-        outcome_won = torch.tensor([s.reward + s.penalty > 0 for s in samples])
-        won = torch.repeat_interleave(outcome_won, lengths).to(delta.device)
-        win, lose = valid & won, valid & ~won
-        # reduced on the device: only the scalar sums cross to the host, never the per-token tensors
-        self.win_total += float(torch.where(win, delta, 0.0).sum())
-        self.win_tokens += int(win.sum())
-        self.lose_total += float(torch.where(lose, delta, 0.0).sum())
-        self.lose_tokens += int(lose.sum())
-
-    def metrics(self) -> dict[str, float]:
-        out = {}
-        for name, total, n in (("win", self.win_total, self.win_tokens), ("lose", self.lose_total, self.lose_tokens)):
-            if n:
-                out[f"skill/teacher_gap_{name}"] = total / n
-        return out
-
-
-@dataclass
 class _MiniBatchSums:
     """What the micro-batches of one mini-batch add up. `metric_sums` holds only the loss's own metric names (weighted
     sums; ratio_min / ratio_max their extremes); the sums the means divide by and the gap diagnostics are fields, so
@@ -223,7 +199,6 @@ class _MiniBatchSums:
     teacher_weight: float = 0.0  # Σ token weights over teacher-valid tokens
     metric_sums: dict[str, float] = field(default_factory=dict)
     rollout_gap: RolloutGap = field(default_factory=RolloutGap)
-    teacher_gap: TeacherGap = field(default_factory=TeacherGap)
 
     def add_metrics(self, metrics: dict[str, torch.Tensor], weight: float, teacher_weight: float) -> None:
         """Add one micro-batch's metric means (fused_loss's, weighted by that micro-batch's weights; gate_mean and
@@ -250,13 +225,11 @@ class _MiniBatchSums:
         mins = [k for k in keys if k == "ratio_min"]
         maxs = [k for k in keys if k == "ratio_max"]
         adds = [k for k in keys if k not in mins and k not in maxs]
-        r, t = self.rollout_gap, self.teacher_gap
+        r = self.rollout_gap
         # one all-reduce for every sum, the fields first
-        fields = [self.loss, self.weight, r.tokens, r.total, self.teacher_weight, t.lose_tokens, t.lose_total,
-                  t.win_tokens, t.win_total]
+        fields = [self.loss, self.weight, r.tokens, r.total, self.teacher_weight]
         added = dp.sum([*fields, *(own.get(k, 0.0) for k in adds)])
-        (self.loss, self.weight, r.tokens, r.total, self.teacher_weight, t.lose_tokens, t.lose_total, t.win_tokens,
-         t.win_total) = added[:len(fields)]
+        self.loss, self.weight, r.tokens, r.total, self.teacher_weight = added[:len(fields)]
         sums.update(zip(adds, added[len(fields):]))
         sums.update(zip(mins, dp.min([own.get(k, math.inf) for k in mins])))
         r.largest, *extremes = dp.max([r.largest, *(own.get(k, -math.inf) for k in maxs)])
@@ -268,7 +241,7 @@ class _MiniBatchSums:
         out = {k: (v if k.startswith("ratio_") else
                    v / max(self.teacher_weight if k in _TEACHER_MEANS else self.weight, 1e-12))
                for k, v in self.metric_sums.items()}
-        return {**out, "loss": self.loss, **self.rollout_gap.metrics(), **self.teacher_gap.metrics()}
+        return {**out, "loss": self.loss, **self.rollout_gap.metrics()}
 
 
 def _head_loss(model: torch.nn.Module):
@@ -329,9 +302,14 @@ def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, r
         return
     if old is None:
         sums.rollout_gap.add(logprob, micro_samples)
-    if teacher_logprob is not None:
-        sums.teacher_gap.add(logprob, teacher_logprob, teacher_mask, micro_samples)
     twsum = float((w.to(device) * teacher_mask.float()).sum()) if teacher_logprob is not None else 0.0
+    if run.evidence is not None and teacher_logprob is not None:
+        if run.teacher_here and run.first_look:
+            run.evidence.add_contrast(logprob, teacher_logprob, teacher_mask, micro_samples)
+        pg = policy_gradient_weight(logprob, old, _gather(batch.advantages, batch, micro).to(device), w.to(device),
+                                    run.options)
+        # ∂(λ·opd)/∂ℓθ = −λ·w·m·g (the gate is detached), so its weight is λ·Σ w·m·g = λ·gate_mean·Σ w·m
+        run.evidence.add_gradient_weights(run.options.opd_coef * float(metrics["gate_mean"]) * twsum, pg)
     sums.loss += float(loss.detach())
     sums.add_metrics(metrics, float(w.sum()), twsum)
 

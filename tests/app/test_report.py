@@ -18,7 +18,7 @@ def test_report_shows_the_control_beside_each_algorithm_with_the_means(tmp_path)
         return [{"step": i, "train/success_rate": v, **extra} for i, v in enumerate(values)]
 
     histories = {"grpo": rows([0.25, 0.5, 0.5, 0.75], **{"train/groups_with_signal": 0.5}),
-                 "seed": rows([0.25, 0.5, 0.75, 1.0], **{"loss/gate_mean": 0.5, "skill/teacher_gap_win": 0.25})}
+                 "seed": rows([0.25, 0.5, 0.75, 1.0], **{"teacher/contrast": 0.25, "teacher/opd_share": 0.5})}
     histories["grpo"][-1]["eval/success_rate"] = 0.5
     control = rows([0.25, 0.0, 0.25, 0.25])
     ev = {"eval/success_rate": 0.4, "eval/invalid_rate": 0.1, "eval/episode_length": 3.0}
@@ -29,7 +29,7 @@ def test_report_shows_the_control_beside_each_algorithm_with_the_means(tmp_path)
     assert "| 4 | 0.250 | 0.750 | 1.000 |" in text
     assert "| mean, first quarter | 0.250 | 0.250 | 0.250 |" in text
     assert "| mean, last half | 0.250 | 0.625 | 0.875 |" in text
-    assert "seed means over updates: loss/gate_mean 0.500, skill/teacher_gap_win 0.250" in text
+    assert "seed means over updates: teacher/contrast 0.250, teacher/opd_share 0.500" in text
     assert not list(tmp_path.glob("*.tmp"))
 
 

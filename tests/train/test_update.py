@@ -106,24 +106,6 @@ def test_the_opd_term_raises_the_likelihood_of_what_the_skill_supports_and_nothi
             assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params))
 
 
-def test_teacher_gap_splits_winners_and_losers_over_teacher_valid_tokens():
-    from seedfast.context.sample import StepSample
-    from seedfast.train.update import TeacherGap
-
-    won = StepSample(prompt_ids=[1, 2], response_ids=[3, 4], reward=0.9, penalty=0.1)  # outcome 1
-    lost = StepSample(prompt_ids=[1, 2], response_ids=[5, 6, 7], reward=-0.1, penalty=0.1)  # outcome 0
-    logprob = torch.tensor([-1.0, -2.0, -1.0, -1.0, -3.0])
-    teacher = torch.tensor([-0.5, -1.0, -2.0, 0.0, -1.0])
-    mask = torch.tensor([True, True, True, False, True])
-    gap = TeacherGap()
-    gap.add(logprob, teacher, mask, [won, lost])
-    gap.add(logprob[:2], teacher[:2], mask[:2], [won])
-    out = gap.metrics()
-    assert out["skill/teacher_gap_win"] == pytest.approx((0.5 + 1.0) * 2 / 4)
-    assert out["skill/teacher_gap_lose"] == pytest.approx((-1.0 + 2.0) / 2)
-    assert TeacherGap().metrics() == {}  # no teacher-valid token: no metric
-
-
 def _user_facing(key: str) -> bool:
     """A name a person reads in metrics.jsonl / TensorBoard: no `_`-prefixed part (internal bookkeeping)."""
     return not any(part.startswith("_") for part in key.split("/"))
@@ -131,7 +113,7 @@ def _user_facing(key: str) -> bool:
 
 def test_the_update_returns_only_user_facing_metrics():
     """Every sum the update keeps for itself (weights, gap sums) stays out of its metrics, whatever terms run: KL,
-    entropy, OPD with a teacher, the rollout gap and the teacher gap on winners and losers."""
+    entropy, OPD with a teacher, the rollout gap (the teacher's evidence is the caller's: test_teacher_evidence.py)."""
     model = build_decoder(make_config("qwen3"), dtype=torch.float32, seed=3)
     from seedfast.scoring import StepSample
 
@@ -146,6 +128,5 @@ def test_the_update_returns_only_user_facing_metrics():
     loss_cfg = LossConfig(kl_coef=0.1, entropy_coef=0.01, opd_coef=0.5)
     _, metrics = minibatch_loss_backward(model, batch, list(range(len(samples))), loss_cfg, use_kl=True,
                                          use_opd=True, temperature=1.0, token_budget=40)
-    assert {"kl", "entropy", "gate_mean", "opd_term", "loss", "rollout/logprob_gap_mean",
-            "skill/teacher_gap_win", "skill/teacher_gap_lose"} <= set(metrics)
+    assert {"kl", "entropy", "gate_mean", "opd_term", "loss", "rollout/logprob_gap_mean"} <= set(metrics)
     assert [k for k in metrics if not _user_facing(k)] == []
