@@ -4,11 +4,11 @@
 
 SFT_RUN is a finished demo run (runs/SFT_RUN/sft holds its SFT policy). Trains each algorithm of
 demo.algorithms from that start exactly as the demo does, rolls out the no-learning control on the same draws,
-evaluates held-out success the demo's way (train/evaluate.py evaluate_policy: every held-out game once at
-rollout.eval_temperature) and prints, per algorithm, training-pool success over the first quarter and the last
-half of the updates beside the control's, held-out success before and after, and the mean over updates of the
-report's evidence metrics (app/report.py EVIDENCE: the teacher gap on winners and losers, gate mean, teacher-valid
-rate, ...). Appends one JSON line per run,
+evaluates held-out success the demo's way (train/evaluate.py evaluate_policy: every held-out game
+trainer.eval_repeats times at rollout.eval_temperature) and prints, per algorithm, training-pool success over the
+first quarter and the last half of the updates beside the control's, held-out success before and after, and the mean
+over updates of the report's evidence metrics (app/report.py EVIDENCE: the teacher's win-lose contrast, the shares
+of tokens it raises, its share of the update, ...). Appends one JSON line per run,
 with the machine and versions, to benchmarks/results/rl_probe.jsonl. This is how the demo's RL pool was chosen
 (docs/demo.md): a second SFT is not needed to try an RL setting.
 """
@@ -83,7 +83,9 @@ def main(sft_run: str, name: str, overrides: list[str]) -> dict:
         if r["evidence"]:
             print(algorithm, " ".join(f"{k}={v:.3f}" for k, v in r["evidence"].items()))
     record = {"name": name, "sft_run": sft_run, "overrides": overrides, "heldout_before": before,
-              "heldout_games": len(eval_tasks), "heldout_repeats": 1, "runs": runs,
+              # evaluation_tasks lists the games trainer.eval_repeats times: the plays the evaluation made
+              "heldout_games": len(eval_tasks) // cfg.trainer.eval_repeats,
+              "heldout_repeats": cfg.trainer.eval_repeats, "runs": runs,
               "git_commit": git_commit(), "machine": machine_info(), "versions": versions("torch", "seedfast")}
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     with open(RESULTS_DIR / "rl_probe.jsonl", "a") as f:

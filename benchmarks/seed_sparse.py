@@ -1,0 +1,224 @@
+"""SEED where the paper says it wins: a sparse-reward, longer-horizon pool, GRPO beside SEED's arms and a no-learning
+control, each from an SFT start made the demo's way (docs/demo.md, 'SEED in the sparse regime').
+
+    seedfast sft configs/demo_cpu.yaml run.name=sparse_sft_s5 run.seed=5 env.games_dir=runs/sparse/games
+    python benchmarks/seed_sparse.py run --seed 5 --arm grpo            # one arm at one seed (append or replace)
+    python benchmarks/seed_sparse.py run --seed 5 --arm A --lam 0.3     # SEED, oracle skills, λ_opd 0.3
+    python benchmarks/seed_sparse.py report                             # the table and the plot
+
+The pool: treasure_hunter levels 7-10 (walkthroughs of 4-5 steps, where SFT saw 2-3), up to 10 steps an episode,
+the demo's 64-game pool, 8 games x 8 trajectories an update, 16 updates. Arms (the issue's names):
+
+- control: the SFT start's rollouts of every update, no update (same games, same sampling seeds);
+- grpo: GRPO;
+- A: SEED with the oracle analyzer, teacher_params --teacher, λ_opd --lam;
+- B: A with β = 0 (the gate ≡ ½: self-imitation of its own samples with no teacher, same weight);
+- C: A with the self analyzer (the real algorithm);
+- dense_*: the same arm on the demo's dense pool (levels 3-6, 6 steps).
+
+Each run writes its record into benchmarks/results/seed_sparse.json under "<pool>/s<seed>/<arm>" (runs of other
+arms and seeds are kept; one current file, its history in git): pool success, groups with signal, mean episode
+length and the teacher's evidence (train/teacher_evidence.py) per update, held-out success before and after (the
+demo's evaluation: trainer.eval_games held-out games x trainer.eval_repeats plays), seconds per update, the overrides,
+the machine and versions. `report` prints the table and draws benchmarks/results/seed_sparse.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import fcntl
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS_DIR, git_commit, machine_info, print_table, versions  # noqa: E402
+
+from seedfast.config import load_config  # noqa: E402
+from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer  # noqa: E402
+from seedfast.train.evaluate import evaluate_policy  # noqa: E402
+from seedfast.train.rl import Trainer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = RESULTS_DIR / "seed_sparse.json"
+POOLS = {
+    "sparse": ["env.levels=7-10", "env.games_dir=runs/sparse/games", "env.max_steps=10"],
+    "dense": ["env.levels=3-6", "env.games_dir=runs/sparse/games", "env.max_steps=6"],
+}
+PER_UPDATE = ("train/success_rate", "train/groups_with_signal", "train/episode_length", "train/advantage_zero_frac",
+              "teacher/contrast", "teacher/delta_win", "teacher/delta_lose", "teacher/raised_win",
+              "teacher/raised_lose", "teacher/opd_share", "skill/parse_rate", "samples/teacher_valid_rate",
+              "time/step")
+
+
+def arm_overrides(arm: str, lam: float, teacher: str) -> list[str]:
+    seed_oracle = ["algorithm=seed", "skill.analyzer=oracle", f"skill.teacher_params={teacher}",
+                   f"loss.opd_coef={lam}"]
+    arms = {"control": ["algorithm=grpo", "loss.kl_coef=0.0"], "grpo": ["algorithm=grpo"], "A": seed_oracle,
+            "B": [*seed_oracle, "loss.opd_beta=0.0"],
+            "C": ["algorithm=seed", "skill.analyzer=self", f"skill.teacher_params={teacher}", f"loss.opd_coef={lam}"]}
+    if arm not in arms:
+        raise SystemExit(f"seed_sparse: --arm {arm!r} is not one of {sorted(arms)}")
+    return arms[arm]
+
+
+def run_name(arm: str, lam: float, teacher: str) -> str:
+    """The record's arm name: SEED arms carry their weight and teacher (A_lam0.3_current)."""
+    return arm if arm in ("control", "grpo") else f"{arm}_lam{lam:g}_{teacher}"
+
+
+@contextlib.contextmanager
+def locked_results():
+    """The results file, read and rewritten under an exclusive lock (two arms may finish at once); written whole
+    to a temporary file, then renamed into place."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    with open(RESULT.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(RESULT.read_text()) if RESULT.exists() else {"runs": {}, "starts": {}}
+        yield data
+        tmp = RESULT.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, RESULT)
+
+
+def run(seed: int, arm: str, lam: float, teacher: str, pool: str, steps: int, extra: list[str]) -> dict:
+    sft_run = f"sparse_sft_s{seed}"
+    name = run_name(arm, lam, teacher)
+    overrides = ["log.progress=false", "log.tensorboard=false", f"run.name=seed_sparse_{pool}_s{seed}",
+                 f"run.seed={seed}", f"trainer.steps={steps}", *POOLS[pool], *arm_overrides(arm, lam, teacher),
+                 *extra]
+    cfg = load_config(ROOT / "configs" / "demo_cpu.yaml", overrides)
+    sft_dir = ROOT / cfg.run.out_dir / sft_run / "sft"
+    if not (sft_dir / "config.json").exists():
+        raise SystemExit(f"seed_sparse: no SFT policy in {sft_dir} (module docstring: seedfast sft ...)")
+    start_key = f"{pool}/s{seed}"
+    with locked_results() as data:
+        before = data["starts"].get(start_key)
+    if before is None:  # the SFT start's held-out success, once per pool and seed
+        start = load_policy(cfg, sft_dir, device_of(cfg), trainable=False)
+        ev = evaluate_policy(cfg, start, load_run_tokenizer(cfg, sft_dir), "eval")
+        before = {k: ev[k] for k in ("eval/success_rate", "eval/episode_length") if k in ev}
+        with locked_results() as data:
+            data["starts"][start_key] = before
+
+    t0 = time.perf_counter()
+    if arm == "control":
+        trainer = Trainer(cfg, policy_dir=sft_dir, run_dir=cfg.run_dir / name)
+    else:
+        sub = copy.deepcopy(cfg)
+        sub.trainer.init_from = str(sft_dir)
+        trainer = Trainer(sub, policy_dir=sft_dir, run_dir=cfg.run_dir / name)
+    try:
+        history = trainer.control_run() if arm == "control" else trainer.run()
+    finally:
+        trainer.close()
+    last = history[-1]
+    record = {
+        "seed": seed, "pool": pool, "arm": arm, "lam": lam, "teacher": teacher, "sft_run": sft_run,
+        "overrides": overrides, "updates": len(history),
+        "per_update": {k: [r.get(k) for r in history] for k in PER_UPDATE if any(k in r for r in history)},
+        "heldout_before": before,
+        "heldout_after": None if arm == "control" else {k: last[k] for k in ("eval/success_rate",
+                                                                             "eval/episode_length") if k in last},
+        "heldout_games": cfg.trainer.eval_games, "heldout_repeats": cfg.trainer.eval_repeats,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "git_commit": git_commit(), "machine": machine_info(), "versions": versions("torch", "seedfast"),
+    }
+    with locked_results() as data:
+        data["runs"][f"{pool}/s{seed}/{name}"] = record
+    curve = record["per_update"]["train/success_rate"]
+    print(f"{pool}/s{seed}/{name}: pool success per update {' '.join(f'{v:.2f}' for v in curve)}; held-out "
+          f"{before['eval/success_rate']:.3f} -> "
+          f"{'-' if record['heldout_after'] is None else round(record['heldout_after']['eval/success_rate'], 3)}; "
+          f"{record['wall_s']} s")
+    return record
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def summary(record: dict) -> dict:
+    """Pool success over updates 1-8 and 4-16 (1-based) and the last half; the means of the evidence."""
+    curve = record["per_update"]["train/success_rate"]
+    out = {"pool 1-8": mean(curve[:8]), "pool 4-16": mean(curve[3:16]), "pool last half": mean(curve[len(curve) // 2:])}
+    for key in ("train/groups_with_signal", "train/episode_length", "teacher/contrast", "teacher/raised_win",
+                "teacher/raised_lose", "teacher/opd_share", "time/step"):
+        values = [v for v in record["per_update"].get(key, []) if v is not None]
+        if values:
+            out[key] = mean(values)
+    return out
+
+
+def report() -> None:
+    data = json.loads(RESULT.read_text())
+    rows = []
+    for key, record in sorted(data["runs"].items()):
+        s = summary(record)
+        after = record["heldout_after"]
+        rows.append({"run": key, **{k: f"{v:.3f}" for k, v in s.items()},
+                     "held-out before": f"{record['heldout_before']['eval/success_rate']:.3f}",
+                     "held-out after": "-" if after is None else f"{after['eval/success_rate']:.3f}"})
+    columns = sorted({c for r in rows for c in r}, key=lambda c: list(rows[0]).index(c) if c in rows[0] else 99)
+    print_table([{c: r.get(c, "-") for c in columns} for r in rows], columns, title="seed_sparse")
+    plot(data)
+
+
+def plot(data: dict) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pools = sorted({r["pool"] for r in data["runs"].values()})
+    fig, axes = plt.subplots(1, len(pools), figsize=(7 * len(pools), 4.5), squeeze=False)
+    for ax, pool in zip(axes[0], pools):
+        arms: dict[str, list[list[float]]] = {}
+        for record in data["runs"].values():
+            if record["pool"] == pool:
+                arms.setdefault(run_name(record["arm"], record["lam"], record["teacher"]), []).append(
+                    record["per_update"]["train/success_rate"])
+        for i, (arm, curves) in enumerate(sorted(arms.items())):
+            color = "black" if arm == "control" else f"C{i}"
+            n = min(len(c) for c in curves)
+            xs = list(range(1, n + 1))
+            for c in curves:
+                ax.plot(xs, c[:n], color=color, alpha=0.25, linewidth=0.8)
+            ax.plot(xs, [mean([c[j] for c in curves]) for j in range(n)], color=color, linewidth=2,
+                    linestyle="--" if arm == "control" else "-", label=f"{arm} (mean of {len(curves)} seeds)")
+        ax.set_title(f"{pool} pool: success per update (thin: each seed)")
+        ax.set_xlabel("update")
+        ax.set_ylabel("pool success")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = RESULT.with_suffix(".png")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--seed", type=int, required=True)
+    r.add_argument("--arm", required=True)
+    r.add_argument("--lam", type=float, default=0.3)
+    r.add_argument("--teacher", choices=("old", "current"), default="current")
+    r.add_argument("--pool", choices=sorted(POOLS), default="sparse")
+    r.add_argument("--steps", type=int, default=16)
+    r.add_argument("overrides", nargs="*", help="more dotted overrides")
+    sub.add_parser("report")
+    args = parser.parse_args()
+    if args.command == "run":
+        run(args.seed, args.arm, args.lam, args.teacher, args.pool, args.steps, args.overrides)
+    else:
+        report()
+
+
+if __name__ == "__main__":
+    main()
