@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -173,7 +174,8 @@ def phase_flops(cfg: dict, lengths: dict) -> dict[str, float]:
     return f
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, on_row=None) -> dict:
+    """Both algorithms' steps; `on_row(result so far)` after each (the GPU window writes its JSON as it goes)."""
     from seedfast.model.config import DecoderConfig
     from seedfast.model.decoder import build_decoder
     from seedfast.runtime.optim import adamw
@@ -185,11 +187,15 @@ def run(args: argparse.Namespace) -> dict:
     batch = dict(BATCHES[args.shape])
     torch.manual_seed(0)
     start = build_decoder(DecoderConfig(**cfg), dtype=dtype, device=args.device, seed=0,
-                          attn_backend="sdpa" if args.device == "cpu" else "auto")
+                          attn_backend=args.attn or ("sdpa" if args.device == "cpu" else "auto"))
     ref = copy.deepcopy(start).eval().requires_grad_(False)
     prompts = make_prompts(batch, cfg["vocab_size"])
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(args.device, dtype)
     rows = []
+    header = {"shape": args.shape, "model": cfg, "batch": batch, "device": args.device, "dtype": args.dtype,
+              "attn": args.attn or "auto", "autotune_one": os.environ.get("SEEDFAST_AUTOTUNE_ONE") == "1",
+              "reps": args.reps, "peak_bf16_flops": peak, "machine": machine_info(),
+              "commit": args.commit or git_commit(), "torch": torch.__version__, "rows": rows}
     for algo in ("grpo", "seed"):
         policy = copy.deepcopy(start).train()
         optimizer = adamw(list(policy.parameters()), lr=1e-6, weight_decay=0.0)
@@ -229,12 +235,10 @@ def run(args: argparse.Namespace) -> dict:
         del policy, optimizer
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    grpo = rows[0]
-    for row in rows:
-        row["step_vs_grpo"] = round(row["step_s"] / grpo["step_s"], 3)
-    return {"shape": args.shape, "model": cfg, "batch": batch, "device": args.device, "dtype": args.dtype,
-            "reps": args.reps, "peak_bf16_flops": peak, "machine": machine_info(), "commit": git_commit(),
-            "torch": torch.__version__, "rows": rows}
+        rows[-1]["step_vs_grpo"] = round(rows[-1]["step_s"] / rows[0]["step_s"], 3)
+        if on_row:
+            on_row({**header, "partial": len(rows) < 2})
+    return {**header, "partial": False}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -244,7 +248,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: bf16 on cuda, fp32 on cpu")
     ap.add_argument("--layers", type=int, default=None, help="cut the depth (a quick look)")
     ap.add_argument("--reps", type=int, default=2, help="measured steps per algorithm after one warm-up")
-    ap.add_argument("--out", default=None, help="JSON path (default: print only)")
+    ap.add_argument("--out", default=None, help="JSON path, rewritten after each algorithm (default: print only)")
+    ap.add_argument("--attn", default=None, choices=["auto", "sdpa", "flex", "flash"],
+                    help="attention backend (default: auto on CUDA, sdpa on CPU); the GPU window runs sdpa: flex "
+                         "compiles under torch.compile, which a cold window cannot afford")
+    ap.add_argument("--commit", default=os.environ.get("SEEDFAST_COMMIT"),
+                    help="the commit measured (default: $SEEDFAST_COMMIT, else git; the window's tree has no .git)")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs the step stands for (verl's tokens/s/GPU, MFU)")
     ap.add_argument("--peak-tflops", type=float, default=None,
                     help="the device's dense bf16 peak, TFLOP/s (default: the table of known GPUs; none on CPU)")
@@ -261,7 +270,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    result = run(args)
+    result = run(args, on_row=(lambda partial: write_json_atomic(Path(args.out), partial)) if args.out else None)
     for row in result["rows"]:
         ph = " ".join(f"{k}={v['s']:.3f}s" for k, v in row["phases"].items())
         print(f"{row['algorithm']:5s} step {row['step_s']:.3f}s ({row['step_vs_grpo']:.2f}x grpo) {ph} "

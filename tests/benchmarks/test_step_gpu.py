@@ -32,6 +32,21 @@ def test_tiny_cpu_run_writes_both_algorithms(tmp_path):
     # the SEED update adds the teacher branch's forward to GRPO's 3 x forward
     assert rows["seed"]["phases"]["update"]["tflop"] > rows["grpo"]["phases"]["update"]["tflop"]
     assert rows["grpo"]["step_vs_grpo"] == 1.0
+    assert result["partial"] is False and result["attn"] == "auto"
+
+
+def test_json_is_written_after_each_algorithm_with_the_commit_passed_in(tmp_path, monkeypatch):
+    # the GPU window's tree has no .git: the commit comes in; a step cut short still leaves the GRPO row on disk
+    out = tmp_path / "step_gpu.json"
+    seen = []
+    real = step_gpu.write_json_atomic
+    monkeypatch.setattr(step_gpu, "write_json_atomic", lambda path, obj: (seen.append(
+        ([r["algorithm"] for r in obj["rows"]], obj["partial"])), real(path, obj)))
+    step_gpu.main(["--shape", "tiny", "--device", "cpu", "--reps", "1", "--attn", "sdpa", "--commit", "abc1234",
+                   "--out", str(out)])
+    assert seen == [(["grpo"], True), (["grpo", "seed"], False), (["grpo", "seed"], False)]
+    result = json.loads(out.read_text())
+    assert result["commit"] == "abc1234" and result["attn"] == "sdpa"
 
 
 def test_forward_flops_is_the_hand_count():
