@@ -211,11 +211,13 @@ FUSED_MIN_ROWS = 1024
 
 def forward(hidden, weight, targets, teacher_hidden=None, temperature=1.0, with_entropy=False,
             ignore_index=-100, *, n_splits: int | None = None, group_n: int | None = None,
-            check_targets: bool = True):
+            check_targets: bool = True, config=None):
     """-> (logprob [N] f32, entropy [N] f32 | None, teacher_logprob [N] f32 | None, lse [N] f32).
 
     check_targets=False skips the target-range check (a host sync) for callers that ran it already (the
-    public ops do, in validate.check_linear_inputs): out-of-range ids would silently give logprob = -lse."""
+    public ops do, in validate.check_linear_inputs): out-of-range ids would silently give logprob = -lse.
+    config: one autotune candidate (a triton.Config of seedfast/kernels/configs.py) launched directly instead of the
+    autotuner's pick, with vocabulary splits for its tile (tests check every candidate against fp64)."""
     _validate_linear(hidden, weight, targets, teacher_hidden, temperature)
     n, d = hidden.shape
     vocab = weight.shape[0]
@@ -231,13 +233,24 @@ def forward(hidden, weight, targets, teacher_hidden=None, temperature=1.0, with_
         check_target_range("forward", targets, vocab, ignore_index)
     targets = targets.contiguous()
     splits, groups = choose_n_splits(n, vocab, dev)
+    if config is not None:  # splits for this candidate's tile: at most one per vocabulary tile
+        blocks = _cdiv(n, config.kwargs["BLOCK_N"])
+        splits = wave_splits(blocks, _cdiv(vocab, config.kwargs["BLOCK_V"]), _sm_count(dev))
+        groups = min(blocks, _configs.FWD_GROUP_TOKEN_BLOCKS)
     PATHS["forward"] += 1
     with _on(dev):
         return _forward(hidden, weight, targets, teacher_hidden, temperature, with_entropy, ignore_index,
-                        n_splits or splits, group_n or groups)
+                        n_splits or splits, group_n or groups, config)
 
 
-def _forward(hidden, weight, targets, teacher_hidden, temperature, with_entropy, ignore_index, splits, group_n):
+def _launch_options(config) -> dict:
+    """A candidate's block sizes, and its warps and stages where the kernels compile (the interpreter has none)."""
+    return {**config.kwargs, **({} if _interpreted() else dict(num_warps=config.num_warps,
+                                                                num_stages=config.num_stages))}
+
+
+def _forward(hidden, weight, targets, teacher_hidden, temperature, with_entropy, ignore_index, splits, group_n,
+             config=None):
     n, d = hidden.shape
     vocab = weight.shape[0]
     f32 = dict(device=hidden.device, dtype=torch.float32)
@@ -251,7 +264,10 @@ def _forward(hidden, weight, targets, teacher_hidden, temperature, with_entropy,
             hidden.stride(0), hidden.stride(1), th.stride(0), th.stride(1), weight.stride(0), weight.stride(1),
             1.0 / temperature)
     flags = dict(HAS_TEACHER=has_teacher, WITH_ENTROPY=with_entropy, DOT_PRECISION=_dot_precision(hidden.dtype))
-    if _interpreted():
+    if config is not None:
+        _fwd.linear_logprob_fwd_kernel[(_cdiv(n, config.kwargs["BLOCK_N"]) * splits,)](
+            *args, **flags, **_launch_options(config))
+    elif _interpreted():
         cfg = _configs.INTERPRET_FWD
         _fwd.linear_logprob_fwd_kernel[(math.ceil(n / cfg["BLOCK_N"]) * splits,)](*args, **flags, **cfg)
     else:
@@ -287,11 +303,11 @@ def _check_per_token(n: int, device: torch.device, **tensors) -> None:
 
 def backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy, temperature=1.0,
              ignore_index=-100, *, chunk: int | None = None, need_hidden_grad: bool = True,
-             need_weight_grad: bool = True):
+             need_weight_grad: bool = True, config=None):
     """-> (grad_hidden [N, d] hidden.dtype | None, grad_weight [V, d] weight.dtype | None).
 
     A gradient with need_*_grad=False is None and its GEMM is not launched (a frozen LM head: no dW GEMM);
-    with neither needed nothing is launched."""
+    with neither needed nothing is launched. config: one grad_logits candidate launched directly (as forward's)."""
     _validate_linear(hidden, weight, targets, None, temperature)
     n, d = hidden.shape
     vocab = weight.shape[0]
@@ -307,7 +323,7 @@ def backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy, 
     PATHS["backward.two_pass"] += 1
     with _on(dev):
         return _backward(hidden, weight, targets.contiguous(), lse, entropy, grad_logprob, grad_entropy,
-                         temperature, ignore_index, chunk, need_hidden_grad, need_weight_grad)
+                         temperature, ignore_index, chunk, need_hidden_grad, need_weight_grad, config)
 
 
 def _grad_scale(a: torch.Tensor, b: torch.Tensor | None, entropy: torch.Tensor | None, temperature: float,
@@ -416,13 +432,16 @@ def _gemm_f32_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, accumulat
 
 
 def _launch_grad_logits(hidden, weight, targets, lse, ent, a, b, g, v0, vc, temperature, scale, has_b,
-                        ignore_index):
+                        ignore_index, config=None):
     n, d = hidden.shape
     args = (hidden, weight, targets, lse, ent, a, b, g, n, d, v0, v0 + vc,
             hidden.stride(0), hidden.stride(1), weight.stride(0), weight.stride(1), g.stride(0),
             1.0 / temperature, scale, ignore_index)
     prec = _dot_precision(hidden.dtype)
-    if _interpreted():
+    if config is not None:
+        grid = (_cdiv(n, config.kwargs["BLOCK_N"]) * _cdiv(vc, config.kwargs["BLOCK_V"]),)
+        _bwd.linear_logprob_grad_logits_kernel[grid](*args, HAS_B=has_b, DOT_PRECISION=prec, **_launch_options(config))
+    elif _interpreted():
         cfg = _configs.INTERPRET_GRAD_LOGITS
         grid = (math.ceil(n / cfg["BLOCK_N"]) * math.ceil(vc / cfg["BLOCK_V"]),)
         _bwd.linear_logprob_grad_logits_kernel[grid](*args, HAS_B=has_b, DOT_PRECISION=prec, **cfg)
@@ -433,7 +452,7 @@ def _launch_grad_logits(hidden, weight, targets, lse, ent, a, b, g, v0, vc, temp
 
 
 def _backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy, temperature, ignore_index,
-              chunk, need_hidden_grad, need_weight_grad):
+              chunk, need_hidden_grad, need_weight_grad, config=None):
     n, d = hidden.shape
     vocab = weight.shape[0]
     dev = hidden.device
@@ -460,7 +479,7 @@ def _backward(hidden, weight, targets, lse, entropy, grad_logprob, grad_entropy,
         vc = min(chunk, vocab - v0)
         gc = g[:, :vc]
         _launch_grad_logits(hidden, weight, targets, lse, ent, a, b, gc, v0, vc, temperature, scale, has_b,
-                            ignore_index)
+                            ignore_index, config)
         if grad_weight is not None:  # dW[chunk] = Gᵀ·H / S: [vc, N] x [N, d], the whole token reduction at once
             _matmul(gc.t(), h_dw, grad_weight[v0:v0 + vc], False, 1.0 / scale, "matmul_dw")
         if dh is not None:  # dH (+)= G·W[chunk] / S: [N, vc] x [vc, d]
