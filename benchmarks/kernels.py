@@ -36,28 +36,48 @@ from _common import RESULTS_DIR, print_table, time_reps, versions, write_json_at
 
 # ----------------------------------------------------------------------------------------- performance model
 
-# Every time is rated against a cuBLAS bf16 GEMM measured on the device in the same run (benchmarks/gemm_reference.py),
-# never a datasheet: no kernel built from cuBLAS GEMMs can beat them. Without a GPU (--model) the rate is an assumption,
-# stated as such in the JSON: the range an H200 measured earlier for an 8192^3 bf16 GEMM (769-798 TFLOP/s), and the
-# device copy bandwidth measured there (~4.3 TB/s; the datasheet's 4.8 is not reached by a copy).
-ASSUMED_DEVICE = {"name": "H200 (assumed: earlier measurement on the GPU image, not this run)",
-                  "gemm_tflops_range": [769.0, 798.0], "hbm_tbs": 4.3, "sms": 132, "l2_mib": 50,
-                  "source": "assumption: 769-798 TFLOP/s cuBLAS bf16 8192^3 GEMM and ~4.3 TB/s device copy measured "
-                            "earlier on the H200 of the GPU image; a GPU run replaces them with its own "
-                            "benchmarks/gemm_reference.py numbers (--gemm-ref)"}
+# Every time is rated against cuBLAS bf16 GEMMs measured on the device in the same run (benchmarks/gemm_reference.py, at
+# the model's own shapes: whole, per row block, per vocabulary chunk, with their fp32 outputs), never a datasheet: no
+# design built from cuBLAS GEMMs can beat them. Without a GPU (--model) each input is stated with its source (INPUTS).
+ASSUMED_DEVICE = {"name": "H200 (the lending workplace's measurements, not this project's run)",
+                  "gemm_tflops_range": [769.0, 798.0], "hbm_tbs": 4.3, "sms": 132,
+                  "source": "the workplace's notes on its lent nvidia-h200 machine (2026-10-28 and 2026-11-04): an "
+                            "8192x8192x8192 bf16 matrix product through PyTorch at 769-798 TFLOP/s on random data, a "
+                            "device-to-device copy at ~4.3 TB/s, 132 SMs; an 8192^3 GEMM, not the model's shapes: a "
+                            "GPU run replaces them with its own benchmarks/gemm_reference.py numbers (--gemm-ref)"}
 # Triton GEMM-like kernels (forward, recomputed logits gradient) relative to the measured cuBLAS rate: assumptions
 # until a GPU run measures them. 0.6 is where verl's Triton LM-head kernel sits (~470 of ~790 TFLOP/s, Liger-Kernel
-# PR 1422); 0.8 is the central guess for the 128x256 wgmma tile.
-TRITON_EFF = 0.8
-TRITON_EFFS = (0.6, 0.8)
+# PR 1422); 0.7 the upper end for our 128x256 wgmma tile at 255 registers, one CTA per SM and no TMA (issue 35).
+TRITON_EFF = 0.7
+TRITON_EFFS = (0.6, 0.7)
+INPUTS = {
+    "gemm_tflops": {"value": ASSUMED_DEVICE["gemm_tflops_range"], "source": ASSUMED_DEVICE["source"]},
+    "hbm_tbs": {"value": ASSUMED_DEVICE["hbm_tbs"], "source": "the same notes: a device-to-device copy through "
+                                                              "PyTorch, bytes read + written"},
+    "sms": {"value": ASSUMED_DEVICE["sms"], "source": "the same notes: PyTorch's multi_processor_count"},
+    "triton_eff": {"value": list(TRITON_EFFS), "source": "assumption: 0.6 = verl's Triton forward (~470 of ~790 "
+                                                         "TFLOP/s, Liger-Kernel PR 1422); 0.7 the upper end for a "
+                                                         "255-register tile, one CTA per SM, no TMA"},
+    "per_block_and_chunk_gemms": {"value": "the whole-shape rate, their fp32 bytes beyond a bf16 output exposed at "
+                                           "copy bandwidth",
+                                  "source": "assumption until benchmarks/gemm_reference.py measures block_logits_f32, "
+                                            "block_dh, block_dw_f32c (K = R = 2048, beta = 1), chunk_dw, "
+                                            "chunk_dh_f32c; with --gemm-ref each such phase takes its measured rate"},
+    "row_passes": {"value": "copy bandwidth", "source": "assumption until benchmarks/gemm_reference.py measures "
+                                                        "row_stats_tbs and grad_from_logits_tbs"},
+}
 # Public reference points at N = 16384-ish, H200, TP1 (Liger-Kernel PR 1422): TFLOP/s of the LM-head loss.
 REFERENCE_POINTS = {"liger_cute_fwd_tflops": 790.0, "liger_cute_bwd_tflops": 768.0, "verl_triton_fwd_tflops": 470.0,
                     "source": "Liger-Kernel PR 1422: hand-written CuTe kernels (persistent, TMA, warp-specialized, "
                               "logits never in HBM) vs verl's Triton implementation, H200, TP1"}
 
 
-def _phase(name: str, engine: str, flops: float = 0.0, overlapped: float = 0.0, exposed: float = 0.0) -> dict:
-    return {"phase": name, "engine": engine, "flops": flops, "bytes_overlapped": overlapped, "bytes_exposed": exposed}
+def _phase(name: str, engine: str, flops: float = 0.0, overlapped: float = 0.0, exposed: float = 0.0,
+           measured_as: str | None = None) -> dict:
+    """One phase; `measured_as` names the benchmarks/gemm_reference.py figure that prices it when measured (a GEMM
+    rate in gemm_tflops_by_shape, or a row pass's bytes per second)."""
+    return {"phase": name, "engine": engine, "flops": flops, "bytes_overlapped": overlapped, "bytes_exposed": exposed,
+            "measured_as": measured_as}
 
 
 def _fwd_phases(n: int, d: int, vocab: int, e: int, sms: int, before: bool) -> list[dict]:
@@ -111,9 +131,11 @@ def design_phases(design: str, n: int, d: int, vocab: int, sms: int = 132, e: in
         phases.append(_phase("G = recomputed logits gradient (Triton)", "triton", gemm,
                              overlapped=g + chunks * (n * d * e) + vocab * d * e))
         engine = "triton" if before else "cublas"
-        phases.append(_phase("dW = G^T.H", engine, gemm, overlapped=g + chunks * n * d * e + vocab * d * e))
+        phases.append(_phase("dW = G^T.H", engine, gemm, overlapped=g + chunks * n * d * e + vocab * d * e,
+                             measured_as=None if before else "chunk_dw" if chunks > 1 else "dw"))
         phases.append(_phase("dH += G.W", engine, gemm, overlapped=g + vocab * d * e,
-                             exposed=dh_rmw if before else dh_extra))
+                             exposed=dh_rmw if before else dh_extra,
+                             measured_as=None if before else "chunk_dh_f32c" if chunks > 1 else "dh"))
         phases[-1].update(chunk=chunk, chunks=chunks, dh_rmw_gb=dh_rmw / 1e9)
         if chunks > 1:
             phases.append(_phase("dH fp32 -> bf16", "memory", exposed=n * d * (4 + e)))
@@ -128,17 +150,20 @@ def design_phases(design: str, n: int, d: int, vocab: int, sms: int = 132, e: in
         dw_extra = blocks * vocab * d * (4 - e) + (blocks - 1) * vocab * d * 4 if blocks > 1 else 0
         per_block = [
             _phase("Z = h.W^T (cuBLAS, fp32 out)", "cublas", 2.0 * rows * vocab * d,
-                   overlapped=rows * d * e + vocab * d * e + z * e, exposed=z * (4 - e)),
-            _phase("row stats (Triton): read Z", "memory", exposed=z * 4),
-            _phase("G from Z (Triton): read Z, write G", "memory", exposed=z * (4 + e)),
+                   overlapped=rows * d * e + vocab * d * e + z * e, exposed=z * (4 - e),
+                   measured_as="block_logits_f32"),
+            _phase("row stats (Triton): read Z", "memory", exposed=z * 4, measured_as="row_stats_tbs"),
+            _phase("G from Z (Triton): read Z, write G", "memory", exposed=z * (4 + e),
+                   measured_as="grad_from_logits_tbs"),
             _phase("dH = G.W (cuBLAS)", "cublas", 2.0 * rows * vocab * d,
-                   overlapped=z * e + vocab * d * e + rows * d * e),
+                   overlapped=z * e + vocab * d * e + rows * d * e, measured_as="block_dh"),
             _phase("h with ignored rows zeroed (dW operand)", "memory", exposed=2 * rows * d * e),
         ]
         phases = [{**p, "flops": p["flops"] * blocks, "bytes_overlapped": p["bytes_overlapped"] * blocks,
                    "bytes_exposed": p["bytes_exposed"] * blocks} for p in per_block]
         phases.append(_phase("dW += G^T.h (cuBLAS, fp32 C)", "cublas", gemm,
-                             overlapped=blocks * (z * e + rows * d * e + vocab * d * e), exposed=dw_extra))
+                             overlapped=blocks * (z * e + rows * d * e + vocab * d * e), exposed=dw_extra,
+                             measured_as="block_dw_f32c" if blocks > 1 else "dw"))
         phases[-1].update(rows=rows, blocks=blocks, dw_rmw_gb=dw_rmw / 1e9)
         phases.append(_phase("token loss", "memory", exposed=n * 4 * 12))
         if blocks > 1:
@@ -148,19 +173,33 @@ def design_phases(design: str, n: int, d: int, vocab: int, sms: int = 132, e: in
 
 
 def predict(design: str, n: int, d: int, vocab: int, gemm_tflops: float, hbm_tbs: float, sms: int = 132,
-            triton_eff: float = TRITON_EFF) -> dict:
-    """Roofline prediction of one design at a measured (or stated) cuBLAS GEMM rate: executed and useful FLOPs,
-    bytes, time and % of that rate. A phase takes max(FLOPs / (rate x efficiency), overlapped bytes / bandwidth) +
-    exposed bytes / bandwidth with efficiency <= 1, so no phase is faster than the GEMMs it contains."""
+            triton_eff: float = TRITON_EFF, measured: dict | None = None) -> dict:
+    """Roofline prediction of one design at a cuBLAS GEMM rate (measured, or stated with its source): executed and
+    useful FLOPs, bytes, time and % of that rate. A phase takes max(FLOPs / (rate x efficiency), overlapped bytes /
+    bandwidth) + exposed bytes / bandwidth with efficiency <= 1. `measured` (benchmarks/gemm_reference.py's JSON of
+    the same run, at this shape) prices each phase it measured by its own figure instead: a cuBLAS phase takes its
+    FLOPs at that GEMM's measured rate (its fp32 traffic is inside the measurement), a row pass its bytes at that
+    kernel's measured bytes per second. So no phase is faster than the GEMMs it contains at the rate it is priced."""
     if not 0.0 < triton_eff <= 1.0:
         raise ValueError(f"triton_eff must be in (0, 1], got {triton_eff}")
     phases = design_phases(design, n, d, vocab, sms)
+    by_shape = (measured or {}).get("gemm_tflops_by_shape", {})
     total_ms = 0.0
     for p in phases:
+        key = p.get("measured_as")
         rate = gemm_tflops * 1e12 * (triton_eff if p["engine"] == "triton" else 1.0) * p.get("wave_eff", 1.0)
         compute = p["flops"] / rate if p["flops"] else 0.0
         p["gemm_ms"] = 1e3 * p["flops"] / (gemm_tflops * 1e12)  # the same FLOPs as cuBLAS GEMMs: the floor
-        p["ms"] = 1e3 * (max(compute, p["bytes_overlapped"] / (hbm_tbs * 1e12)) + p["bytes_exposed"] / (hbm_tbs * 1e12))
+        bandwidth = hbm_tbs * 1e12
+        if key in by_shape:
+            p["ms"] = 1e3 * p["flops"] / (by_shape[key] * 1e12)
+            p["priced_by"] = f"measured {key}"
+        elif measured and measured.get(key):
+            p["ms"] = 1e3 * p["bytes_exposed"] / (measured[key] * 1e12)
+            p["priced_by"] = f"measured {key}"
+        else:
+            p["ms"] = 1e3 * (max(compute, p["bytes_overlapped"] / bandwidth) + p["bytes_exposed"] / bandwidth)
+            p["priced_by"] = "model"
         total_ms += p["ms"]
     useful = 2.0 * n * vocab * d * (1 if design.endswith("_fwd") else 3)
     executed = sum(p["flops"] for p in phases)
@@ -169,7 +208,8 @@ def predict(design: str, n: int, d: int, vocab: int, gemm_tflops: float, hbm_tbs
             "hbm_gb": sum(p["bytes_overlapped"] + p["bytes_exposed"] for p in phases) / 1e9,
             "predicted_ms": total_ms, "gemm_ms_of_useful_work": 1e3 * useful / (gemm_tflops * 1e12),
             "predicted_pct_of_gemm": 100.0 * useful / (gemm_tflops * 1e12) / (total_ms / 1e3),
-            "predicted_tflops": useful / (total_ms / 1e3) / 1e12, "triton_eff": triton_eff, "phases": phases}
+            "predicted_tflops": useful / (total_ms / 1e3) / 1e12, "triton_eff": triton_eff,
+            "measured_phases": sum(p["priced_by"] != "model" for p in phases), "phases": phases}
 
 
 DESIGNS = ("before_fwd", "after_fwd", "before_fwd_bwd", "after_two_pass_fwd_bwd", "after_single_pass_fwd_bwd")
@@ -177,24 +217,31 @@ MODEL_SHAPES = ((16384, 4096, 152064), (4096, 4096, 152064), (1024, 4096, 152064
 
 
 def model_report(shapes=MODEL_SHAPES, gemm_ref: dict | None = None) -> dict:
-    """Predictions at the cuBLAS rate of `gemm_ref` (benchmarks/gemm_reference.py's JSON, measured in the same run)
-    or, without one, at both ends of the assumed range (ASSUMED_DEVICE), for each assumed Triton efficiency."""
-    if gemm_ref and gemm_ref.get("gemm_tflops"):
+    """Predictions at the cuBLAS rates of `gemm_ref` (benchmarks/gemm_reference.py's JSON, measured in the same run;
+    its per-block and per-chunk GEMMs and row passes price the phases they measure at its shape) or, without one, at
+    both ends of the stated range (ASSUMED_DEVICE, INPUTS), for each assumed Triton efficiency."""
+    measured = bool(gemm_ref and gemm_ref.get("gemm_tflops"))
+    if measured:
         device = {"name": gemm_ref.get("gpu"), "gemm_tflops_range": [gemm_ref["gemm_tflops"]] * 2,
                   "hbm_tbs": gemm_ref["copy_tbs"], "sms": 132,
-                  "source": "measured in this run (benchmarks/gemm_reference.py): cuBLAS bf16 logits GEMM, copy"}
+                  "source": "measured in this run (benchmarks/gemm_reference.py): cuBLAS bf16 GEMMs at the model's "
+                            "shapes, row passes, copy"}
+        ref_shape = gemm_ref.get("shape", {})
     else:
         device = ASSUMED_DEVICE
     rows = []
     for n, d, vocab in shapes:
+        same = measured and (ref_shape.get("N"), ref_shape.get("d"), ref_shape.get("V")) == (n, d, vocab)
         for gemm_tflops in sorted(set(device["gemm_tflops_range"])):
             for eff in TRITON_EFFS:
                 for design in DESIGNS:
-                    rows.append(predict(design, n, d, vocab, gemm_tflops, device["hbm_tbs"], device["sms"], eff))
-    return {"device": device, "gemm_rate_measured": device is not ASSUMED_DEVICE,
+                    rows.append(predict(design, n, d, vocab, gemm_tflops, device["hbm_tbs"], device["sms"], eff,
+                                        measured=gemm_ref if same else None))
+    return {"device": device, "gemm_rate_measured": measured, "inputs": INPUTS if not measured else
+            {"measured": "benchmarks/gemm_reference.py of this run", "triton_eff": INPUTS["triton_eff"]},
             "triton_eff_assumed": list(TRITON_EFFS), "reference_points": REFERENCE_POINTS, "prediction": True,
             "note": "a model prediction, not a measurement (docs/kernels.md); rated against the cuBLAS GEMM rate "
-                    "named in device.source", "rows": rows}
+                    "named in device.source; every input figure with its source in `inputs`", "rows": rows}
 
 
 # The shape the model prices and benchmarks/gemm_reference.py measures (Qwen2.5-7B's LM head: d = 3584 is its
@@ -389,7 +436,8 @@ def measure_bandwidth_tbs(torch, gib: float = 1.0, reps: int = 5) -> float:
     return 2 * gib * 2**30 / (ms / 1e3) / 1e12
 
 
-def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | None = None) -> list[dict]:
+def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | None = None,
+        gemm_ref: dict | None = None) -> list[dict]:
     import torch
 
     from seedfast.ops import triton_backend
@@ -432,8 +480,13 @@ def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | No
                         design = MODEL_OF.get((name, phase))
                         if design and bandwidth_tbs:  # the roofline from this run's GEMM rate and bandwidth
                             gemm_tflops = flops["fwd"] / gemm_ms / 1e9
+                            ref = gemm_ref if gemm_ref and (gemm_ref.get("shape", {}).get("N"),
+                                                             gemm_ref.get("shape", {}).get("d"),
+                                                             gemm_ref.get("shape", {}).get("V")) == (n, d, vocab) \
+                                else None
                             for eff, key in ((1.0, "predicted_ms_bound"), (TRITON_EFF, "predicted_ms")):
-                                model = predict(design, n, d, vocab, gemm_tflops, bandwidth_tbs, sms, eff)
+                                model = predict(design, n, d, vocab, gemm_tflops, bandwidth_tbs, sms, eff,
+                                                measured=ref)
                                 row[key] = model["predicted_ms"]
                             row.update(executed_tflop=model["executed_tflop"], hbm_gb=model["hbm_gb"],
                                        model_design=design)
@@ -586,7 +639,7 @@ def main(argv=None) -> int:
     ns = tuple(args.n) if args.n else QUICK_N if args.quick else FULL_N
     dvs = ((args.d, args.v),) if args.n else QUICK_DV if args.quick else FULL_DV
     print(f"shapes: N in {ns} x (d, V) in {dvs}", flush=True)
-    rows = run(ns, dvs, args.reps, modes, save_partial, bandwidth)
+    rows = run(ns, dvs, args.reps, modes, save_partial, bandwidth, meta.get("gemm_reference"))
     columns = ["N", "d", "V", "variant", "phase", "ms", "predicted_ms", "predicted_ms_bound", "tflops", "pct_of_gemm",
                "max_rel_err", "executed_tflop", "hbm_gb", "peak_extra_mib", "outputs_mib", "path", "error"]
     print_table(rows, columns, title=f"\nfused linear log-prob, bf16, {torch.cuda.get_device_name(0)}")

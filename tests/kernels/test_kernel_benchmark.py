@@ -59,8 +59,11 @@ def test_model_counts_flops_and_bytes(bench):
 
 def test_model_is_physically_possible(bench):
     report = bench.model_report()
-    assert report["gemm_rate_measured"] is False and "assumption" in report["device"]["source"]
+    assert report["gemm_rate_measured"] is False and "8192x8192x8192" in report["device"]["source"]
     assert report["device"]["gemm_tflops_range"] == [769.0, 798.0]
+    # every input figure names its source; the forward's Triton efficiency is 0.6-0.7 of cuBLAS, never 0.8
+    assert all(entry["source"] for entry in report["inputs"].values())
+    assert report["triton_eff_assumed"] == [0.6, 0.7] and {r["triton_eff"] for r in report["rows"]} == {0.6, 0.7}
     rates = set()
     for row in report["rows"]:
         rates.add(row["gemm_tflops"])
@@ -87,9 +90,41 @@ def test_model_rates_against_a_measured_gemm(bench):
     assert {r["gemm_tflops"] for r in report["rows"]} == {700.0} and {r["hbm_tbs"] for r in report["rows"]} == {4.0}
 
 
+def test_model_prices_each_phase_by_what_gemm_reference_measured(bench):
+    # gemm_reference.py's JSON at the model's shape: the per-block GEMMs (K = R = 2048, fp32 C) slower than the
+    # whole-shape rate, the row passes below copy bandwidth; each phase takes its own measured figure
+    gemm_ref_py = importlib.util.spec_from_file_location("seedfast_bench_gemm_ref", REPO / "benchmarks" /
+                                                         "gemm_reference.py")
+    module = importlib.util.module_from_spec(gemm_ref_py)
+    gemm_ref_py.loader.exec_module(module)
+    shape = module.shapes(N, D, V)
+    assert (shape["R"], shape["chunk"]) == (2048, 8192)
+    assert shape["gemms"]["block_dw_f32c"] == (V, 2048, D) and shape["gemms"]["chunk_dh_f32c"] == (N, 8192, D)
+    by_shape = {"logits": 780.0, "dw": 770.0, "dh": 760.0, "block_logits_f32": 700.0, "block_dh": 720.0,
+                "block_dw_f32c": 500.0, "chunk_dw": 740.0, "chunk_dh_f32c": 650.0}
+    ref = {"gpu": "NVIDIA H200", "gemm_tflops": 780.0, "copy_tbs": 4.3, "shape": shape,
+           "gemm_tflops_by_shape": by_shape, "row_stats_tbs": 3.0, "grad_from_logits_tbs": 2.5}
+    single = bench.predict("after_single_pass_fwd_bwd", N, D, V, 780.0, 4.3, measured=ref)
+    phases = {p["phase"]: p for p in single["phases"]}
+    dw = phases["dW += G^T.h (cuBLAS, fp32 C)"]
+    assert dw["priced_by"] == "measured block_dw_f32c"
+    assert dw["ms"] == pytest.approx(1e3 * 2 * N * V * D / 500e12)  # its fp32 C traffic is inside the measurement
+    stats = phases["row stats (Triton): read Z"]
+    assert stats["ms"] == pytest.approx(1e3 * N * V * 4 / 3.0e12)  # 8 blocks of 2048 rows, one fp32 read each
+    assert single["measured_phases"] == 5
+    # never faster than its GEMMs at their measured rates
+    floor = 1e3 * sum(2 * N * V * D / (by_shape[k] * 1e12) for k in ("block_logits_f32", "block_dh", "block_dw_f32c"))
+    assert single["predicted_ms"] >= floor
+    report = bench.model_report(shapes=((N, D, V), (4096, D, V)), gemm_ref=ref)
+    other = [r for r in report["rows"] if r["N"] == 4096]
+    assert other and all(r["measured_phases"] == 0 for r in other)  # another shape: not the measured GEMMs
+
+
 def test_committed_model_json_is_the_assumption_and_possible():
     import json
 
     saved = json.loads((REPO / "benchmarks" / "results" / "kernel_model.json").read_text())
     assert saved["gemm_rate_measured"] is False and saved["device"]["gemm_tflops_range"] == [769.0, 798.0]
+    assert set(saved["inputs"]) >= {"gemm_tflops", "hbm_tbs", "triton_eff", "per_block_and_chunk_gemms", "row_passes"}
+    assert saved["triton_eff_assumed"] == [0.6, 0.7]
     assert all(r["predicted_pct_of_gemm"] <= 100.0 for r in saved["rows"])
