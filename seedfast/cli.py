@@ -4,6 +4,10 @@ Each command's implementation lives in its own module of seedfast/app/ and is im
 so `--help` and config errors are instant and need neither torch nor a GPU. An implementation is
 `main(cfg: Config, **flags) -> int | None`, where `flags` are the command's own options that are not
 config keys (e.g. `split` for eval).
+
+A command that fails after its config is checked ends with one `seedfast <command>: <kind>: <what>` line and the
+exit code of its kind, its traceback in the run folder's errors.log; SIGINT and SIGTERM stop it cleanly with 130
+and 143 (seedfast/app/failures.py; docs/reference.md, 'Exit codes'). Warnings print as one line each too.
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
     )
     p.add_argument("items", nargs="*", metavar="CONFIG | key=value",
                    help="a YAML config (or a run folder holding config.yaml), then dotted overrides")
+    p.add_argument("--debug", action="store_true", default=None,
+                   help="on a failure, print the traceback too (it always goes to <run_dir>/errors.log)")
     if name == "envs":
         p.add_argument("--type", dest="env.game_type", help="env.game_type, e.g. treasure_hunter")
         p.add_argument("--levels", dest="env.levels", help="env.levels, e.g. 1-5")
@@ -173,15 +179,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == SHOW_CONFIG:
             print(cfg.to_yaml(), end="")
             return 0
-        command = COMMANDS[name]
-        run = getattr(importlib.import_module(command.module), command.attr)
-        completed = False
+        return _run_command(name, cfg, flags, argv)
+    except ConfigError as e:
+        print(f"seedfast {name}: config error: {e}", file=sys.stderr)
+        return 2
+
+
+def _print_warning(command: str) -> Any:
+    def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+        print(f"seedfast {command}: warning: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _run_command(name: str, cfg: Config, flags: dict[str, Any], argv: list[str]) -> int:
+    """Run the command; a failure or a stop signal becomes its one line and exit code (app/failures.py)."""
+    from seedfast.app import failures
+
+    debug = bool(flags.pop("debug", False))
+    command = COMMANDS[name]
+    run = getattr(importlib.import_module(command.module), command.attr)  # a broken install raises as it is
+    completed = False
+    with warnings.catch_warnings(), failures.SignalsStop():
+        warnings.showwarning = _print_warning(name)
         try:
             code = int(run(cfg, **flags) or 0)
             completed = True
             return code
+        except ConfigError:
+            raise
+        except KeyboardInterrupt:
+            return failures.report_stop(cfg, name, failures.signal.SIGINT)
+        except failures.StopRequested as stop:
+            return failures.report_stop(cfg, name, stop.signum)
+        except Exception as err:  # noqa: BLE001 - every failure gets its line and exit code
+            return failures.report_failure(cfg, name, argv, err, debug)
         finally:
             end_command(completed)
-    except ConfigError as e:
-        print(f"seedfast {name}: config error: {e}", file=sys.stderr)
-        return 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -234,6 +235,9 @@ def _coerce(key: str, value: Any, tp: Any, meta: Mapping[str, Any], source: str 
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _type_error(key, value, expected, source)
         value = float(value)
+        if not math.isfinite(value):  # 1e400 reads as inf: no setting means infinity or NaN
+            hint = " (a literal beyond ±1.8e308 reads as infinity)" if math.isinf(value) else ""
+            raise ConfigError(f"{key}: must be a finite number, got {format_value(value)}{hint}{source}")
     elif tp is str:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise _type_error(key, value, expected, source)

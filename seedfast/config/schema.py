@@ -132,6 +132,10 @@ class EnvConfig:
                    "restart and replay); inline = in this process")
     slots: int = opt(0, "environments stepped at once; 0 = enough for a rollout batch (tasks_per_batch x n) and "
                         "every eval game", ge=0)
+    damaged_games: Literal["error", "skip"] = opt(
+        "error", "TextWorld: a game of a split whose files are missing or differ from the manifest's sizes and "
+                 "sha256: error = stop, naming every such file; skip = play without it, warned and counted "
+                 "(rollout/games_skipped, eval/games_skipped)")
 
 
 @dataclass

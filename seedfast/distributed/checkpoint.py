@@ -8,6 +8,7 @@ model in a process without a process group (docs/scaling.md, 'Checkpoints').
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,31 @@ def export_hf(model: torch.nn.Module, folder: str | Path, dtype: torch.dtype | N
     out = save_hf(model, folder, state_dict=state) if rank == 0 else None
     barrier()
     return out
+
+
+def together(fn: Callable[[], Any] | None) -> list[Any]:
+    """Run `fn` on this rank (None: nothing to do here) and return every rank's result, in rank order; when it
+    failed on any rank, raise that error on every rank (the first rank's), so no rank waits at a barrier for one
+    that has already given up. Without a process group: [fn()]."""
+    result, error = None, None
+    try:
+        result = fn() if fn is not None else None
+    except Exception as err:  # noqa: BLE001 - shared with the other ranks, then raised
+        error = err
+    if not (dist.is_available() and dist.is_initialized()):
+        if error is not None:
+            raise error
+        return [result]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (result, None if error is None else (type(error), str(error), error.args)))
+    for rank, (_, failed) in enumerate(gathered):
+        if failed is not None:
+            if error is not None and rank == dist.get_rank():
+                raise error
+            kind, message, args = failed
+            try:
+                again = kind(*args)
+            except TypeError:
+                again = RuntimeError(f"rank {rank}: {kind.__name__}: {message}")
+            raise again
+    return [r for r, _ in gathered]

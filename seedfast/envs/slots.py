@@ -8,6 +8,8 @@ back as values, never as exceptions, so one broken game never stops a rollout.
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -16,6 +18,7 @@ from seedfast.envs.workers import FAILURE_KINDS, EnvPool
 
 StepOut = tuple[Observation, float, bool, dict]
 COUNTER_KEYS = ("worker_restarts", "restored", *(f"failed_{kind}" for kind in FAILURE_KINDS))
+log = logging.getLogger(__name__)
 
 
 def counter_delta(before: Mapping[str, int], after: Mapping[str, int], prefix: str) -> dict[str, float]:
@@ -55,6 +58,10 @@ class PoolEnvSlots:
     def counters(self) -> dict[str, int]:
         return self.pool.counters()
 
+    @property
+    def failed_games(self) -> Counter[str]:
+        return self.pool.failed_games
+
     def close(self) -> None:
         self.pool.close()
 
@@ -69,6 +76,7 @@ class LocalEnvSlots:
         self.n_slots = n_slots
         self._envs: dict[int, tuple[Any, Environment]] = {}
         self._failed = 0
+        self.failed_games: Counter[str] = Counter()  # failed episodes per game, as EnvPool counts them
 
     def reset(self, specs: Mapping[int, Any]) -> dict[int, Observation | str]:
         out: dict[int, Observation | str] = {}
@@ -80,8 +88,7 @@ class LocalEnvSlots:
                 out[slot] = self._envs[slot][1].reset()
             except Exception as err:  # reported as a failed episode, never raised
                 self._envs.pop(slot, None)
-                self._failed += 1
-                out[slot] = f"{type(err).__name__}: {err}"
+                out[slot] = self._failure(spec, err)
         return out
 
     def step(self, actions: Mapping[int, str]) -> dict[int, StepOut]:
@@ -90,9 +97,16 @@ class LocalEnvSlots:
             try:
                 out[slot] = self._envs[slot][1].step(action)
             except Exception as err:
-                self._failed += 1
-                out[slot] = (Observation("", ""), 0.0, True, {"won": False, "error": f"{type(err).__name__}: {err}"})
+                error = self._failure(self._envs[slot][0] if slot in self._envs else "?", err)
+                out[slot] = (Observation("", ""), 0.0, True, {"won": False, "error": error})
         return out
+
+    def _failure(self, spec: Any, err: Exception) -> str:
+        self._failed += 1
+        self.failed_games[str(spec)] += 1
+        error = f"{type(err).__name__}: {err}"
+        log.warning("environment failed (exception) playing %s: %s", spec, error.splitlines()[0] if error else "")
+        return error
 
     def counters(self) -> dict[str, int]:
         """The keys of EnvPool.counters(); in one process nothing but the environment itself can fail."""

@@ -9,6 +9,11 @@ Seeds (seedfast/seeds.py, first_game_seed): train game i of a level uses `seed +
 may). A seed for which TextWorld cannot build a quest is recorded as skipped and replaced by the next seed of the
 same split.
 A game already in the manifest is never regenerated.
+
+Each game's entry records the size and sha256 of its files (`files`); `check_games` verifies every game a split
+needs against them, so a deleted or damaged game file is named before a run plays it, never silently dropped
+(runtime/setup.py load_tasks applies env.damaged_games). Manifests written before `files` are checked for the
+files' presence only.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import warnings
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from seedfast.envs.failures import GameFileError
 from seedfast.envs.lifeline import OwnedProcessPool
 from seedfast.seeds import EVAL_GAME_SEED_OFFSET, first_game_seed
 
@@ -56,6 +63,7 @@ class GameRecord:
     objective: str
     walkthrough: list[str]
     max_score: float
+    files: dict[str, dict[str, Any]] | None = None  # relative path -> {size, sha256}; None in older manifests
 
 
 def challenge_settings(game_type: str, level: int, seed: int) -> tuple[str, dict[str, Any]]:
@@ -119,6 +127,11 @@ def make_games(out_dir: str | os.PathLike, game_type: str, levels: Iterable[int]
     out.mkdir(parents=True, exist_ok=True)
     with _locked(out / ".make_games.lock"):
         manifest = _read_manifest(out)
+        older = [e for e in manifest["games"] if "files" not in e]
+        for entry in older:  # a manifest from before `files`: its games' files as they are now
+            entry["files"] = _game_files(out, entry["path"])
+        if older:
+            _write_manifest(out, manifest)
         wanted = {(split, level): (n_train if split == "train" else n_eval) for split in SPLITS
                   for level in levels}
         max_skips = 16 + sum(wanted.values())
@@ -149,9 +162,61 @@ def load_manifest(path: str | os.PathLike, split: str | None = None, game_type: 
         raise FileNotFoundError(f"no {MANIFEST_NAME} in {str(folder)!r}; run make_games first")
     if split is not None and split not in SPLITS:
         raise ValueError(f"split {split!r} is not one of {SPLITS}")
-    records = [_record(folder.resolve(), e) for e in _read_manifest(folder)["games"]]
+    records = [_record(folder.resolve(), e) for e in _read_manifest(folder, drop_missing=False)["games"]]
     return [r for r in records if (split is None or r.split == split)
             and (game_type is None or r.type == game_type) and (levels is None or r.level in levels)]
+
+
+def check_games(records: Sequence[GameRecord]) -> list[tuple[GameRecord, str]]:
+    """(record, what is wrong) for every game of `records` whose files are missing, or differ in size or sha256
+    from its manifest entry; empty when every game is intact."""
+    damaged = []
+    for record in records:
+        folder = Path(record.path).parent.parent  # <manifest folder>/<type>/<id>.z8
+        files = record.files or {os.path.relpath(record.path, folder): None}
+        for rel, want in files.items():
+            path = folder / rel
+            if not path.is_file():
+                damaged.append((record, f"{path}: missing"))
+                break
+            if want is None:
+                continue
+            size = path.stat().st_size
+            if size != want["size"]:
+                damaged.append((record, f"{path}: {size} bytes, the manifest says {want['size']}"))
+                break
+            if _sha256(path) != want["sha256"]:
+                damaged.append((record, f"{path}: sha256 differs from the manifest's (the file is damaged)"))
+                break
+    return damaged
+
+
+def require_games(records: Sequence[GameRecord], skip: bool) -> tuple[list[GameRecord], list[str]]:
+    """(the intact games of `records`, one line per damaged one). Without `skip` a damaged game is a
+    GameFileError naming every damaged file (`seedfast envs make` makes a deleted one again)."""
+    damaged = check_games(records)
+    problems = [f"game {r.id}: {why}" for r, why in damaged]
+    if damaged and not skip:
+        raise GameFileError(f"{len(damaged)} of {len(records)} games are missing or damaged: " + "; ".join(problems)
+                            + " (`seedfast envs make` makes deleted games again; env.damaged_games=skip plays "
+                              "without them)")
+    bad = {id(r) for r, _ in damaged}
+    return [r for r in records if id(r) not in bad], problems
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _game_files(out_dir: Path, rel_z8: str) -> dict[str, dict[str, Any]]:
+    """The size and sha256 of a compiled game and of the .json TextWorld reads beside it."""
+    z8 = out_dir / rel_z8
+    files = {}
+    for path in sorted(z8.parent.glob(z8.stem + ".*")):
+        if path.is_file() and path.suffix in (".z8", ".json"):  # what a game is played from
+            files[os.path.relpath(path, out_dir)] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    return files
 
 
 def envs_make_main(argv: Sequence[str] | None = None) -> int:
@@ -288,17 +353,22 @@ def _generate_one(out_dir: str, job: dict) -> dict | str:
         raise RuntimeError(f"game {gid}: its own walkthrough {walkthrough} does not win")
     return {"id": gid, "path": rel_path, "split": job["split"], "type": job["type"], "level": job["level"],
             "seed": job["seed"], "objective": obs.task, "walkthrough": walkthrough,
-            "max_score": float(game.max_score)}
+            "max_score": float(game.max_score), "files": _game_files(Path(out_dir), rel_path)}
 
 
-def _read_manifest(folder: Path) -> dict:
+def _read_manifest(folder: Path, drop_missing: bool = True) -> dict:
+    """The manifest of `folder`; `drop_missing`: without the games whose file is deleted (make_games makes them
+    again). Readers of the games keep them, to name them (check_games)."""
     path = folder / MANIFEST_NAME
     if not path.is_file():
         return {"version": 1, "games": [], "skipped": []}
-    with open(path) as f:
-        manifest = json.load(f)
-    # A game whose files were deleted is made again.
-    manifest["games"] = [e for e in manifest["games"] if (folder / e["path"]).is_file()]
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise GameFileError(f"{path}: not a readable manifest ({type(err).__name__}: {err})") from None
+    if drop_missing:
+        manifest["games"] = [e for e in manifest["games"] if (folder / e["path"]).is_file()]
     return manifest
 
 

@@ -145,6 +145,7 @@ class EnvPool:
         ctx = worker_context(start_method or "spawn", preload=preload)
         self.failures: Counter[str] = Counter({kind: 0 for kind in FAILURE_KINDS})
         self.n_restarts = 0
+        self.failed_games: Counter[str] = Counter()  # failed episodes per game (its spec: the game file)
         self.n_restored = 0
         self._n_slots = n_slots
         self._episodes: list[_Episode | None] = [None] * n_slots
@@ -380,10 +381,12 @@ class EnvPool:
         self._submit(worker, restores + pending, results)
 
     def _fail(self, slot: int, kind: str, message: str, command: str, arg: Any) -> Transition:
-        """End the slot's episode as a failure."""
+        """End the slot's episode as a failure, named by its game and counted per game (`failed_games`)."""
         self.failures[kind] += 1
-        log.warning("environment slot %d failed (%s): %s", slot, kind, message.splitlines()[0])
         episode = self._episodes[slot]
+        game = str(arg if command == "reset" else episode.spec if episode is not None else "?")
+        self.failed_games[game] += 1
+        log.warning("environment slot %d failed (%s) playing %s: %s", slot, kind, game, message.splitlines()[0])
         last = episode.last if episode is not None and command == "step" else None
         self._episodes[slot] = None
         valid = False

@@ -27,6 +27,11 @@ INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3
 
 
+class WeightsFileError(ValueError):
+    """A file of an HF model folder that cannot be read (truncated, garbled, not what its name says): the message
+    names the file and the reader's complaint."""
+
+
 def is_hf_folder(path: str | os.PathLike) -> bool:
     """Whether `path` is an HF model folder: it holds config.json (the file every reader opens first)."""
     return (Path(path) / CONFIG_NAME).is_file()
@@ -34,7 +39,12 @@ def is_hf_folder(path: str | os.PathLike) -> bool:
 
 def hf_config(path: str | os.PathLike) -> DecoderConfig:
     """The architecture of the HF model folder `path`, from its config.json."""
-    return DecoderConfig.from_hf(json.loads((Path(path) / CONFIG_NAME).read_text()))
+    file = Path(path) / CONFIG_NAME
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise WeightsFileError(f"{file}: not a readable JSON file ({type(err).__name__}: {err})") from None
+    return DecoderConfig.from_hf(data)
 
 
 def load_hf(
@@ -178,9 +188,12 @@ def _is_weight_file(name: str) -> bool:
 def _weight_files(path: Path) -> list[Path]:
     index = path / INDEX_NAME
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
+            raise WeightsFileError(f"{index}: not a readable JSON index ({type(err).__name__}: {err})") from None
         if not isinstance(weight_map, dict):
-            raise ValueError(f"{index} has no weight_map")
+            raise WeightsFileError(f"{index} has no weight_map")
         files = [path / f for f in sorted(set(weight_map.values()))]
     elif (path / WEIGHTS_NAME).is_file():
         files = [path / WEIGHTS_NAME]
@@ -188,7 +201,7 @@ def _weight_files(path: Path) -> list[Path]:
         raise ValueError(f"checkpoint {str(path)!r} has neither {WEIGHTS_NAME} nor {INDEX_NAME}")
     absent = [f.name for f in files if not f.is_file()]
     if absent:
-        raise ValueError(f"checkpoint {str(path)!r} is missing weight files {absent}")
+        raise WeightsFileError(f"checkpoint {str(path)!r} is missing weight files {absent}")
     return files
 
 
@@ -201,10 +214,13 @@ def _read_safetensors(
 ) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for file in _weight_files(path):
-        with safe_open(str(file), framework="pt", device=str(device)) as f:
-            for name in f.keys():
-                if _ignored(name, expected):
-                    continue
-                tensor = f.get_tensor(name)
-                state[name] = tensor.to(dtype) if dtype is not None else tensor
+        try:
+            with safe_open(str(file), framework="pt", device=str(device)) as f:
+                for name in f.keys():
+                    if _ignored(name, expected):
+                        continue
+                    tensor = f.get_tensor(name)
+                    state[name] = tensor.to(dtype) if dtype is not None else tensor
+        except Exception as err:  # noqa: BLE001 - SafetensorError, OSError ...: the file is named either way
+            raise WeightsFileError(f"{file}: not a readable safetensors file ({type(err).__name__}: {err})") from None
     return state

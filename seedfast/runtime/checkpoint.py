@@ -4,6 +4,12 @@ A checkpoint is a folder `ckpt/step_<n>/` holding the policy (safetensors), the 
 every RNG state and the trainer's own state (step, task sampler). It is written under a temporary name and renamed
 into place only when complete, so a run killed at any moment leaves either the previous checkpoint or the new one,
 never half of one. `latest_checkpoint` ignores anything that is not complete.
+
+Every checkpoint also lists its files with their sizes and sha256 in `manifest.json`, written before COMPLETE
+(runtime/checkpoint_files.py). `resume_latest` checks the newest checkpoint against it before loading, and a damaged
+one is named in a warning and passed over for the next newest (docs/reference.md, 'Checkpoints and resume'). A write
+checks the free space first, and any failure (a full disk, a signal) removes the partial folder: the previous
+checkpoint stays the newest.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import json
 import os
 import random
 import shutil
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +27,20 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from seedfast.runtime.checkpoint_files import (
+    CheckpointError,
+    CheckpointWriter,
+    check_free_space,
+    remove_stale_temporaries,
+    verify_files,
+)
+
 _COMPLETE = "COMPLETE"
+_SLACK_BYTES = 1 << 20  # the JSON and RNG files beside the tensors
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint passed over on resume (named, with what is wrong with it)."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -63,34 +84,69 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     generators: dict[str, torch.Generator] | None = None,
     keep: int | None = None,
+    config_yaml: str | None = None,
 ) -> Path:
     """Write `ckpt_dir/step_<step>` atomically and return its path; keep only the newest `keep` checkpoints.
-    A sharded model (FSDP2 / tensor parallel) is written by every rank with DCP (`_save_sharded`)."""
+    `config_yaml`: the run's resolved config, kept beside the states (a resume compares its own config with it).
+    A sharded model (FSDP2 / tensor parallel) is written by every rank with DCP (`_save_sharded`).
+    Raises CheckpointWriteError (no space, an OS error: the path named, no partial folder left)."""
     from seedfast.distributed.checkpoint import is_sharded
 
     if is_sharded(model):
-        return _save_sharded(Path(ckpt_dir), step, model, optimizer, scheduler, trainer_state, generators, keep)
+        return _save_sharded(Path(ckpt_dir), step, model, optimizer, scheduler, trainer_state, generators, keep,
+                             config_yaml)
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step_{step}"
     tmp = ckpt_dir / f".step_{step}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(tensors, tmp / "model.safetensors")
-    torch.save(
-        {
+    check_free_space(ckpt_dir, state_bytes(model, optimizer) + _SLACK_BYTES)
+    with _removed_unless_published(tmp):
+        tmp.mkdir()
+        out = CheckpointWriter(tmp)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        out.file("model.safetensors", lambda path: save_file(tensors, path))
+        states = {
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "rng": rng_state(generators),
-        },
-        tmp / "state.pt",
-    )
-    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
-    (tmp / _COMPLETE).write_text("ok\n")
-    _publish(tmp, final, keep)
+        }
+        out.stream("state.pt", lambda f: torch.save(states, f))
+        out.text("trainer_state.json", json.dumps({"step": step, **trainer_state}, indent=1))
+        if config_yaml is not None:
+            out.text(CONFIG_FILE, config_yaml)
+        out.write_manifest()
+        (tmp / _COMPLETE).write_text("ok\n")
+        _publish(tmp, final, keep)
     return final
+
+
+CONFIG_FILE = "config.yaml"  # the run's resolved config when the checkpoint was written (the resume diff's base)
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
+    """The bytes of this process's model and optimizer tensors: what a checkpoint of them needs on disk, about."""
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values() if isinstance(t, torch.Tensor))
+    if optimizer is not None:
+        for per_param in optimizer.state.values():
+            total += sum(t.numel() * t.element_size() for t in per_param.values() if isinstance(t, torch.Tensor))
+    return total
+
+
+class _removed_unless_published:
+    """Any failure while `tmp` is written (an error, KeyboardInterrupt, the trainer's stop signal) removes `tmp`
+    before it propagates: no partial folder stays, and the previous checkpoint stays the newest."""
+
+    def __init__(self, tmp: Path | None) -> None:
+        self.tmp = tmp  # None: another rank owns the folder
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None and self.tmp is not None and self.tmp.exists():
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _publish(tmp: Path, final: Path, keep: int | None) -> None:
@@ -114,31 +170,53 @@ def _publish(tmp: Path, final: Path, keep: int | None) -> None:
 
 def _save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                   scheduler: Any | None, trainer_state: dict[str, Any],
-                  generators: dict[str, torch.Generator] | None, keep: int | None) -> Path:
-    """Every rank writes its model and optimizer shards (DCP) and its RNG state into the temporary folder; rank 0
-    then writes the scheduler and trainer state, marks it complete and renames it into place, as above. Ranks
-    wait for each other before and after, so no rank reads a half-written checkpoint."""
-    from seedfast.distributed.checkpoint import barrier, rank_and_world, save_states
+                  generators: dict[str, torch.Generator] | None, keep: int | None,
+                  config_yaml: str | None = None) -> Path:
+    """Every rank writes its model and optimizer shards (DCP) and its RNG state into the temporary folder, and
+    hashes its own files; rank 0 then writes the scheduler and trainer state and the manifest of every rank's files,
+    marks it complete and renames it into place, as above. Ranks wait for each other before and after, so no rank
+    reads a half-written checkpoint, and a failure on any rank is raised on every rank (`together`), the partial
+    folder removed by rank 0."""
+    from seedfast.distributed.checkpoint import DCP_DIR, rank_and_world, save_states, together
 
     rank, world = rank_and_world()
     final = ckpt_dir / f"step_{step}"
     tmp = ckpt_dir / f".step_{step}.tmp"
-    if rank == 0:
+    needed = state_bytes(model, optimizer) * world + _SLACK_BYTES  # about equal shards
+
+    def prepare() -> None:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
+        check_free_space(ckpt_dir, needed)
         tmp.mkdir()
-    barrier()
-    save_states(tmp, model, optimizer)
-    torch.save(rng_state(generators), tmp / f"rng_rank{rank}.pt")
-    barrier()
-    if rank == 0:
-        torch.save({"scheduler": scheduler.state_dict() if scheduler is not None else None, "world": world},
-                   tmp / "state.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
-        (tmp / _COMPLETE).write_text("ok\n")
-        _publish(tmp, final, keep)
-    barrier()
+
+    together(prepare if rank == 0 else None)
+    out = CheckpointWriter(tmp)
+    with _removed_unless_published(tmp if rank == 0 else None):
+        save_states(tmp, model, optimizer)  # DCP raises a failed write on every rank
+
+        def write_own() -> dict[str, Any]:
+            out.stream(f"rng_rank{rank}.pt", lambda f: torch.save(rng_state(generators), f))
+            own = [f"{DCP_DIR}/{p.name}" for p in (tmp / DCP_DIR).iterdir() if p.name.startswith(f"__{rank}_")]
+            out.add_existing(own + ([f"{DCP_DIR}/.metadata"] if rank == 0 else []))
+            return out.files
+
+        every_rank_files = together(write_own)
+
+        def publish() -> None:
+            for files in every_rank_files:
+                out.files.update(files)
+            out.stream("state.pt", lambda f: torch.save(
+                {"scheduler": scheduler.state_dict() if scheduler is not None else None, "world": world}, f))
+            out.text("trainer_state.json", json.dumps({"step": step, **trainer_state}, indent=1))
+            if config_yaml is not None:
+                out.text(CONFIG_FILE, config_yaml)
+            out.write_manifest()
+            (tmp / _COMPLETE).write_text("ok\n")
+            _publish(tmp, final, keep)
+
+        together(publish if rank == 0 else None)
     return final
 
 
@@ -168,29 +246,102 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
     generators: dict[str, torch.Generator] | None = None,
+    verify: bool = True,
 ) -> dict[str, Any]:
-    """Restore everything saved by `save_checkpoint`; returns the trainer state (with `step`)."""
+    """Restore everything saved by `save_checkpoint`; returns the trainer state (with `step`). The files are
+    checked against the manifest first (`verify`); a CheckpointError names the file and what is wrong with it."""
     path = Path(path)
     if not (path / _COMPLETE).exists():
-        raise ValueError(f"checkpoint {path} is incomplete or missing (no {_COMPLETE} marker)")
+        raise CheckpointError(f"checkpoint {path} is incomplete or missing (no {_COMPLETE} marker)")
+    if verify:
+        problems = verify_files(path)
+        if problems:
+            raise CheckpointError(f"checkpoint {path} is damaged: " + "; ".join(problems))
     from seedfast.distributed.checkpoint import has_states, is_sharded
 
     if has_states(path):
         return _load_sharded(path, model, optimizer, scheduler, generators)
     if is_sharded(model):
-        raise ValueError(f"checkpoint {path} was written by one process (model.safetensors); resume it with "
-                         "dist.strategy=none, or start the sharded run from an HF export (trainer.init_from)")
-    tensors = load_file(path / "model.safetensors")
+        raise CheckpointError(f"checkpoint {path} was written by one process (model.safetensors); resume it with "
+                              "dist.strategy=none, or start the sharded run from an HF export (trainer.init_from)")
+    tensors = _read(path / "model.safetensors", "safetensors file", load_file)
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     if missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}")
-    state = torch.load(path / "state.pt", weights_only=False)
-    if optimizer is not None and state["optimizer"] is not None:
-        optimizer.load_state_dict(state["optimizer"])
-    if scheduler is not None and state["scheduler"] is not None:
-        scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"], generators)
-    return json.loads((path / "trainer_state.json").read_text())
+        raise CheckpointError(f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}")
+    state = _read(path / "state.pt", "torch.save file", _torch_load)
+    _restore(path / "state.pt", lambda: optimizer.load_state_dict(state["optimizer"]),
+             optimizer is not None and state["optimizer"] is not None)
+    _restore(path / "state.pt", lambda: scheduler.load_state_dict(state["scheduler"]),
+             scheduler is not None and state["scheduler"] is not None)
+    _restore(path / "state.pt", lambda: set_rng_state(state["rng"], generators), True)
+    return _trainer_state(path)
+
+
+def _torch_load(path: Path) -> Any:
+    return torch.load(path, weights_only=False)
+
+
+def _read(path: Path, kind: str, read: Callable[[Path], Any]) -> Any:
+    """read(path), a failure turned into a CheckpointError naming the file."""
+    try:
+        return read(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except Exception as err:  # noqa: BLE001 - every reader's own error type (SafetensorError, UnpicklingError ...)
+        raise CheckpointError(f"{path}: not a readable {kind} ({type(err).__name__}: {err})") from None
+
+
+def _restore(path: Path, apply: Callable[[], Any], wanted: bool) -> None:
+    if not wanted:
+        return
+    try:
+        apply()
+    except (KeyError, ValueError, TypeError, RuntimeError) as err:
+        raise CheckpointError(f"{path}: its states do not fit this run ({type(err).__name__}: {err})") from None
+
+
+def _trainer_state(path: Path) -> dict[str, Any]:
+    state = _read(path / "trainer_state.json", "JSON file", lambda p: json.loads(p.read_text()))
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise CheckpointError(f"{path / 'trainer_state.json'}: no integer 'step'")
+    return state
+
+
+def resume_latest(ckpt_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                  scheduler: Any | None = None, generators: dict[str, torch.Generator] | None = None,
+                  before_load: Callable[[Path], None] | None = None) -> tuple[Path, dict[str, Any]] | None:
+    """`--resume auto`: load the newest checkpoint of `ckpt_dir` that verifies and loads, and return (its path, the
+    trainer state); None when there is no complete checkpoint at all (a fresh start). A damaged checkpoint is named
+    in a CheckpointWarning and the next newest is tried; when none works, one CheckpointError names each one tried
+    and what was wrong with it. Stale temporary folders of a killed write are removed first. `before_load(path)`
+    runs on the chosen checkpoint before its states are loaded (the resume's config comparison; its error stops).
+
+    Sharded (a process group): the ranks split the checking of the files, agree on each verdict, and so load the
+    same step; a load that fails after the files verified is raised (DCP's load is a collective)."""
+    from seedfast.distributed.checkpoint import rank_and_world, together
+
+    ckpt_dir = Path(ckpt_dir)
+    rank, world = rank_and_world()
+    together(lambda: remove_stale_temporaries(ckpt_dir) if rank == 0 else None)
+    tried = []
+    for path in reversed(list_checkpoints(ckpt_dir)):
+        problems = [p for found in together(lambda path=path: verify_files(path, share=(rank, world))) for p in found]
+        if not problems:
+            if before_load is not None:
+                before_load(path)
+            try:
+                return path, load_checkpoint(path, model, optimizer, scheduler, generators, verify=False)
+            except CheckpointError as err:
+                if world > 1:
+                    raise
+                problems = [str(err)]
+        tried.append(f"{path.name}: {'; '.join(problems)}")
+        if rank == 0:
+            warnings.warn(f"checkpoint {path} is damaged, not resumed from: {'; '.join(problems)}",
+                          CheckpointWarning, stacklevel=2)
+    if tried:
+        raise CheckpointError(f"no usable checkpoint in {ckpt_dir} to resume from; tried " + " | ".join(tried))
+    return None
 
 
 def _load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any | None,
@@ -199,11 +350,15 @@ def _load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opt
     reshards). The RNG state is this rank's when the checkpoint has one (same rank count), else rank 0's."""
     from seedfast.distributed.checkpoint import load_states, rank_and_world
 
-    load_states(path, model, optimizer)
-    state = torch.load(path / "state.pt", weights_only=False)
-    if scheduler is not None and state["scheduler"] is not None:
-        scheduler.load_state_dict(state["scheduler"])
+    try:
+        load_states(path, model, optimizer)
+    except Exception as err:  # noqa: BLE001 - DCP's CheckpointException and the readers' errors beneath it
+        raise CheckpointError(f"{path / 'dcp'}: not a readable DCP checkpoint ({type(err).__name__}: {err})") from None
+    state = _read(path / "state.pt", "torch.save file", _torch_load)
+    _restore(path / "state.pt", lambda: scheduler.load_state_dict(state["scheduler"]),
+             scheduler is not None and state["scheduler"] is not None)
     rank, world = rank_and_world()
     rng_file = path / f"rng_rank{rank if world == state['world'] else 0}.pt"
-    set_rng_state(torch.load(rng_file, weights_only=False), generators)
-    return json.loads((path / "trainer_state.json").read_text())
+    rng = _read(rng_file, "torch.save file", _torch_load)
+    _restore(rng_file, lambda: set_rng_state(rng, generators), True)
+    return _trainer_state(path)

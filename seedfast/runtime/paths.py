@@ -2,6 +2,7 @@
 there or reads back, named once. The commands, SFT and the trainer spell no run-folder name themselves.
 
     config.yaml          the resolved config (Config.save; a folder given to load_config stands for it)
+    errors.log           the traceback of each failed command (its one line on stderr says which kind: app/failures.py)
     collect/             `seedfast collect`'s output, unless collect.out names another folder (`collect_dir`)
     tokenizer/           a tiny model's BPE tokenizer, trained by `seedfast sft`
     sft/                 `seedfast sft`'s policy: an HF folder with its tokenizer
@@ -42,6 +43,10 @@ class RunPaths:
     @property
     def config(self) -> Path:
         return self.root / CONFIG_FILE
+
+    @property
+    def error_log(self) -> Path:
+        return self.root / "errors.log"
 
     @property
     def collect(self) -> Path:

@@ -9,6 +9,7 @@ built here as explicit arguments and never read the config. See docs/architectur
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -272,11 +273,14 @@ def alfworld_game_id(game_file: str | os.PathLike) -> str:
     return f"{path.parent.parent.name}/{path.parent.name}"
 
 
-def load_tasks(cfg: Config, split: str, *, generate: bool = False) -> list[Task]:
+def load_tasks(cfg: Config, split: str, *, generate: bool = False, skipped: list[str] | None = None) -> list[Task]:
     """The games of `split` ('train' or 'eval'): env.n_train / env.n_eval of them (per level for TextWorld).
 
     TextWorld games are read from the manifest of env.games_dir; with `generate`, the missing ones of this split
     are made first (make_games, cached). ALFWorld games come from its data (eval = out of distribution).
+    Every TextWorld game is checked against the manifest's sizes and sha256 first: a missing or damaged one stops
+    the command (GameFileError naming each file), or with env.damaged_games=skip is left out with a warning and
+    its line appended to `skipped` (the caller counts them in its metrics).
     """
     limit = cfg.env.n_train if split == "train" else cfg.env.n_eval
     if cfg.env.kind == "alfworld":
@@ -314,6 +318,15 @@ def load_tasks(cfg: Config, split: str, *, generate: bool = False) -> list[Task]
                 per_level[r.level] = per_level.get(r.level, 0) + 1
                 kept.append(r)
         records = kept
+    from seedfast.envs.textworld_games import require_games
+
+    records, damaged = require_games(records, skip=cfg.env.damaged_games == "skip")
+    for line in damaged:
+        warnings.warn(f"env.damaged_games=skip: {split} {line}: left out", stacklevel=2)
+    if skipped is not None:
+        skipped.extend(damaged)
+    if not records:
+        raise ConfigError(f"env.games_dir={cfg.env.games_dir!r}: every {split} game is missing or damaged")
     return [Task.from_record(r) for r in records]
 
 

@@ -35,13 +35,13 @@ def eval_chunk_games(cfg: Config) -> int:
     return cfg.env.slots or max(1, cfg.rollout.tasks_per_batch * cfg.rollout.n)
 
 
-def evaluation_tasks(cfg: Config, split: str = "eval") -> list[Task]:
+def evaluation_tasks(cfg: Config, split: str = "eval", skipped: list[str] | None = None) -> list[Task]:
     """The episodes an evaluation of `split` plays, in manifest order: the train games (env.n_train), or the
     held-out games (env.n_eval) cut to trainer.eval_games; the list again trainer.eval_repeats times (a sampled
     evaluation's noise falls with the plays; docs/demo.md)."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    tasks = load_tasks(cfg, split)
+    tasks = load_tasks(cfg, split, skipped=skipped)  # damaged games: runtime/setup.py (env.damaged_games)
     if split == "eval" and cfg.trainer.eval_games:
         tasks = tasks[: cfg.trainer.eval_games]
     return tasks * cfg.trainer.eval_repeats
@@ -57,7 +57,8 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, tokenizer: Any, split: 
     `envs`: the slots to play in (a run's pool; at least a chunk's games, as env_slot_count gives, so every chunk is
     one wave); default: as many as a chunk's games, made here and closed. Every rank of `dp` must call it."""
     dp = dp if dp is not None else DataParallel(rank=0, size=1)
-    tasks = evaluation_tasks(cfg, split)
+    skipped: list[str] = []
+    tasks = evaluation_tasks(cfg, split, skipped)
     own_envs = envs is None
     if own_envs:
         envs = make_env_slots(cfg, max(1, min(len(tasks), eval_chunk_games(cfg))))
@@ -70,7 +71,7 @@ def evaluate_policy(cfg: Config, model: torch.nn.Module, tokenizer: Any, split: 
             envs.close()
     if moved:  # every rank's environments
         moved = dict(zip(moved, dp.sum(list(moved.values()))))
-    return {**metrics, **moved}
+    return {**metrics, **moved, "eval/games_skipped": float(len(skipped))}
 
 
 def evaluate(cfg: Config, model: torch.nn.Module, tokenizer: Any, tasks: list[Task], *, seed: int,

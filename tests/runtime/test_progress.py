@@ -18,9 +18,9 @@ class Terminal(io.StringIO):
     ("true", True, True, True),
     ("false", True, True, False),  # the option
     ("true", False, True, False),  # another rank of a sharded run
-    ("true", True, False, False),  # stderr a file or a pipe
+    ("true", True, False, True),  # stderr a file or a pipe: plain lines (progress_lines.py)
 ])
-def test_a_bar_is_drawn_by_rank_0_on_a_terminal_when_log_progress_asks(monkeypatch, setting, is_main, terminal,
+def test_progress_is_reported_by_rank_0_when_log_progress_asks(monkeypatch, setting, is_main, terminal,
                                                                          shown):
     monkeypatch.setattr(sys, "stderr", Terminal() if terminal else io.StringIO())
     assert progress.shows_progress(load_config(None, [f"log.progress={setting}"]), is_main) is shown
@@ -33,3 +33,20 @@ def test_the_bar_counts_from_where_a_resumed_run_starts(monkeypatch):
     bar.close()
     first, *_, last = sys.stderr.getvalue().split("\r")  # the frames drawn
     assert "2/5" in first and "grpo success 0.50" in last and "3/5" in last
+
+
+def test_a_log_file_gets_one_plain_line_per_step_and_per_phase(monkeypatch):
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: a batch job's log
+    bar = progress.ProgressBar(10, "grpo", completed=2)
+    bar.advance("grpo success 0.50", {"success": 0.5, "reward": 0.4125, "loss": 0.03214, "tokens/s": 1843.4,
+                                      "nan": float("nan")})
+    bar.phase("checkpoint runs/t/ckpt/step_3 written (0.1 s)")
+    bar.advance("sft loss 5.989")
+    bar.close()
+    lines = sys.stderr.getvalue().splitlines()
+    assert len(lines) == 3 and "\r" not in sys.stderr.getvalue()
+    assert lines[0].split("] ", 1)[1].startswith(
+        "grpo step 3/10 | success 0.500 | reward 0.412 | loss 0.03214 | tokens/s 1,843 | elapsed ")
+    assert "nan" not in lines[0]
+    assert lines[1].endswith("] grpo: checkpoint runs/t/ckpt/step_3 written (0.1 s)")
+    assert " grpo step 4/10 | sft loss 5.989 | elapsed " in lines[2]
