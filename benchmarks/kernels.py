@@ -553,9 +553,9 @@ def dry_run() -> int:
     os.environ.setdefault("SEEDFAST_OPS_BACKEND", "triton")
     import torch
 
-    from seedfast.kernels.interpreter_bf16 import patch_interpreter_bf16
+    from seedfast.kernels.interpreter_patches import patch_interpreter
 
-    patch_interpreter_bf16()  # the interpreter's bf16 dot and cast, as the GPU computes them
+    patch_interpreter()  # the interpreter's bf16 dot and cast, as the GPU computes them; its scalar indices
 
     rows = run((96,), ((32, 300),), reps=1, modes=set(), bandwidth_tbs=measure_bandwidth_tbs(torch, gib=1 / 16, reps=1))
     bad = [r for r in rows if "error" in r]

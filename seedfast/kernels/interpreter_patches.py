@@ -1,6 +1,35 @@
-"""Two bf16 gaps of Triton's interpreter (TRITON_INTERPRET=1, Triton 3.6-3.9), patched to what the GPU does, for
-the CPU runs of the kernels (tests/kernels/conftest.py, benchmarks/kernels.py --dry-run). Nothing here runs on a GPU.
+"""Gaps of Triton's interpreter (TRITON_INTERPRET=1), patched to what the GPU does, for the CPU runs of the kernels
+(tests/kernels/conftest.py, benchmarks/kernels.py --dry-run). Nothing here runs on a GPU.
+
+    patch_interpreter()    both of the below
+    patch_interpreter_bf16()    bf16 dot and fp32 -> bf16 cast (Triton 3.6-3.9)
+    patch_interpreter_index()   a scalar used as an index or range bound (Triton 3.6 under NumPy >= 2.4)
 """
+
+
+def patch_interpreter() -> None:
+    patch_interpreter_bf16()
+    patch_interpreter_index()
+
+
+def patch_interpreter_index() -> None:
+    """Triton 3.6's interpreter turns a scalar tensor into an int with int(ndarray), which NumPy 2.4 refuses for the
+    1-element arrays it stores scalars in ("only 0-dimensional arrays can be converted to Python scalars"): every
+    kernel with `range(start, stop, step)` over a program-dependent bound fails. Triton 3.9 squeezes first; so does
+    this. Found by the pre-flight (benchmarks/preflight_image_versions.py): torch 2.11 / Triton 3.6 beside NumPy 2.4."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_seedfast_patched", False):
+        return
+
+    def patched(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0])
+                       if self.handle.data.size == 1 else int(self.handle.data))
+
+    patched._seedfast_patched = True
+    interpreter._patch_lang_tensor = patched
 
 
 def patch_interpreter_bf16() -> None:

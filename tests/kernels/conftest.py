@@ -13,14 +13,14 @@ import sys
 import pytest
 import torch
 
-from seedfast.kernels.interpreter_bf16 import patch_interpreter_bf16
+from seedfast.kernels.interpreter_patches import patch_interpreter
 
 INTERPRET = not torch.cuda.is_available()
 
 
 if INTERPRET:
     os.environ["TRITON_INTERPRET"] = "1"
-    patch_interpreter_bf16()
+    patch_interpreter()
     stale = sorted(name for name in sys.modules if name.startswith("seedfast.kernels."))
     for name in sorted(stale, key=lambda n: n.endswith(".autotuned")):  # autotuned wraps the others: last
         importlib.reload(sys.modules[name])

@@ -70,6 +70,10 @@ def _check_dtensor_rejected(world):
 
 
 def _worker(rank, world, port, cases):
+    if os.environ.get("TRITON_INTERPRET") == "1":  # a spawned process: conftest's interpreter patches are not here
+        from seedfast.kernels.interpreter_patches import patch_interpreter
+
+        patch_interpreter()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         for case in cases:
