@@ -12,10 +12,13 @@ TORCH_CPU := $(shell sed -n 's/^\(torch==[^ ;\#]*\).*/\1/p' $(LOCK))
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 EXTRAS := .[dev,envs,report,real]
 
-.PHONY: install test lint demo clean lock test-vllm lock-vllm
+.PHONY: install test lint demo clean lock test-vllm lock-vllm preflight
 
 $(STAMP): pyproject.toml $(LOCK)
-	test -x $(PY) || python3 -m venv $(VENV)
+	# with nvidia-smi the venv sees the machine's packages (--system-site-packages): its CUDA torch and triton
+	# satisfy pyproject's torch>=2.4 and triton>=3.2, so pip downloads neither
+	test -x $(PY) || if command -v nvidia-smi >/dev/null 2>&1; then python3 -m venv --system-site-packages $(VENV); \
+	  else python3 -m venv $(VENV); fi
 	$(PY) -m pip install -q --upgrade pip
 	grep -viE '^(torch|triton|nvidia-[^=]*)==' $(LOCK) > $(LOCK_NO_TORCH)
 	@if command -v nvidia-smi >/dev/null 2>&1; then lock=$(LOCK_NO_TORCH); \
@@ -104,6 +107,12 @@ lock-vllm:
 	  $$py -m pip freeze --exclude-editable | grep -viE '^(pip|setuptools|wheel|seedfast|torch|$(VLLM_DROP))=='; \
 	} > "$$tmp/lock.txt"; \
 	mv "$$tmp/lock.txt" $(VLLM_LOCK); echo "wrote $(VLLM_LOCK) ($$(grep -c '==' $(VLLM_LOCK)) packages); now run: make test-vllm"
+
+# The GPU image's versions (requirements/lock-gpu-image.txt: torch 2.11.0, Triton 3.6.0, transformers 5.17) on this
+# CPU machine before a GPU window, in a venv of their own (.venv-image): the import, kernel-interpreter, HF and
+# distributed subsets of the suite; writes benchmarks/results/preflight_image_versions.json. ~10 minutes on 2 cores.
+preflight:
+	nice -n 10 python3 benchmarks/preflight_image_versions.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
