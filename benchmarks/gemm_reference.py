@@ -112,29 +112,38 @@ def measure(n: int, d: int, v: int, save=lambda out: None) -> dict:
     return out
 
 
-def _row_passes(torch, rows: int, v: int) -> dict:
-    """Bytes per second of the single pass's two Triton row kernels over an fp32 [rows, V] block of logits."""
+def row_pass_launchers(torch, rows: int, v: int, device: str = "cuda"):
+    """(row_stats launch, grad_from_logits launch, their tensors) over a random fp32 [rows, V] block of logits, with
+    the single pass's own configurations (on CPU under TRITON_INTERPRET=1 too: a test checks them against torch)."""
     from seedfast.kernels import configs
     from seedfast.kernels import fused_rows as kr
 
-    z = torch.randn(rows, v, device="cuda") * 3
-    y = torch.randint(0, v, (rows,), device="cuda")
-    lse, lp, ent, a, b = (torch.empty(rows, device="cuda") for _ in range(5))
-    a.normal_()
-    b.normal_()
-    gout = torch.empty(rows, v, device="cuda", dtype=torch.bfloat16)
-    st, gr = configs.ROW_STATS, configs.GRAD_FROM_LOGITS
+    cuda = device == "cuda"
+    t = {"z": torch.randn(rows, v, device=device) * 3, "y": torch.randint(0, v, (rows,), device=device),
+         **{k: torch.empty(rows, device=device) for k in ("lse", "logprob", "entropy")},
+         "a": torch.randn(rows, device=device), "b": torch.randn(rows, device=device),
+         "g": torch.empty(rows, v, device=device, dtype=torch.bfloat16)}
+    st = configs.ROW_STATS if cuda else configs.INTERPRET_ROW_STATS
+    gr = configs.GRAD_FROM_LOGITS if cuda else configs.INTERPRET_GRAD_FROM_LOGITS
+    sw = {"num_warps": configs.ROW_STATS_NUM_WARPS} if cuda else {}
+    gw = {"num_warps": configs.GRAD_FROM_LOGITS_NUM_WARPS} if cuda else {}
 
     def stats():
         kr.row_stats_kernel[(math.ceil(rows / st["BLOCK_R"]),)](
-            z, y, lse, lp, ent, rows, v, z.stride(0), 1.0, -100, WITH_ENTROPY=True, **st,
-            num_warps=configs.ROW_STATS_NUM_WARPS)
+            t["z"], t["y"], t["lse"], t["logprob"], t["entropy"], rows, v, t["z"].stride(0), 1.0, -100,
+            WITH_ENTROPY=True, **st, **sw)
 
     def grad():
         kr.grad_from_logits_kernel[(math.ceil(rows / gr["BLOCK_R"]) * math.ceil(v / gr["BLOCK_V"]),)](
-            z, y, lse, ent, a, b, gout, rows, v, z.stride(0), gout.stride(0), 1.0, 1.0, -100, HAS_B=True, **gr,
-            num_warps=configs.GRAD_FROM_LOGITS_NUM_WARPS)
+            t["z"], t["y"], t["lse"], t["entropy"], t["a"], t["b"], t["g"], rows, v, t["z"].stride(0),
+            t["g"].stride(0), 1.0, 1.0, -100, HAS_B=True, **gr, **gw)
 
+    return stats, grad, t
+
+
+def _row_passes(torch, rows: int, v: int) -> dict:
+    """Bytes per second of the single pass's two Triton row kernels over an fp32 [rows, V] block of logits."""
+    stats, grad, _ = row_pass_launchers(torch, rows, v)
     return {"row_stats_tbs": rows * v * 4 / (_ms(torch, stats) / 1e3) / 1e12,
             "grad_from_logits_tbs": rows * v * (4 + 2) / (_ms(torch, grad) / 1e3) / 1e12}
 
