@@ -142,3 +142,23 @@ def test_save_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match=r"missing \['model.norm.weight'\]"):
         save_hf(model, tmp_path / "x", state_dict={k: v for k, v in model.state_dict().items()
                                                    if k != "model.norm.weight"})
+
+
+def test_an_unreadable_file_of_a_folder_is_named(tmp_path):
+    """A truncated weight file, a shard of a sharded folder garbled, a config.json that is not JSON: each error names
+    the file (WeightsFileError, the CLI's load error) instead of the reader's bare exception."""
+    from seedfast.model.hf_io import WeightsFileError
+
+    save_hf(tiny_decoder("qwen3-tied"), tmp_path / "one")
+    weights = tmp_path / "one" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    with pytest.raises(WeightsFileError, match=rf"{weights}: not a readable safetensors file \(SafetensorError: "):
+        load_hf(tmp_path / "one")
+    save_hf(tiny_decoder("qwen3-tied"), tmp_path / "sharded", max_shard_bytes=8 * 1024)
+    shard = sorted((tmp_path / "sharded").glob("model-*-of-*.safetensors"))[1]
+    shard.write_bytes(b"\xca" * shard.stat().st_size)
+    with pytest.raises(WeightsFileError, match=rf"{shard}: not a readable safetensors file"):
+        load_hf(tmp_path / "sharded")
+    (tmp_path / "sharded" / "config.json").write_text("{not json")
+    with pytest.raises(WeightsFileError, match=r"config.json: not a readable JSON file \(JSONDecodeError"):
+        load_hf(tmp_path / "sharded")
