@@ -142,8 +142,8 @@ def make_games(out_dir: str | os.PathLike, game_type: str, levels: Iterable[int]
                     if isinstance(result, str):
                         manifest["skipped"].append({**job, "reason": result})
                         n_skipped += 1
-                    else:
-                        manifest["games"].append(result)
+                    else:  # with its files' sizes and sha256 (check_games)
+                        manifest["games"].append({**result, "files": _game_files(out, result["path"])})
                 _write_manifest(out, manifest)
                 if n_skipped > max_skips:
                     raise RuntimeError(f"{game_type} levels {levels}: TextWorld could not build a quest for "
@@ -353,7 +353,7 @@ def _generate_one(out_dir: str, job: dict) -> dict | str:
         raise RuntimeError(f"game {gid}: its own walkthrough {walkthrough} does not win")
     return {"id": gid, "path": rel_path, "split": job["split"], "type": job["type"], "level": job["level"],
             "seed": job["seed"], "objective": obs.task, "walkthrough": walkthrough,
-            "max_score": float(game.max_score), "files": _game_files(Path(out_dir), rel_path)}
+            "max_score": float(game.max_score)}
 
 
 def _read_manifest(folder: Path, drop_missing: bool = True) -> dict:
