@@ -4,10 +4,12 @@ control, each from an SFT start made the demo's way (docs/demo.md, 'SEED in the 
     seedfast sft configs/demo_cpu.yaml run.name=sparse_sft_s5 run.seed=5 env.games_dir=runs/sparse/games
     python benchmarks/seed_sparse.py run --seed 5 --arm grpo            # one arm at one seed (append or replace)
     python benchmarks/seed_sparse.py run --seed 5 --arm A --lam 0.3     # SEED, oracle skills, λ_opd 0.3
+    python benchmarks/seed_sparse.py pool --seed 5 --levels 9-10 --max-steps 6   # a candidate pool, SFT start only
     python benchmarks/seed_sparse.py report                             # the table and the plot
 
-The pool: treasure_hunter levels 7-10 (walkthroughs of 4-5 steps, where SFT saw 2-3), up to 10 steps an episode,
-the demo's 64-game pool, 8 games x 8 trajectories an update, 16 updates. Arms (the issue's names):
+The pool: treasure_hunter levels 9-10 (walkthroughs of 5 steps, where SFT saw 2-3), the demo's 6 steps an episode,
+the demo's 64-game pool, 8 games x 8 trajectories an update, 16 updates (chosen by measuring: docs/demo.md).
+Arms (the issue's names):
 
 - control: the SFT start's rollouts of every update, no update (same games, same sampling seeds);
 - grpo: GRPO;
@@ -46,7 +48,7 @@ from seedfast.train.rl import Trainer  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = RESULTS_DIR / "seed_sparse.json"
 POOLS = {
-    "sparse": ["env.levels=7-10", "env.games_dir=runs/sparse/games", "env.max_steps=10"],
+    "sparse": ["env.levels=9-10", "env.games_dir=runs/sparse/games", "env.max_steps=6"],
     "dense": ["env.levels=3-6", "env.games_dir=runs/sparse/games", "env.max_steps=6"],
 }
 PER_UPDATE = ("train/success_rate", "train/groups_with_signal", "train/episode_length", "train/advantage_zero_frac",
@@ -138,6 +140,29 @@ def run(seed: int, arm: str, lam: float, teacher: str, pool: str, steps: int, ex
     return record
 
 
+def pool_check(seed: int, levels: str, max_steps: int, updates: int) -> dict:
+    """How sparse a candidate pool is for the SFT start: its success and the share of groups with both a win and a
+    loss over the first `updates` updates' draws (the control's rollouts). Kept under "pool_choice"."""
+    cfg = load_config(ROOT / "configs" / "demo_cpu.yaml", [
+        "log.progress=false", "log.tensorboard=false", f"run.name=seed_sparse_pool_s{seed}", f"run.seed={seed}",
+        f"trainer.steps={updates}", f"env.levels={levels}", "env.games_dir=runs/sparse/games",
+        f"env.max_steps={max_steps}", *arm_overrides("control", 0.0, "current")])
+    trainer = Trainer(cfg, policy_dir=ROOT / cfg.run.out_dir / f"sparse_sft_s{seed}" / "sft")
+    try:
+        history = trainer.control_run()
+    finally:
+        trainer.close()
+    record = {"seed": seed, "levels": levels, "max_steps": max_steps, "updates": updates,
+              "success": mean([r["train/success_rate"] for r in history]),
+              "groups_with_signal": mean([r["train/groups_with_signal"] for r in history]),
+              "git_commit": git_commit(), "machine": machine_info()}
+    with locked_results() as data:
+        data.setdefault("pool_choice", {})[f"s{seed}/levels{levels}/max_steps{max_steps}"] = record
+    print(f"levels {levels}, {max_steps} steps: success {record['success']:.3f}, groups with signal "
+          f"{record['groups_with_signal']:.3f}")
+    return record
+
+
 def mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
@@ -212,10 +237,17 @@ def main() -> None:
     r.add_argument("--pool", choices=sorted(POOLS), default="sparse")
     r.add_argument("--steps", type=int, default=16)
     r.add_argument("overrides", nargs="*", help="more dotted overrides")
+    c = sub.add_parser("pool")
+    c.add_argument("--seed", type=int, required=True)
+    c.add_argument("--levels", required=True)
+    c.add_argument("--max-steps", type=int, required=True)
+    c.add_argument("--updates", type=int, default=4)
     sub.add_parser("report")
     args = parser.parse_args()
     if args.command == "run":
         run(args.seed, args.arm, args.lam, args.teacher, args.pool, args.steps, args.overrides)
+    elif args.command == "pool":
+        pool_check(args.seed, args.levels, args.max_steps, args.updates)
     else:
         report()
 

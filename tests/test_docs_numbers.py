@@ -653,8 +653,12 @@ REGISTRY: list[Q] = [
     Q(DEMO_MD, "numbered as the prompt numbers steps (\"[Step 1] go south [Step 2] …\") | {} | {} | {}% / {}% |",
       tp_row("numbered_episode")),
     Q(DEMO_MD, "(`episode_step`, the demo's)** | **+{}** | **+{}** | **{}% / {}%** |", tp_row("episode_step")),
-    Q(DEMO_MD, "a loser's skill lowers the walkthrough's actions (Δ {} pool, {} held-out)",
+    Q(DEMO_MD, "a loser's skill lowered the walkthrough's actions (Δ {} pool, {} held-out",
       (tp("episode_step", "train_pool", "oracle_fail"), tp("episode_step", "heldout", "oracle_fail"))),
+    Q(DEMO_MD, "a loser's skill gives Δ {} on the pool's walkthrough steps and {} on held-out ones, a winner's +{} "
+               "and +{}.",
+      (tp("oracle_right_first", "train_pool", "oracle_fail"), tp("oracle_right_first", "heldout", "oracle_fail"),
+       tp("oracle_right_first", "train_pool", "oracle_win"), tp("oracle_right_first", "heldout", "oracle_win"))),
     Q(DEMO_MD, "help on the pool games it was trained on (+{}, {}% of steps) and hurt on held-out ones ({})",
       (tp("episode_step", "train_pool", "self_win"), tp("episode_step", "train_pool", "self_win", "share_raised",
                                                         scale=100.0), tp("episode_step", "heldout", "self_win"))),
