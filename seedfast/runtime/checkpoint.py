@@ -117,7 +117,7 @@ def save_checkpoint(
         if config_yaml is not None:
             out.text(CONFIG_FILE, config_yaml)
         out.write_manifest()
-        (tmp / _COMPLETE).write_text("ok\n")
+        out.text(_COMPLETE, "ok\n")  # after the manifest, which does not list it
         _publish(tmp, final, keep)
     return final
 
@@ -213,7 +213,7 @@ def _save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: 
             if config_yaml is not None:
                 out.text(CONFIG_FILE, config_yaml)
             out.write_manifest()
-            (tmp / _COMPLETE).write_text("ok\n")
+            out.text(_COMPLETE, "ok\n")  # after the manifest, which does not list it
             _publish(tmp, final, keep)
 
         together(publish if rank == 0 else None)

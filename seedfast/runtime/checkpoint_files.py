@@ -108,17 +108,18 @@ class CheckpointWriter:
     def stream(self, name: str, write: Callable[[HashingWriter], None]) -> None:
         """Write the file `name` through `write(handle)`, hashed as the bytes pass (torch.save)."""
         path = self.folder / name
-        with open(path, "wb") as f:
-            sink = HashingWriter(f)
-            try:
+        sink: HashingWriter | None = None
+        try:
+            with open(path, "wb") as f:  # closed inside the try: a full disk may show only at the last flush
+                sink = HashingWriter(f)
                 write(sink)
                 f.flush()
                 os.fsync(f.fileno())
-            except Exception as err:
-                stop = sink.interrupt or _interrupt_behind(err)
-                if stop is not None:
-                    raise stop from None
-                raise self._failed(path, sink.error or err) from err
+        except Exception as err:
+            stop = (sink.interrupt if sink is not None else None) or _interrupt_behind(err)
+            if stop is not None:
+                raise stop from None
+            raise self._failed(path, (sink.error if sink is not None else None) or err) from err
         self.files[name] = {"size": sink.size, "sha256": sink.sha256.hexdigest()}
 
     def file(self, name: str, write: Callable[[Path], None]) -> None:

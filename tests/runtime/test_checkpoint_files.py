@@ -81,3 +81,31 @@ def test_a_file_size_limit_mid_write_names_the_path_and_keeps_the_previous_check
     assert line.startswith("ERROR 27 [Errno 27] File too large: writing ") and f"{tmp_path}/.step_2.tmp/" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"]  # no partial .step_2.tmp
     assert latest_checkpoint(tmp_path).name == "step_1" and verify_files(tmp_path / "step_1") == []
+
+
+def test_a_full_disk_seen_only_when_a_file_is_closed_is_named_too(tmp_path, monkeypatch):
+    """A buffered file may report ENOSPC only at its last flush, on close (found on a real 20 MB tmpfs)."""
+    import errno
+    import io
+
+    from seedfast.runtime import checkpoint_files
+
+    class FullAtClose(io.BufferedWriter):
+        def close(self):
+            if not self.closed and str(self.name).endswith("state.pt"):
+                super().close()
+                raise OSError(errno.ENOSPC, "No space left on device")
+            super().close()
+
+    def opener(path, mode="r", *args, **kwargs):
+        if mode == "wb":
+            return FullAtClose(io.FileIO(path, "w"))
+        return open(path, mode, *args, **kwargs)
+
+    model, opt, sched = _model_and_opt()
+    save_checkpoint(tmp_path, 1, model, opt, sched, {})
+    monkeypatch.setattr(checkpoint_files, "open", opener, raising=False)
+    with pytest.raises(checkpoint_files.CheckpointWriteError,
+                       match=rf"\[Errno 28\] no space left on device: writing {tmp_path}/.step_2.tmp/state.pt$"):
+        save_checkpoint(tmp_path, 2, model, opt, sched, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"]
