@@ -294,6 +294,7 @@ class Trainer:
                                                  group_of, self.dp))
         if self.rounding is not None and self.rounding.last is not None:
             metrics["optim/rounded_away"] = self.rounding.last
+        lr_used = self.optimizer.param_groups[0]["lr"]  # this step's (a resumed lr shows at once), not the next's
         self.scheduler.step()
 
         n_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
@@ -304,7 +305,7 @@ class Trainer:
             "train/episode_length": sum(len(t.steps) for t in trajectories) / max(len(trajectories), 1),
             "train/samples": float(len(samples)),
             "throughput/tokens_per_s": n_tokens / max(total_time, 1e-9),
-            "optim/lr": self.scheduler.get_last_lr()[0],
+            "optim/lr": lr_used,
         })
         if self.dp is not None:  # this rank's rollout and samples -> the step's, over all ranks
             counts = [f"rollout/{k}" for k in result.stats.as_dict() if not k.endswith("_rate")]
