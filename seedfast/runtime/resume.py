@@ -19,8 +19,9 @@ import torch
 
 from seedfast.config import Config
 from seedfast.config.diff import config_changes, describe_changes, refuse_fixed_changes
+from seedfast.runtime.checkpoint import _COMPLETE as COMPLETE
 from seedfast.runtime.checkpoint import CONFIG_FILE, load_checkpoint, resume_latest
-from seedfast.runtime.checkpoint_files import remove_stale_temporaries
+from seedfast.runtime.checkpoint_files import CheckpointError, remove_stale_temporaries
 
 
 class ResumeWarning(UserWarning):
@@ -95,6 +96,8 @@ def resume_run(cfg: Config, ckpt_dir: Path, trained: torch.nn.Module, optimizer:
         path, state = found
     else:
         path = Path(cfg.trainer.resume)
+        if not (path / COMPLETE).exists():  # before the config comparison, which would only add noise
+            raise CheckpointError(f"checkpoint {path} is incomplete or missing (no {COMPLETE} marker)")
         compare(path)
         state = load_checkpoint(path, trained, optimizer, scheduler)
     apply_optim_config(cfg, optimizer, scheduler)

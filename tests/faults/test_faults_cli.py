@@ -324,3 +324,10 @@ def test_a_log_file_gets_a_line_per_step_and_per_phase(overrides, train_games, t
                and " | elapsed " in s for s in steps)
     assert f"grpo: checkpoint {tmp_path / 't' / 'ckpt' / 'step_2'} written" in "\n".join(lines)
     assert any(x.startswith("grpo: evaluation after step 2: success ") for x in lines)
+
+
+def test_resume_from_a_path_with_no_checkpoint_says_so(overrides, train_games, tiny_policy, tmp_path, capsys):
+    code, err = run_train(capsys, overrides, train_games, tmp_path, tiny_policy, "--resume", str(tmp_path / "none"))
+    assert code == 3 and err.strip().splitlines() == [
+        f"seedfast train: checkpoint error: checkpoint {tmp_path / 'none'} is incomplete or missing (no COMPLETE "
+        f"marker) (traceback: {tmp_path / 't' / 'errors.log'})"]
