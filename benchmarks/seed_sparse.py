@@ -179,6 +179,25 @@ def summary(record: dict) -> dict:
     return out
 
 
+TABLE_COLUMNS = ("pool 1-8", "pool 4-16", "pool last half", "train/groups_with_signal", "teacher/contrast",
+                 "teacher/raised_win", "teacher/raised_lose", "teacher/opd_share", "time/step")
+
+
+def markdown_table(data: dict) -> str:
+    """The results as the markdown table docs/demo.md holds ('SEED in the sparse regime'), generated from the JSON
+    (tests/benchmarks/test_seed_sparse_table.py regenerates it and compares)."""
+    head = ["run", *TABLE_COLUMNS, "held-out before", "held-out after"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key, record in sorted(data["runs"].items()):
+        s = summary(record)
+        after = record["heldout_after"]
+        cells = [key, *(f"{s[c]:.3f}" if c in s else "-" for c in TABLE_COLUMNS),
+                 f"{record['heldout_before']['eval/success_rate']:.3f}",
+                 "-" if after is None else f"{after['eval/success_rate']:.3f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def report() -> None:
     data = json.loads(RESULT.read_text())
     rows = []
@@ -190,6 +209,7 @@ def report() -> None:
                      "held-out after": "-" if after is None else f"{after['eval/success_rate']:.3f}"})
     columns = sorted({c for r in rows for c in r}, key=lambda c: list(rows[0]).index(c) if c in rows[0] else 99)
     print_table([{c: r.get(c, "-") for c in columns} for r in rows], columns, title="seed_sparse")
+    print(markdown_table(data))
     plot(data)
 
 

@@ -16,7 +16,9 @@ Candidates, each what the teacher takes under skill.skill_mode / skill.teacher_m
 - `step_plan`:    "Plan: a > b > c", the walkthrough's remaining actions (what SFT's skill copies held before #21);
 - `oracle_win`:   what the oracle analyzer writes for the walkthrough (a winner; RL's analyzer=oracle);
 - `oracle_fail`:  what the oracle analyzer writes for a failed replay of the same game (what a loser gets);
-- `self_win`:     the policy's own greedy analysis of the walkthrough (SEED's analyzer=self), where it parses.
+- `self_win`:     the policy's own greedy analysis of the walkthrough (SEED's analyzer=self), where it parses;
+- `oracle_fail_own`: the failed replay's own actions under its own oracle skill (what RL's teacher does to a loser's
+                  tokens), by position: before its first deviation from the walkthrough, the mistake, after it.
 
 A check beside it: on the first 16 steps, ℓskill of `step_plan` from the scorer's shared-prefix path equals a plain
 forward of the prompt with the skill ids spliced in by hand (splice_max_abs_diff: insertion point, rendering and
@@ -39,6 +41,7 @@ from seedfast.config import load_config  # noqa: E402
 from seedfast.context.segments import insertion_index  # noqa: E402
 from seedfast.context.skill import skill_segment  # noqa: E402
 from seedfast.context.teacher import place_skills  # noqa: E402
+from seedfast.envs.base import normalize_action  # noqa: E402
 from seedfast.rollout.own_engine import Sampler  # noqa: E402
 from seedfast.rollout.prompts import Turn  # noqa: E402
 from seedfast.rollout.records import StepRecord  # noqa: E402
@@ -81,6 +84,32 @@ def walkthrough_steps(cfg, tokenizer, games):
             skills.update({k: at_step(r, cfg.skill.skill_mode, i) for k, r in written.items() if r.valid})
             steps.append({"prompt": prompt, "response": action_response_ids(tokenizer, step.action),
                           "action": step.action, "index": i, "game": walk, "skills": skills})
+    return steps
+
+
+def loser_steps(cfg, tokenizer, games):
+    """Each game's first failed replay, step by step, scored with its own oracle skill on its own actions: what RL's
+    teacher does to a loser's tokens. Steps are labelled by position: before the first deviation from the
+    walkthrough, the deviation itself (the mistake), or after it."""
+    oracle = OracleAnalyzer(cfg.skill.skill_mode)
+    steps = []
+    for game in games:
+        if not game.failures:
+            continue
+        fail = game.failures[0]
+        result = oracle.analyze([fail])[0]
+        if not result.valid:
+            continue
+        deviation = next((i for i, (a, b) in enumerate(zip(fail.actions, game.success.actions))
+                          if normalize_action(a) != normalize_action(b)), len(fail.steps))
+        for i, step in enumerate(fail.steps):
+            history = [Turn(s.observation, s.action) for s in fail.steps[:i]]
+            prompt, _ = fit_prompt(tokenizer, fail.task, history, step.observation, step.admissible_actions, i,
+                                   prompt_style(cfg), cfg.rollout.max_prompt_length)
+            position = "before" if i < deviation else "mistake" if i == deviation else "after"
+            steps.append({"prompt": prompt, "response": action_response_ids(tokenizer, step.action),
+                          "action": step.action, "index": i, "game": fail, "position": position,
+                          "skills": {"oracle_fail_own": at_step(result, cfg.skill.skill_mode, i)}})
     return steps
 
 
@@ -134,7 +163,7 @@ def measure(cfg, policy, tokenizer, steps, candidate: str) -> dict:
         d = float((teacher - student).sum())
         deltas.append(d)
         per_token.append((teacher - student).tolist())
-        kinds.setdefault(s["action"].split()[0], []).append(d)
+        kinds.setdefault(s.get("position", s["action"].split()[0]), []).append(d)
     pieces = [placed_lengths(cfg, tokenizer, s["prompt"], s["skills"][candidate]) for s in have]
     ids = [sum(p) for p in pieces]
     tokens = [t for row in per_token for t in row]
@@ -185,9 +214,12 @@ def main() -> None:
                  "teacher_mode": cfg.skill.teacher_mode, "max_skill_tokens": cfg.skill.max_skill_tokens,
                  "temperature": cfg.rollout.temperature, "splits": {}}
     for split, tasks in (("train_pool", pool), ("heldout", heldout)):
-        steps = walkthrough_steps(cfg, tokenizer, replay_games(tasks, seed=cfg.run.seed))
+        replays = replay_games(tasks, seed=cfg.run.seed)
+        steps = walkthrough_steps(cfg, tokenizer, replays)
         parse_rate = self_skills(cfg, policy, tokenizer, steps)
         rows = {c: measure(cfg, policy, tokenizer, steps, c) for c in CANDIDATES}
+        rows["oracle_fail_own"] = measure(cfg, policy, tokenizer, loser_steps(cfg, tokenizer, replays),
+                                          "oracle_fail_own")
         out["splits"][split] = {"games": len(tasks), "steps": len(steps), "self_parse_rate": round(parse_rate, 3),
                                 "candidates": rows}
         if split == "train_pool":
