@@ -113,16 +113,22 @@ def save_checkpoint(
             "rng": rng_state(generators),
         }
         out.stream("state.pt", lambda f: torch.save(states, f))
-        out.text("trainer_state.json", json.dumps({"step": step, **trainer_state}, indent=1))
-        if config_yaml is not None:
-            out.text(CONFIG_FILE, config_yaml)
-        out.write_manifest()
-        out.text(_COMPLETE, "ok\n")  # after the manifest, which does not list it
+        _finish(out, step, trainer_state, config_yaml)
         _publish(tmp, final, keep)
     return final
 
 
 CONFIG_FILE = "config.yaml"  # the run's resolved config when the checkpoint was written (the resume diff's base)
+
+
+def _finish(out: CheckpointWriter, step: int, trainer_state: dict, config_yaml: str | None) -> None:
+    """The files every checkpoint ends with, one- or many-process: the trainer state, the run's config, the manifest
+    of every file, then COMPLETE (after the manifest, which does not list it)."""
+    out.text("trainer_state.json", json.dumps({"step": step, **trainer_state}, indent=1))
+    if config_yaml is not None:
+        out.text(CONFIG_FILE, config_yaml)
+    out.write_manifest()
+    out.text(_COMPLETE, "ok\n")
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
@@ -209,11 +215,7 @@ def _save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: 
                 out.files.update(files)
             out.stream("state.pt", lambda f: torch.save(
                 {"scheduler": scheduler.state_dict() if scheduler is not None else None, "world": world}, f))
-            out.text("trainer_state.json", json.dumps({"step": step, **trainer_state}, indent=1))
-            if config_yaml is not None:
-                out.text(CONFIG_FILE, config_yaml)
-            out.write_manifest()
-            out.text(_COMPLETE, "ok\n")  # after the manifest, which does not list it
+            _finish(out, step, trainer_state, config_yaml)
             _publish(tmp, final, keep)
 
         together(publish if rank == 0 else None)
