@@ -179,8 +179,9 @@ def summary(record: dict) -> dict:
     return out
 
 
-TABLE_COLUMNS = ("pool 1-8", "pool 4-16", "pool last half", "train/groups_with_signal", "teacher/contrast",
-                 "teacher/raised_win", "teacher/raised_lose", "teacher/opd_share", "time/step")
+# seconds per update are left out of the table: the runs shared the box with other jobs (their JSON keeps them)
+TABLE_COLUMNS = ("pool 1-8", "pool 4-16", "pool last half", "train/groups_with_signal", "train/episode_length",
+                 "teacher/contrast", "teacher/raised_win", "teacher/raised_lose", "teacher/opd_share")
 
 
 def markdown_table(data: dict) -> str:
