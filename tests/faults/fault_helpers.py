@@ -41,8 +41,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-def children() -> list[int]:
-    """The live child processes of this process (an environment worker left behind would show here)."""
+def _live_children() -> list[int]:
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -52,6 +51,22 @@ def children() -> list[int]:
         if int(fields[1]) == os.getpid() and fields[0] != "Z":
             found.append(int(stat.parent.name))
     return found
+
+
+_BEFORE: set[int] = set()
+
+
+def remember_children() -> None:
+    """Note the child processes alive before a test: an xdist worker keeps the ones earlier tests' libraries own for
+    the process's life (multiprocessing's resource tracker, say), which are not this test's to end."""
+    _BEFORE.clear()
+    _BEFORE.update(_live_children())
+
+
+def children() -> list[int]:
+    """The live child processes of this process started since remember_children() (an environment worker left
+    behind would show here)."""
+    return [pid for pid in _live_children() if pid not in _BEFORE]
 
 
 def assert_clean(ckpt: Path, newest: str) -> None:

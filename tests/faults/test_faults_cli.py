@@ -21,6 +21,7 @@ from fault_helpers import (
     copy_games,
     copy_run,
     metric_rows,
+    remember_children,
     run_train,
     snapshot,
     train_args,
@@ -30,6 +31,11 @@ from safetensors.torch import load_file
 from seedfast.app import failures
 from seedfast.runtime import checkpoint_files
 from seedfast.runtime.checkpoint import list_checkpoints
+
+
+@pytest.fixture(autouse=True)
+def _children_before():
+    remember_children()
 
 
 @pytest.fixture(scope="module")
