@@ -68,9 +68,20 @@ def arm_overrides(arm: str, lam: float, teacher: str) -> list[str]:
     return arms[arm]
 
 
-def run_name(arm: str, lam: float, teacher: str) -> str:
-    """The record's arm name: SEED arms carry their weight and teacher (A_lam0.3_current)."""
-    return arm if arm in ("control", "grpo") else f"{arm}_lam{lam:g}_{teacher}"
+# The oracle analyzer's skills as seedfast/skills/analyzers.py writes them now: a loser's right steps credited, its
+# wrong command never quoted. Records of arms A and B carry it; theirs without it had the oracle before (the right
+# action quoted first, the wrong one after it: "right_first", up to commit 53bb59e).
+ORACLE = "loser_path"
+ORACLE_ARMS = ("A", "B")
+A03, B03 = "A_lam0.3_current_right_first", "B_lam0.3_current_right_first"  # the arms at 3 seeds with that oracle
+
+
+def run_name(arm: str, lam: float, teacher: str, oracle: str = ORACLE) -> str:
+    """The record's arm name: SEED arms carry their weight and teacher (A_lam0.3_current), oracle arms their
+    oracle (A_lam0.3_current_loser_path)."""
+    if arm in ("control", "grpo"):
+        return arm
+    return f"{arm}_lam{lam:g}_{teacher}" + (f"_{oracle}" if arm in ORACLE_ARMS else "")
 
 
 @contextlib.contextmanager
@@ -121,7 +132,7 @@ def run(seed: int, arm: str, lam: float, teacher: str, pool: str, steps: int, ex
     last = history[-1]
     record = {
         "seed": seed, "pool": pool, "arm": arm, "lam": lam, "teacher": teacher, "sft_run": sft_run,
-        "overrides": overrides, "updates": len(history),
+        **({"oracle": ORACLE} if arm in ORACLE_ARMS else {}), "overrides": overrides, "updates": len(history),
         "per_update": {k: [r.get(k) for r in history] for k in PER_UPDATE if any(k in r for r in history)},
         "heldout_before": before,
         "heldout_after": None if arm == "control" else {k: last[k] for k in ("eval/success_rate",
@@ -232,7 +243,7 @@ def docs_section(data: dict) -> str:
     choice = data.get("pool_choice", {}).get("s5/levels7-10/max_steps10")
     seeds = sorted({r["seed"] for r in data["runs"].values() if r["pool"] == "sparse" and r["arm"] == "A"
                     and r["lam"] == 0.3 and r["teacher"] == "current"})
-    a_vs_b = {sd: pool(f"sparse/s{sd}/A_lam0.3_current") - pool(f"sparse/s{sd}/B_lam0.3_current") for sd in seeds}
+    a_vs_b = {sd: pool(f"sparse/s{sd}/{A03}") - pool(f"sparse/s{sd}/{B03}") for sd in seeds}
     evidence = [summary(r) for r in data["runs"].values()]
     contrast = [e["teacher/contrast"] for e in evidence if "teacher/contrast" in e]
     raised_win = [e["teacher/raised_win"] for e in evidence if "teacher/raised_win" in e]
@@ -240,7 +251,7 @@ def docs_section(data: dict) -> str:
     raised_mistake = [sd for sd in seeds if own[sd]["mistake"]["delta_mean"] > 0]
     held = {sd: (data["starts"][f"sparse/s{sd}"]["eval/success_rate"],
                  data["runs"][f"sparse/s{sd}/grpo"]["heldout_after"]["eval/success_rate"],
-                 data["runs"][f"sparse/s{sd}/A_lam0.3_current"]["heldout_after"]["eval/success_rate"]) for sd in seeds}
+                 data["runs"][f"sparse/s{sd}/{A03}"]["heldout_after"]["eval/success_rate"]) for sd in seeds}
     denser = [sd for sd in seeds if mean(data["runs"][f"sparse/s{sd}/control"]["per_update"]
                                          ["train/groups_with_signal"]) > 0.5]
     too_dense = "" if choice is None else (
@@ -274,19 +285,20 @@ def docs_section(data: dict) -> str:
         "0.3 and 1 at seed 5; B, A with β = 0 (g ≡ ½: self-imitation at the same weight, no teacher); C, the self "
         "analyzer at A's weight; the no-learning control. The sweep chose λ 0.01 by the early pool curve (updates "
         "1–8 at seed 5: "
-        + ", ".join(f"{n(pool(f'sparse/s5/A_lam{lam}_current', 'pool 1-8'))} at {lam}"
+        + ", ".join(f"{n(pool(f'sparse/s5/A_lam{lam}_current_right_first', 'pool 1-8'))} at {lam}"
                     for lam in ("0.01", "0.1", "0.3", "1"))
-        + f"; at λ 1 the policy collapsed, {n(pool('sparse/s5/A_lam1_current', 'pool last half'))} over the last "
+        + "; at λ 1 the policy collapsed, "
+        + f"{n(pool('sparse/s5/A_lam1_current_right_first', 'pool last half'))} over the last "
         "half). At 0.01 the teacher is ~1% of the update, so A at 0.01 (D, the release weight) says nothing about "
         "the teacher; A and B ran at 0.3, where the teacher is a third of the update, at every seed. Held-out: 128 "
         "games × 4 plays.",
         "",
         markdown_table(data),
         "**Read out loud.** SEED's mechanism is not confirmed here. Pool success over updates 4–16, A at 0.3 minus "
-        "GRPO: " + ", ".join(f"seed {sd} {sg(pool(f'sparse/s{sd}/A_lam0.3_current') - pool(f'sparse/s{sd}/grpo'))}"
+        "GRPO: " + ", ".join(f"seed {sd} {sg(pool(f'sparse/s{sd}/{A03}') - pool(f'sparse/s{sd}/grpo'))}"
                              for sd in seeds)
         + "; B at the same weight minus GRPO: "
-        + ", ".join(f"seed {sd} {sg(pool(f'sparse/s{sd}/B_lam0.3_current') - pool(f'sparse/s{sd}/grpo'))}"
+        + ", ".join(f"seed {sd} {sg(pool(f'sparse/s{sd}/{B03}') - pool(f'sparse/s{sd}/grpo'))}"
                     for sd in seeds)
         + f". With the teacher (A) the same weight did worse than without it (B) at "
         f"{_seeds_text([sd for sd in seeds if a_vs_b[sd] < 0])} and better at "
@@ -310,7 +322,7 @@ def docs_section(data: dict) -> str:
         "the wrong one too, and quotes step d's action at every earlier step." + (
             " That A did best at the seed whose teacher raises the mistake most says this is not the whole story."
             if seeds and max(seeds, key=lambda sd: own[sd]["mistake"]["delta_mean"]) == max(
-                seeds, key=lambda sd: pool(f"sparse/s{sd}/A_lam0.3_current") - pool(f"sparse/s{sd}/grpo")) else ""),
+                seeds, key=lambda sd: pool(f"sparse/s{sd}/{A03}") - pool(f"sparse/s{sd}/grpo")) else ""),
         "",
         *_extra_arms(data),
         "**Not yet measured** (the study's remaining arms): more seeds, the dense pool (E) at every seed, "
@@ -328,10 +340,10 @@ def _extra_arms(data: dict) -> list[str]:
     def p(key: str) -> str:
         return _n(summary(runs[key])["pool 4-16"])
 
-    if "sparse/s5/A_lam0.3_old" in runs:
+    if "sparse/s5/A_lam0.3_old_right_first" in runs:
         out += [f"**Which teacher.** At λ 0.3, seed 5, the θ_old teacher (`teacher_params: old`, the release) gave "
-                f"{p('sparse/s5/A_lam0.3_old')} over updates 4–16 against the current teacher's "
-                f"{p('sparse/s5/A_lam0.3_current')} (GRPO {p('sparse/s5/grpo')}): one seed, no default changed "
+                f"{p('sparse/s5/A_lam0.3_old_right_first')} over updates 4–16 against the current teacher's "
+                f"{p(f'sparse/s5/{A03}')} (GRPO {p('sparse/s5/grpo')}): one seed, no default changed "
                 "on it.", ""]
     c = sorted(k for k in runs if k.startswith("sparse/") and "/C_" in k)
     if c:
@@ -382,8 +394,8 @@ def plot(data: dict) -> Path:
         arms: dict[str, list[list[float]]] = {}
         for record in data["runs"].values():
             if record["pool"] == pool:
-                arms.setdefault(run_name(record["arm"], record["lam"], record["teacher"]), []).append(
-                    record["per_update"]["train/success_rate"])
+                name = run_name(record["arm"], record["lam"], record["teacher"], record.get("oracle", ORACLE))
+                arms.setdefault(name, []).append(record["per_update"]["train/success_rate"])
         for i, (arm, curves) in enumerate(sorted(arms.items())):
             color = "black" if arm == "control" else f"C{i}"
             n = min(len(c) for c in curves)

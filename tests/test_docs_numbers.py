@@ -292,6 +292,8 @@ def tp_row(name: str) -> tuple:
             tp(name, "heldout", "oracle_win", "share_raised", scale=100.0))
 
 
+SPARSE_PROBES = ("sparse_levels9-10", "sparse_levels9-10_s6", "sparse_levels9-10_s7")  # the oracle before
+LOSER_PATH_PROBES = ("loser_path_s5", "loser_path_s6", "loser_path_s7")  # the oracle now, the same SFT starts
 TP_FILES = ("step_plan_reader", "episode_reader", "numbered_episode", "episode_step")
 
 
@@ -653,15 +655,12 @@ REGISTRY: list[Q] = [
     Q(DEMO_MD, "numbered as the prompt numbers steps (\"[Step 1] go south [Step 2] …\") | {} | {} | {}% / {}% |",
       tp_row("numbered_episode")),
     Q(DEMO_MD, "(`episode_step`, the demo's)** | **+{}** | **+{}** | **{}% / {}%** |", tp_row("episode_step")),
-    Q(DEMO_MD, "a loser's skill lowered the walkthrough's actions (Δ {} pool, {} held-out",
-      (tp("episode_step", "train_pool", "oracle_fail"), tp("episode_step", "heldout", "oracle_fail"))),
-    Q(DEMO_MD, "a loser's skill gives Δ {} on the pool's walkthrough steps and {} on held-out ones, a winner's +{} "
-               "and +{}.",
-      (tp("oracle_right_first", "train_pool", "oracle_fail"), tp("oracle_right_first", "heldout", "oracle_fail"),
-       tp("oracle_right_first", "train_pool", "oracle_win"), tp("oracle_right_first", "heldout", "oracle_win"))),
-    Q(DEMO_MD, "help on the pool games it was trained on (+{}, {}% of steps) and hurt on held-out ones ({})",
-      (tp("episode_step", "train_pool", "self_win"), tp("episode_step", "train_pool", "self_win", "share_raised",
-                                                        scale=100.0), tp("episode_step", "heldout", "self_win"))),
+    Q(DEMO_MD, "the loser's right steps before its mistake went from\nΔ {} / {} / {} (lowered) to +{} / +{} / +{} "
+               "(raised), and its mistake from +{} / {} / +{} to\n+{} / {} / +{}, below its right steps",
+      tuple(tp(name, "train_pool", "oracle_fail_own", "by_action", position, "delta_mean")
+            for position in ("before", "mistake") for name in (*SPARSE_PROBES, *LOSER_PATH_PROBES))),
+    Q(DEMO_MD, "The winner's skill is unchanged (+{} / +{} / +{}\non the pool's walkthrough steps)",
+      tuple(tp(name, "train_pool", "oracle_win") for name in LOSER_PATH_PROBES)),
     Q(DEMO_MD, "SEED's ℓskill − ℓθ is {} on winners' tokens and {} on losers' (issue #21 measured",
       (probe_run("oracle_fixed", "seed", "evidence", "skill/teacher_gap_win"),
        probe_run("oracle_fixed", "seed", "evidence", "skill/teacher_gap_lose"))),

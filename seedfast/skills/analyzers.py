@@ -149,8 +149,9 @@ def oracle_answer(trajectory: Trajectory, with_step_skills: bool = False) -> dic
     """The analyzer JSON the oracle gives for one trajectory (needs `trajectory.walkthrough`).
 
     A winner's workflow and step skills name only the steps on the walkthrough's path, so a detour is never
-    endorsed; a loser's skill names the right action before the wrong one, since the reader copies the first
-    quoted command (docs/demo.md, 'Oracle skills that say what is right')."""
+    endorsed. A loser's skill is the same workflow and its step skills are the walkthrough's actions up to and
+    including its first deviation: its right steps are credited, its wrong command is never quoted, since the
+    reader copies quoted commands (docs/demo.md, 'Oracle skills that say what is right')."""
     plan = list(trajectory.walkthrough or [])
     if not plan:
         raise ValueError(f"trajectory {trajectory.game_id!r} has no walkthrough")
@@ -172,20 +173,25 @@ def oracle_answer(trajectory: Trajectory, with_step_skills: bool = False) -> dic
     else:
         deviation = next((i for i, (a, b) in enumerate(zip(taken, plan))
                           if normalize_action(a) != normalize_action(b)), None)
+        # the loser's right steps (before its first deviation) are credited like a winner's, and its wrong command
+        # is never quoted: the reader copies quoted commands (docs/demo.md, 'Oracle skills that say what is right')
+        workflow = (f"Workflow: carry out the objective's instructions in the order they are given, one admissible "
+                    f"command each: {plan_text}.")
         if deviation is not None:
-            wrong, right = taken[deviation], plan[deviation]
-            why = ("it was not an admissible command" if not trajectory.steps[deviation].valid
-                   else "the objective did not ask for it")
-            summary = f"The agent failed: at step {deviation} the right action was '{right}', not '{wrong}'."
-            skill = (f"Do '{right}' at step {deviation}: the agent did '{wrong}' there instead; {why}. Warning "
-                     f"sign: an action that matches no instruction of the objective. Correct order: {plan_text}.")
-            step_skills[str(deviation)] = f"Do '{right}' here, not '{wrong}'."
+            right = plan[deviation]
+            why = ("its command was not admissible" if not trajectory.steps[deviation].valid
+                   else "its command was not in the objective")
+            summary = f"The agent failed: at step {deviation} the right action was '{right}'; {why}."
+            skill = f"{workflow} At step {deviation} do '{right}': the agent left the walkthrough there."
+            right_steps = deviation + 1
         else:
             stop = len(taken)
             nxt = plan[stop] if stop < len(plan) else plan[-1]
             summary = f"The agent failed: it stopped after {stop} correct steps, before '{nxt}'."
-            skill = (f"Do '{nxt}' next: after {stop} correct steps the agent never did it. Warning sign: an "
-                     f"objective instruction not yet carried out. Correct order: {plan_text}.")
+            skill = f"{workflow} After {stop} correct steps do '{nxt}': the agent never did it."
+            right_steps = min(stop, len(plan))
+        for index in range(min(right_steps, MAX_STEP_SKILLS)):
+            step_skills[str(index)] = f"Do '{plan[index]}' now."
     answer: dict[str, Any] = {"episode_summary": summary, "episode_skill": skill}
     if with_step_skills and step_skills:
         answer["step_skills"] = step_skills

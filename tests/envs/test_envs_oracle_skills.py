@@ -36,8 +36,9 @@ def test_oracle_skills_for_a_win_and_a_failure(games):
     assert all(r.valid for r in results)
     assert f"{first_move} -> {take}" in results[0].skill
     assert results[0].step_skills == {0: f"Do '{first_move}' now.", 1: f"Do '{take}' now."}
-    assert results[1].skill.startswith(f"Do '{first_move}' at step 0: the agent did '{detour}' there instead")
-    assert results[1].step_skills == {0: f"Do '{first_move}' here, not '{detour}'."}
+    assert results[1].skill.endswith(f"At step 0 do '{first_move}': the agent left the walkthrough there.")
+    assert detour not in results[1].skill  # the wrong command is never quoted: the reader copies quoted commands
+    assert results[1].step_skills == {0: f"Do '{first_move}' now."}
 
     prompt = build_analyzer_messages(loss)[1]["content"]
     assert "Outcome: FAILED" in prompt and f"Action: {detour}" in prompt and record.objective in prompt

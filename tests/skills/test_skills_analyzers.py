@@ -46,30 +46,36 @@ def test_on_walkthrough_path_follows_the_next_undone_action():
     assert on_walkthrough_path([], walk) == []
 
 
-def test_oracle_failure_names_the_first_deviation():
+def test_oracle_failure_credits_the_right_steps_and_never_quotes_the_wrong_command():
     traj = trajectory(["go south", "take key", "look"], won=False)
     [result] = OracleAnalyzer(skill_mode="episode_step").analyze([traj])
     assert result.valid
-    # the right action is quoted first: the reader copies the first quoted command (docs/demo.md)
-    assert result.skill.startswith("Do 'take passkey' at step 1: the agent did 'take key' there instead")
-    assert result.summary == "The agent failed: at step 1 the right action was 'take passkey', not 'take key'."
-    assert "the objective did not ask for it" in result.skill
-    assert "Correct order: go south -> take passkey" in result.skill
-    assert result.step_skills == {1: "Do 'take passkey' here, not 'take key'."}
+    assert result.skill == ("Workflow: carry out the objective's instructions in the order they are given, one "
+                            "admissible command each: go south -> take passkey. At step 1 do 'take passkey': the "
+                            "agent left the walkthrough there.")
+    assert result.summary == ("The agent failed: at step 1 the right action was 'take passkey'; its command was "
+                              "not in the objective.")
+    # the right step before the deviation is credited, the deviation gets the walkthrough's action, nothing after
+    assert result.step_skills == {0: "Do 'go south' now.", 1: "Do 'take passkey' now."}
+    assert "take key" not in result.skill + result.summary + "".join(result.step_skills.values())
 
 
 def test_oracle_failure_with_an_invalid_action_says_so():
     traj = trajectory(["Go South", "dance"], won=False, valid=[True, False])  # case does not count as deviation
-    answer = oracle_answer(traj)
-    assert "Do 'take passkey' at step 1: the agent did 'dance' there instead; it was not an admissible command" \
-        in answer["episode_skill"]
+    answer = oracle_answer(traj, with_step_skills=True)
+    assert answer["episode_summary"].endswith("at step 1 the right action was 'take passkey'; its command was not "
+                                              "admissible.")
+    assert answer["step_skills"] == {"0": "Do 'go south' now.", "1": "Do 'take passkey' now."}
+    assert "dance" not in json.dumps(answer)
 
 
 def test_oracle_failure_without_deviation_is_stopping_early():
     traj = trajectory(["go south"], won=False)
     [result] = OracleAnalyzer().analyze([traj])
-    assert result.valid and result.skill.startswith("Do 'take passkey' next: after 1 correct steps the agent never")
+    assert result.valid and result.skill.endswith("After 1 correct steps do 'take passkey': the agent never did it.")
     assert result.step_skills == {}  # episode_only
+    answer = oracle_answer(traj, with_step_skills=True)
+    assert answer["step_skills"] == {"0": "Do 'go south' now."}
 
 
 def test_oracle_needs_a_walkthrough():
