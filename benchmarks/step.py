@@ -60,7 +60,11 @@ def main() -> None:
     tokenizer.save_pretrained(str(policy))
 
     variants = {"grpo": ["algorithm=grpo"], "seed (self analyzer)": ["algorithm=seed", "skill.analyzer=self"],
-                "seed (oracle skills)": ["algorithm=seed", "skill.analyzer=oracle"],
+                "seed (oracle skills)": ["algorithm=seed", "skill.analyzer=oracle", "skill.teacher_params=old"],
+                # the teacher scored by the parameters being trained, in every optimizer step (docs/algorithms.md,
+                # 'Which parameters score the teacher'): its cost beside the θ_old teacher's, on the same batch
+                "seed (oracle, current teacher)": ["algorithm=seed", "skill.analyzer=oracle",
+                                                   "skill.teacher_params=current"],
                 "sdar": ["algorithm=sdar", "skill.analyzer=oracle"]}
     phases: dict[str, dict[str, list[float]]] = {name: {} for name in variants}
     for rep in range(args.reps):
