@@ -183,10 +183,11 @@ def gradient_check(trainer: Any, step: int = 100) -> dict[str, Any]:
     on_policy = _fp64_weighted_gradient(rows, head, targets, old, adv_token, torch.ones_like(w_ref), temperature,
                                         cfg.loss)
     err = (grads["token_tis"] - expected).norm() / expected.norm()
+    # per token: ‖g_off[t] − g_tis[t]‖ against |1 − w_t|·‖g_off[t]‖, summed over the tokens (a confident token's row
+    # is small and cancels in fp32: its own relative error is large, its share of the sum is not)
     row_norm = grads["none"].norm(dim=-1)
-    live = row_norm > 1e-8 * row_norm.max()
-    predicted = (1.0 - w_ref).abs()
-    measured = (grads["none"] - grads["token_tis"]).norm(dim=-1) / row_norm.clamp_min(1e-30)
+    predicted = (1.0 - w_ref).abs() * row_norm
+    measured = (grads["none"] - grads["token_tis"]).norm(dim=-1)
     return {
         "samples": len(samples), "tokens": n,
         "gap_mean": float(log_ratio.abs().mean()), "gap_max": float(log_ratio.abs().max()),
@@ -196,9 +197,10 @@ def gradient_check(trainer: Any, step: int = 100) -> dict[str, Any]:
         "uncorrected_vs_fp64_uncorrected_relative_error": float((grads["none"] - on_policy).norm() / on_policy.norm()),
         "uncorrected_vs_corrected_relative_distance": float(
             (grads["none"] - grads["token_tis"]).norm() / grads["token_tis"].norm()),
-        "per_token_distance_vs_abs_one_minus_w_max_error": float((measured - predicted)[live].abs().max()),
-        "mean_abs_one_minus_w": float(predicted.mean()),
-        "tokens_checked": int(live.sum()),
+        "per_token_distance_vs_gap_prediction_relative_error": float((measured - predicted).abs().sum()
+                                                                     / predicted.sum()),
+        "mean_abs_one_minus_w": float((1.0 - w_ref).abs().mean()),
+        "tokens_checked": int((row_norm > 0).sum()),
     }
 
 

