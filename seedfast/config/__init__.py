@@ -37,6 +37,7 @@ from seedfast.config.schema import (
     Config,
     ConfigError,
     ConfigWarning,
+    CorrectionConfig,
     DemoConfig,
     EnvConfig,
     ExternalAnalyzerConfig,
@@ -59,7 +60,8 @@ from seedfast.config.schema import (
 
 __all__ = [
     "ALFWORLD_TASK_TYPES", "CONFIG_FILE", "TEXTWORLD_GAME_TYPES", "Algorithm", "CollectConfig", "Config", "ConfigError",
-    "ConfigWarning", "DemoConfig", "EnvConfig", "ExternalAnalyzerConfig", "GRSDConfig", "LogConfig", "LossConfig",
+    "ConfigWarning", "CorrectionConfig", "DemoConfig", "EnvConfig", "ExternalAnalyzerConfig", "GRSDConfig", "LogConfig",
+    "LossConfig",
     "ModelConfig", "OptimConfig", "Option", "RolloutConfig", "RunConfig", "SFTConfig", "SkillConfig",
     "TinyModelConfig", "TrainerConfig", "apply_overrides", "config_from_dict", "format_value", "load_config", "opt",
     "option_keys", "options", "options_help", "parse_overrides", "parse_yaml", "section", "type_name", "validate",

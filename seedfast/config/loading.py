@@ -404,6 +404,11 @@ def validate(cfg: Config, command: str | None = None) -> Config:
         _warn(f"optim.master_dtype={cfg.optim.master_dtype}: the trained weights and AdamW states are "
               f"{cfg.optim.master_dtype}, so an update much smaller than a weight's ulp (optim.lr={cfg.optim.lr:g}) "
               "rounds away; the run warns with the share that does at its first step")
+    corr = cfg.rollout.correction
+    for low, high in (("geo_low", "geo_high"), ("token_low", "token_high")):
+        if getattr(corr, low) > getattr(corr, high):
+            raise ConfigError(f"rollout.correction.{low}={getattr(corr, low):g} is above rollout.correction.{high}="
+                              f"{getattr(corr, high):g}: the kept range [{low}, {high}] would be empty")
     if len(set(cfg.demo.algorithms)) != len(cfg.demo.algorithms) or not cfg.demo.algorithms:
         raise ConfigError(f"demo.algorithms: expected distinct algorithms, got {format_value(cfg.demo.algorithms)}")
 

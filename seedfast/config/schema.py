@@ -139,6 +139,23 @@ class EnvConfig:
 
 
 @dataclass
+class CorrectionConfig:
+    mode: Literal["none", "token_tis", "seq_tis", "seq_geo_mask", "token_mask"] = opt(
+        "none", "train/rollout mismatch correction of the policy term (docs/algorithms.md, 'Rollout correction'): "
+                "none, token_tis (w = min(rho_t, token_clip)), seq_tis (w = min(prod rho_t, seq_clip)), seq_geo_mask "
+                "(keep a sequence whose geometric-mean ratio is in [geo_low, geo_high]), token_mask (IcePop: "
+                "w = rho_t inside [token_low, token_high], else 0); rho = pi_train(theta_old) / pi_rollout")
+    token_clip: float = opt(2.0, "token_tis: the per-token importance weight is truncated at this value", gt=0)
+    seq_clip: float = opt(5.0, "seq_tis: the per-sequence importance weight is truncated at this value", gt=0)
+    geo_low: float = opt(0.99, "seq_geo_mask: lowest geometric-mean ratio a sequence may have and stay", gt=0)
+    geo_high: float = opt(1.01, "seq_geo_mask: highest geometric-mean ratio a sequence may have and stay", gt=0)
+    token_low: float = opt(0.5, "token_mask: tokens with a ratio below this are masked out", gt=0)
+    token_high: float = opt(5.0, "token_mask: tokens with a ratio above this are masked out", gt=0)
+    warn_masked_share: float = opt(0.3, "warn (once per update) when the correction masks more than this share of "
+                                        "the response tokens or of the sequences", ge=0, le=1)
+
+
+@dataclass
 class RolloutConfig:
     n: int = opt(8, "trajectories per task: the GRPO group size", ge=1)
     tasks_per_batch: int = opt(16, "tasks per RL update (batch = tasks_per_batch x n trajectories)", ge=1)
@@ -161,6 +178,9 @@ class RolloutConfig:
                               ge=1)
     vllm_sleep: bool = opt(True, "vLLM in the RL loop: the colocated engine sleeps during the update (its weights "
                                  "and KV cache freed) and wakes before the weight push")
+    correction: CorrectionConfig = section(
+        CorrectionConfig, "train/rollout mismatch correction: importance weights or masks from the log-probs the "
+                          "engine sampled with, and their diagnostics")
 
 
 @dataclass

@@ -83,9 +83,9 @@ class DataParallel:
         return sorted(set().union(*every))
 
 
-# metrics that are already the same on every rank (the update reduces them) or that are this rank's own (wall
-# times): left as they are
-_GLOBAL = ("loss/", "optim/", "grsd/", "time/", "memory/", "profile/")
+# metrics that are already the same on every rank (the update and the rollout correction reduce them) or that are
+# this rank's own (wall times): left as they are
+_GLOBAL = ("loss/", "optim/", "grsd/", "time/", "memory/", "profile/", "rollout_corr/")
 
 
 def global_means(dp: DataParallel, metrics: dict[str, float], weight: float,

@@ -57,17 +57,13 @@ from seedfast.runtime.setup import (
 from seedfast.scoring import score, score_reference
 from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, task_choice_seed, task_pool_seed, update_seed
 from seedfast.train.batch import build_samples
+from seedfast.train.correction import correction_weights, warn_if_masked
 from seedfast.train.evaluate import evaluate_policy, evaluation_tasks
 from seedfast.train.privileged import Privileged, privileged_text
 from seedfast.train.reflection import reflection_update
 from seedfast.train.step_plan import plan_step
 from seedfast.train.teacher_evidence import TeacherEvidence
-from seedfast.train.update import (
-    UpdateBatch,
-    accumulate_rollout_gap,
-    minibatch_loss_backward,
-    rollout_gap_metrics,
-)
+from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
 
 def step_fields(metrics: dict[str, float]) -> dict[str, float]:
@@ -250,9 +246,14 @@ class Trainer:
                 with unsharded(self.policy):  # ranks run different numbers of micro-batches: no collectives
                     scores = score(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
                                    temperature=cfg.rollout.temperature)
-                gap_sums: dict[str, float] = {}
-                accumulate_rollout_gap(gap_sums, scores.logprob, samples)
-                metrics.update(rollout_gap_metrics(gap_sums))
+            # the rollout correction (docs/algorithms.md, 'Rollout correction'): ℓold against the engine's log-probs;
+            # without a scoring pass (on-policy, mode none) the update's forward gives the diagnostics
+            pg_weight = None
+            if scores is not None:
+                pg_weight, tally = correction_weights(scores.logprob, samples, cfg.rollout.correction)
+                if self.dp is not None:
+                    tally.reduce(self.dp)
+                metrics.update(tally.metrics())
             ref_lp = None
             if self.ref is not None:
                 ref_lp = score_reference(self.ref, samples, token_budget=cfg.trainer.micro_batch_tokens,
@@ -273,7 +274,7 @@ class Trainer:
 
         use_opd = plan.opd and (teacher_in_update or (scores is not None and scores.teacher_mask is not None))
         from_scores = use_opd and not teacher_in_update
-        per_token = {"old": scores.logprob if scores is not None else None, "ref": ref_lp,
+        per_token = {"old": scores.logprob if scores is not None else None, "ref": ref_lp, "pg_weight": pg_weight,
                      "teacher": scores.teacher_logprob if from_scores else None,
                      "teacher_mask": scores.teacher_mask if from_scores else None}
         # the teacher's evidence (train/teacher_evidence.py): Δ on winners and losers where both sides were scored
@@ -285,7 +286,7 @@ class Trainer:
             samples, advantages, per_token = balance_samples(self.dp, samples, advantages, per_token)
         batch = UpdateBatch(samples, advantages, per_token["old"], ref_logprob=per_token["ref"],
                             teacher_logprob=per_token["teacher"], teacher_mask=per_token["teacher_mask"],
-                            teacher_from_forward=teacher_in_update)
+                            teacher_from_forward=teacher_in_update, pg_weight=per_token["pg_weight"])
         self.policy.train()
         with timer.phase("update"):
             metrics.update(self._update(batch, use_opd=use_opd, evidence=evidence if use_opd else None))
@@ -316,6 +317,9 @@ class Trainer:
                                    ("invalid_rate", "invalid_actions", "steps")):
                 if f"rollout/{rate}" in metrics:
                     metrics[f"rollout/{rate}"] = metrics[f"rollout/{num}"] / max(metrics[f"rollout/{den}"], 1.0)
+        # the shares are global (reduced over the ranks) by now; rank 0 says it, once per update
+        if self.is_main and warn_if_masked(metrics, cfg.rollout.correction.warn_masked_share, step):
+            metrics["rollout_corr/masked_share_warning"] = 1.0
         if torch.cuda.is_available():
             metrics["memory/peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
             util = mfu(self.n_params, n_tokens / max(timer.seconds.get("update", 0.0), 1e-9))

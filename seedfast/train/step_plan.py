@@ -41,8 +41,11 @@ def plan_step(cfg: Config) -> StepPlan:
     else:
         teacher = "none"
     # fully on-policy, ℓold is the detached ℓθ of the update's own forward: no separate pass is needed unless the
-    # samples may carry a teacher context (privileged text) whose log-probs the update's forward does not give
-    score_pass = not (on_policy and (spec.privileged is None or teacher == "update"))
+    # samples may carry a teacher context (privileged text) whose log-probs the update's forward does not give, or
+    # the rollout correction weights the policy term: its weight needs ℓold before the loss (docs/algorithms.md,
+    # 'Rollout correction')
+    score_pass = (not (on_policy and (spec.privileged is None or teacher == "update"))
+                  or cfg.rollout.correction.mode != "none")
     return StepPlan(privileged_text=spec.privileged is not None, teacher=teacher, score_pass=score_pass,
                     kl=cfg.loss.kl_coef > 0, opd=opd, reflection_update=spec.reflection_update, on_policy=on_policy,
                     algorithm=spec)

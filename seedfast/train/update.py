@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 import torch
 
 from seedfast.algo import losses
-from seedfast.config import LossConfig
+from seedfast.config import CorrectionConfig, LossConfig
 from seedfast.context.sample import StepSample
 from seedfast.distributed.data import DataParallel
 from seedfast.ops import LossOptions, fused_loss
 from seedfast.scoring.packing import prompt_order, split_by_budget
 from seedfast.scoring.prefix_kv_teacher import teacher_logprob_with_prefix
 from seedfast.scoring.shared_prompts import response_rows
+from seedfast.train.correction import CorrectionTally, correction_weights
 from seedfast.train.teacher_evidence import TeacherEvidence, policy_gradient_weight
 
 
@@ -40,6 +41,9 @@ class UpdateBatch:
     # teacher_params "old" when the update is on-policy (θ = θ_old there), and the definition of teacher_params
     # "current" otherwise.
     teacher_from_forward: bool = False
+    # the rollout correction's stop-gradient weight of the policy term per response token [N] (train/correction.py);
+    # folded into the advantages: w·pg(A) = pg(w·A) for w >= 0 (docs/algorithms.md, 'Rollout correction')
+    pg_weight: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.teacher_from_forward and (self.teacher_logprob is not None or self.teacher_mask is not None):
@@ -49,7 +53,7 @@ class UpdateBatch:
         self.offsets = torch.zeros(len(self.samples) + 1, dtype=torch.long)
         self.offsets[1:] = torch.cumsum(lengths, 0)
         n = int(self.offsets[-1])
-        for name in ("old_logprob", "ref_logprob", "teacher_logprob", "teacher_mask"):
+        for name in ("old_logprob", "ref_logprob", "teacher_logprob", "teacher_mask", "pg_weight"):
             t = getattr(self, name)
             if t is not None and t.shape != (n,):
                 raise ValueError(f"UpdateBatch.{name} must have shape ({n},) (all response tokens), "
@@ -59,6 +63,10 @@ class UpdateBatch:
         elif self.advantages.shape != (n,):
             raise ValueError(f"UpdateBatch.advantages must be [{len(self.samples)}] per sample or [{n}] per token, "
                              f"got {tuple(self.advantages.shape)}")
+        if self.pg_weight is not None:
+            if not bool((self.pg_weight >= 0).all()):
+                raise ValueError("UpdateBatch.pg_weight must be >= 0 (an importance weight or a mask)")
+            self.advantages = self.advantages * self.pg_weight.detach().to(self.advantages)
 
     def token_slice(self, i: int) -> slice:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
@@ -163,32 +171,6 @@ _TEACHER_MEANS = ("gate_mean", "opd_term")  # means over teacher-valid tokens (o
 
 
 @dataclass
-class RolloutGap:
-    """Train-vs-rollout log-prob gap |ℓθ − ℓrollout| over response tokens: a silent weight-sync failure shows here
-    first (docs/pitfalls.md, 'Weight sync that silently does nothing')."""
-
-    total: float = 0.0
-    tokens: float = 0.0
-    largest: float = 0.0
-
-    def add(self, logprob: torch.Tensor, samples: list[StepSample]) -> None:
-        """Add the tokens of `samples` (ℓθ `logprob`, packed in sample order); nothing unless every sample carries
-        the log-probs it was sampled with."""
-        rollout = [s.meta.get("rollout_logprobs") for s in samples]
-        if any(r is None for r in rollout):
-            return
-        gap = (logprob.float().cpu() - torch.cat(rollout)).abs()
-        self.total += float(gap.sum())
-        self.tokens += gap.numel()
-        self.largest = max(self.largest, float(gap.max()) if gap.numel() else 0.0)
-
-    def metrics(self) -> dict[str, float]:
-        if not self.tokens:
-            return {}
-        return {"rollout/logprob_gap_mean": self.total / self.tokens, "rollout/logprob_gap_max": self.largest}
-
-
-@dataclass
 class _MiniBatchSums:
     """What the micro-batches of one mini-batch add up. `metric_sums` holds only the loss's own metric names (weighted
     sums; ratio_min / ratio_max their extremes); the sums the means divide by and the gap diagnostics are fields, so
@@ -198,7 +180,8 @@ class _MiniBatchSums:
     weight: float = 0.0  # Σ token weights
     teacher_weight: float = 0.0  # Σ token weights over teacher-valid tokens
     metric_sums: dict[str, float] = field(default_factory=dict)
-    rollout_gap: RolloutGap = field(default_factory=RolloutGap)
+    # the train/rollout diagnostics of an on-policy update (ℓθ of this forward is ℓθ_old): train/correction.py
+    correction: CorrectionTally = field(default_factory=CorrectionTally)
 
     def add_metrics(self, metrics: dict[str, torch.Tensor], weight: float, teacher_weight: float) -> None:
         """Add one micro-batch's metric means (fused_loss's, weighted by that micro-batch's weights; gate_mean and
@@ -225,23 +208,22 @@ class _MiniBatchSums:
         mins = [k for k in keys if k == "ratio_min"]
         maxs = [k for k in keys if k == "ratio_max"]
         adds = [k for k in keys if k not in mins and k not in maxs]
-        r = self.rollout_gap
         # one all-reduce for every sum, the fields first
-        fields = [self.loss, self.weight, r.tokens, r.total, self.teacher_weight]
+        fields = [self.loss, self.weight, self.teacher_weight]
         added = dp.sum([*fields, *(own.get(k, 0.0) for k in adds)])
-        self.loss, self.weight, r.tokens, r.total, self.teacher_weight = added[:len(fields)]
+        self.loss, self.weight, self.teacher_weight = added[:len(fields)]
         sums.update(zip(adds, added[len(fields):]))
         sums.update(zip(mins, dp.min([own.get(k, math.inf) for k in mins])))
-        r.largest, *extremes = dp.max([r.largest, *(own.get(k, -math.inf) for k in maxs)])
-        sums.update(zip(maxs, extremes))
+        sums.update(zip(maxs, dp.max([own.get(k, -math.inf) for k in maxs])))
         self.metric_sums = sums
+        self.correction.reduce(dp)
 
     def metrics(self) -> dict[str, float]:
         """The mini-batch's metrics: weighted means, the loss, and the gap diagnostics where there were tokens."""
         out = {k: (v if k.startswith("ratio_") else
                    v / max(self.teacher_weight if k in _TEACHER_MEANS else self.weight, 1e-12))
                for k, v in self.metric_sums.items()}
-        return {**out, "loss": self.loss, **self.rollout_gap.metrics()}
+        return {**out, "loss": self.loss, **self.correction.metrics()}
 
 
 def _head_loss(model: torch.nn.Module):
@@ -300,8 +282,8 @@ def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, r
     loss.backward()
     if sums is None:
         return
-    if old is None:
-        sums.rollout_gap.add(logprob, micro_samples)
+    if old is None:  # on-policy: this forward's ℓθ is θ_old's, and the correction is off (step_plan.py)
+        correction_weights(logprob, micro_samples, _NO_CORRECTION, sums.correction)
     twsum = float((w.to(device) * teacher_mask.float()).sum()) if teacher_logprob is not None else 0.0
     if run.evidence is not None and teacher_logprob is not None:
         if run.teacher_here and run.first_look:
@@ -320,18 +302,9 @@ def _is_fsdp(model) -> bool:
     return bool(fsdp_modules(model))
 
 
+_NO_CORRECTION = CorrectionConfig()  # mode none: the diagnostics only
+
 # the padding micro-batch of a data-parallel rank that has no sample of its own (weight 0, no teacher)
 _STAND_IN = UpdateBatch([StepSample(prompt_ids=[0], response_ids=[0], teacher_valid=False)], torch.zeros(1),
                         None, ref_logprob=torch.zeros(1), teacher_logprob=torch.zeros(1),
                         teacher_mask=torch.zeros(1, dtype=torch.bool))
-
-
-def accumulate_rollout_gap(gaps: dict[str, RolloutGap], logprob: torch.Tensor, samples: list[StepSample]) -> None:
-    """RolloutGap.add for a caller that keeps its gap in a dict of its own (train/rl.py's scoring pass)."""
-    gaps.setdefault("rollout", RolloutGap()).add(logprob, samples)
-
-
-def rollout_gap_metrics(gaps: dict[str, RolloutGap]) -> dict[str, float]:
-    """The metrics of the gap `accumulate_rollout_gap` kept in `gaps` (taken out of it)."""
-    gap = gaps.pop("rollout", None)
-    return {} if gap is None else gap.metrics()

@@ -18,6 +18,9 @@ CASES = [
     (["algorithm=seed", "loss.opd_coef=0"], True, "none", True, False, False),
     (["algorithm=sdar", "skill.library=lib.json"], True, "update", False, True, False),
     (["algorithm=grsd", "grsd.judge=oracle"], True, "scorer", True, False, True),  # δ is measured before the update
+    # a rollout correction weights the policy term with ℓold against the engine's log-probs: ℓold before the loss
+    (["algorithm=grpo", "rollout.correction.mode=token_tis"], False, "none", True, False, False),
+    (["algorithm=seed", "rollout.correction.mode=seq_geo_mask"], True, "update", True, True, False),
 ]
 
 
