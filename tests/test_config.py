@@ -139,6 +139,8 @@ def test_bad_enum_suggests_the_close_value():
     ("optim.betas=[0.9, x]", "optim.betas[1]: expected float, got 'x' (str)"),
     ("loss.dual_clip=big", "loss.dual_clip: expected float or null, got 'big' (str)"),
     ("run.name=[a]", "run.name: expected str, got ['a'] (list)"),
+    ("rollout.vllm_enforce_eager=1", "rollout.vllm_enforce_eager: expected bool, got 1 (int)"),
+    ("rollout.vllm_max_num_seqs=8.5", "rollout.vllm_max_num_seqs: expected int or null, got 8.5 (float)"),
 ])
 def test_bad_type_names_key_value_and_expected_type(override, message):
     with pytest.raises(ConfigError) as e:
@@ -161,6 +163,8 @@ def test_section_and_leaf_shapes_are_checked():
     ("rollout.top_p=1.5", r"rollout.top_p: must be in \(0, 1\], got 1.5"),
     ("trainer.steps=0", r"trainer.steps: must be in \[1, inf\), got 0"),
     ("optim.lr=-1e-5", r"optim.lr: must be in \(0, inf\), got -1e-05"),
+    ("rollout.vllm_max_num_seqs=0", r"rollout.vllm_max_num_seqs: must be in \[1, inf\), got 0"),
+    ("rollout.vllm_max_model_len=0", r"rollout.vllm_max_model_len: must be in \[1, inf\), got 0"),
 ])
 def test_out_of_range_values_are_named(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -183,6 +187,7 @@ def test_out_of_range_values_are_named(override, message):
     (["trainer.micro_batch_tokens=1024"], "trainer.micro_batch_tokens=1024 is below the longest sample"),
     (["optim.betas=[0.9]"], "optim.betas: expected two numbers"),
     (["demo.algorithms=[seed, seed]"], "demo.algorithms: expected distinct"),
+    (["rollout.vllm_max_model_len=2559"], "rollout.vllm_max_model_len=2559 is below the longest rollout sequence"),
 ])
 def test_cross_field_rules(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -193,6 +198,7 @@ def test_cross_field_rules_accept_the_fixed_settings():
     assert load("algorithm=sdar", "skill.library=skills.json").skill.library == "skills.json"
     assert load("algorithm=sdar", "skill.analyzer=oracle").algorithm == "sdar"
     assert load("algorithm=grsd", "grsd.judge=oracle").algorithm == "grsd"
+    assert load("rollout.vllm_max_model_len=2560").rollout.vllm_max_model_len == 2560
     c = load("env.kind=alfworld", "env.game_type=pick_two_obj_and_place", "env.n_train=null")
     assert c.env.n_train is None and c.env.game_type == "pick_two_obj_and_place"
 

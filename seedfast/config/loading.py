@@ -391,6 +391,10 @@ def validate(cfg: Config, command: str | None = None) -> Config:
         raise ConfigError(f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} is below the longest "
                           f"sample (rollout.max_prompt_length + skill.max_skill_tokens + "
                           f"rollout.max_response_tokens = {sample_max})")
+    rollout_max = cfg.rollout.max_prompt_length + cfg.rollout.max_response_tokens
+    if cfg.rollout.vllm_max_model_len is not None and cfg.rollout.vllm_max_model_len < rollout_max:
+        raise ConfigError(f"rollout.vllm_max_model_len={cfg.rollout.vllm_max_model_len} is below the longest rollout "
+                          f"sequence (rollout.max_prompt_length + rollout.max_response_tokens = {rollout_max})")
     if cfg.rollout.engine == "vllm" and command not in (None, "collect", "train", "config"):
         raise ConfigError(f"rollout.engine=vllm: `seedfast {command}` samples with the own engine (vLLM serves "
                           "`seedfast collect` and the rollouts of `seedfast train`); set rollout.engine=own")

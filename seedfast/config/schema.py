@@ -173,6 +173,14 @@ class RolloutConfig:
     gpu_memory_utilization: float = opt(0.5, "vLLM only: share of GPU memory for weights and KV cache",
                                         gt=0, le=1)
     tensor_parallel: int = opt(1, "vLLM only: tensor-parallel size of the rollout engine", ge=1)
+    vllm_enforce_eager: bool = opt(False, "vLLM only: run the model eagerly (no torch.compile, no CUDA graphs): a "
+                                          "faster start, slower decoding (on a small CPU the compile alone takes "
+                                          "minutes)")
+    vllm_max_num_seqs: int | None = opt(None, "vLLM only: most sequences the engine schedules at once; null = "
+                                              "vLLM's default", ge=1)
+    vllm_max_model_len: int | None = opt(None, "vLLM only: longest prompt + completion the engine holds (sizes its "
+                                               "KV-cache blocks per sequence); at least rollout.max_prompt_length + "
+                                               "rollout.max_response_tokens; null = the model's own limit", ge=1)
     sync_bucket_mb: int = opt(512, "vLLM in the RL loop: after every update the policy's weights are gathered one "
                                    "tensor at a time and pushed to the engine in buckets of about this many MiB",
                               ge=1)

@@ -61,7 +61,9 @@ def _require_vllm() -> Any:
 
 
 class VLLMEngine:
-    """Engine protocol (generate / generate_full) backed by vLLM, with `load_weights` for in-place sync."""
+    """Engine protocol (generate / generate_full) backed by vLLM, with `load_weights` for in-place sync. The
+    engine's options (memory share, tensor parallel, max_model_len, max_num_seqs, enforce_eager) come from
+    rollout.* (runtime/setup.py `vllm_options`); anything else in `llm_kwargs` goes to vllm.LLM as it is."""
 
     def __init__(
         self,
@@ -72,6 +74,8 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.5,
         tensor_parallel_size: int = 1,
         max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
         enable_sleep_mode: bool = False,
         **llm_kwargs: Any,
@@ -93,6 +97,8 @@ class VLLMEngine:
             if "enable_sleep_mode" not in engine_fields:
                 raise ImportError("this vllm is too old for sleep mode (no enable_sleep_mode)")
             llm_kwargs["enable_sleep_mode"] = True
+        if max_num_seqs is not None:  # None: vLLM's own default (it depends on the platform)
+            llm_kwargs["max_num_seqs"] = max_num_seqs
         self.llm = vllm.LLM(
             model=str(model_path),
             dtype=_DTYPES[dtype],
@@ -100,6 +106,7 @@ class VLLMEngine:
             gpu_memory_utilization=gpu_memory_utilization,
             tensor_parallel_size=tensor_parallel_size,
             max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching,
             skip_tokenizer_init=True,  # token ids in, token ids out: no detokenization drift
             worker_extension_cls=EXTENSION,

@@ -233,12 +233,23 @@ def build_engine(cfg: Config, path: Path, device: torch.device) -> Any:
     if cfg.rollout.engine == "vllm":
         from seedfast.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(str(path), dtype=cfg.model.dtype, seed=cfg.run.seed,
-                          gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                          tensor_parallel_size=cfg.rollout.tensor_parallel)
+        return VLLMEngine(str(path), dtype=cfg.model.dtype, seed=cfg.run.seed, **vllm_options(cfg))
     from seedfast.rollout.own_engine import Sampler
 
     return Sampler(load_policy(cfg, path, device, trainable=False), seed=cfg.run.seed)
+
+
+def vllm_options(cfg: Config) -> dict[str, Any]:
+    """The rollout.* engine options of a VLLMEngine (`seedfast collect`) and of the RL loop's build_rollout, as
+    vllm.LLM's keyword arguments; an option left null is not passed (vLLM's own default)."""
+    r = cfg.rollout
+    options: dict[str, Any] = {"gpu_memory_utilization": r.gpu_memory_utilization,
+                               "tensor_parallel_size": r.tensor_parallel, "enforce_eager": r.vllm_enforce_eager}
+    if r.vllm_max_num_seqs is not None:
+        options["max_num_seqs"] = r.vllm_max_num_seqs
+    if r.vllm_max_model_len is not None:
+        options["max_model_len"] = r.vllm_max_model_len
+    return options
 
 
 def rl_optimizer(cfg: Config, trained: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:

@@ -52,6 +52,7 @@ from seedfast.runtime.setup import (
     policy_path,
     rl_optimizer,
     shard_policy,
+    vllm_options,
     watch_precision,
 )
 from seedfast.scoring import score, score_reference
@@ -165,8 +166,7 @@ class Trainer:
         # the engine computes in the dtype the update's forward does: model.dtype (runtime/precision.py)
         self.rollout_dtype = cfg.model.dtype
         self.engine = build_rollout(cfg.rollout.engine, self.policy, start, seed=cfg.run.seed, dtype=self.rollout_dtype,
-                                    gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                                    tensor_parallel_size=cfg.rollout.tensor_parallel, sleep=cfg.rollout.vllm_sleep)
+                                    sleep=cfg.rollout.vllm_sleep, **vllm_options(cfg))
         make_analyzer = self.plan.algorithm.analyzer
         self.analyzer = make_analyzer(cfg, self.engine, self.tokenizer) if make_analyzer is not None else None
         self.sync_metrics: dict[str, float] = {}

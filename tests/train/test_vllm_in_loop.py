@@ -68,3 +68,31 @@ def _without_verify(init):
         init(self, *args, **kwargs)
         self.verify = False
     return wrapped
+
+
+def test_the_rollout_options_reach_vllm_llm(monkeypatch, overrides, tiny_policy, train_games, tmp_path):
+    """rollout.gpu_memory_utilization / tensor_parallel / vllm_* are vllm.LLM's keyword arguments, in the RL loop's
+    engine and in `seedfast collect`'s (runtime/setup.py build_engine); a null one is left to vLLM's default."""
+    import torch
+
+    from seedfast.runtime.setup import build_engine
+
+    install_fake_vllm(monkeypatch)
+    options = ["rollout.gpu_memory_utilization=0.3", "rollout.vllm_enforce_eager=true", "rollout.vllm_max_num_seqs=5",
+               "rollout.vllm_max_model_len=4096"]
+    want = {"gpu_memory_utilization": 0.3, "tensor_parallel_size": 1, "enforce_eager": True, "max_num_seqs": 5,
+            "max_model_len": 4096}
+    cfg = load_config(None, [*overrides(train_games, tmp_path), f"model.path={tiny_policy}", "rollout.engine=vllm",
+                             "algorithm=grpo", *options], command="train")
+    trainer = Trainer(cfg, policy_dir=tiny_policy)
+    try:
+        got = trainer.engine.llm.kwargs
+        assert {k: got.get(k) for k in want} == want
+    finally:
+        trainer.close()
+    collect = build_engine(cfg, tiny_policy, torch.device("cpu"))
+    assert {k: collect.llm.kwargs.get(k) for k in want} == want
+    defaults = load_config(None, [*overrides(train_games, tmp_path), f"model.path={tiny_policy}",
+                                  "rollout.engine=vllm", "skill.collect_analyzer=oracle"], command="collect")
+    got = build_engine(defaults, tiny_policy, torch.device("cpu")).llm.kwargs
+    assert got["enforce_eager"] is False and got["max_model_len"] is None and "max_num_seqs" not in got

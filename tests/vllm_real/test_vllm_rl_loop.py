@@ -22,24 +22,15 @@ from vllm_helpers import engine_env  # noqa: E402
 
 from seedfast.config import load_config  # noqa: E402
 from seedfast.distributed.weight_push import hf_named_tensors  # noqa: E402
-from seedfast.rollout import vllm_engine  # noqa: E402
 from seedfast.rollout.colocated import VLLMRollout  # noqa: E402
 from seedfast.train.rl import Trainer  # noqa: E402
 
 STEPS = 3
+# the loop's engine sized for a 2-core machine: eager (no torch.compile warm-up), a few sequences at a time
+SMALL_ENGINE = ("rollout.vllm_enforce_eager=true", "rollout.vllm_max_num_seqs=8")
 GAP_FP32 = 1e-3  # measured here: 1e-6 (fp32 vLLM CPU kernels vs the trainer's); a stale engine, 0.66
 # the RPCs of one push (vllm_engine.py VLLMEngine.push_weights); the verify's `seedfast_weight_sums` is not one
 PUSH_RPCS = ("seedfast_begin_reload", "seedfast_load_weights", "seedfast_end_reload")
-
-
-class SmallVLLMEngine(vllm_engine.VLLMEngine):
-    """The loop's engine sized for a 2-core machine: eager (no torch.compile warm-up), a few sequences at a time."""
-
-    def __init__(self, model_path: str, **kwargs: Any) -> None:
-        engine_env()
-        kwargs.setdefault("enforce_eager", True)
-        kwargs.setdefault("max_num_seqs", 8)
-        super().__init__(model_path, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +46,8 @@ def policy32(overrides, train_games, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def small_engine(monkeypatch):
-    monkeypatch.setattr(vllm_engine, "VLLMEngine", SmallVLLMEngine)  # build_rollout imports it at call time
+def small_engine():
+    engine_env()  # a small KV cache, no thread pinning; the engine's size is the config's (SMALL_ENGINE)
 
 
 def _train(overrides, policy: Path, games: Path, out: Path, *extra: str,
@@ -65,10 +56,12 @@ def _train(overrides, policy: Path, games: Path, out: Path, *extra: str,
     Returns the trainer, the metrics of each step and the policy's parameters' largest move over the run."""
     cfg = load_config(None, [*overrides(games, out), f"model.path={policy}", "rollout.engine=vllm",
                              "rollout.sync_bucket_mb=1", "algorithm=grpo", f"trainer.steps={STEPS}",
-                             "trainer.checkpoint_every=0", "optim.lr=1e-2", *extra], command="train")
+                             "trainer.checkpoint_every=0", "optim.lr=1e-2", *SMALL_ENGINE, *extra], command="train")
     trainer = Trainer(cfg, policy_dir=policy)
     try:
-        assert isinstance(trainer.engine, VLLMRollout) and isinstance(trainer.engine.engine, SmallVLLMEngine)
+        assert isinstance(trainer.engine, VLLMRollout)
+        vllm_config = trainer.engine.engine.llm.llm_engine.vllm_config  # the options reached the real engine
+        assert vllm_config.model_config.enforce_eager and vllm_config.scheduler_config.max_num_seqs == 8
         start = [p.detach().clone() for p in trainer.policy.parameters()]
         if patch is not None:
             patch(trainer.engine)
