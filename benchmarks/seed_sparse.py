@@ -210,7 +210,11 @@ def markdown_table(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-PROBES = {5: "sparse_levels9-10", 6: "sparse_levels9-10_s6", 7: "sparse_levels9-10_s7"}  # teacher_probe runs
+# teacher_probe runs on each seed's SFT start: the oracle before (right first) and now (loser path)
+PROBES = {5: "sparse_levels9-10", 6: "sparse_levels9-10_s6", 7: "sparse_levels9-10_s7"}
+LOSER_PATH_PROBES = {5: "loser_path_s5", 6: "loser_path_s6", 7: "loser_path_s7"}
+A_NOW = f"A_lam0.3_current_{ORACLE}"
+MARGIN = 0.05  # the study's bar: A beats GRPO by this much pool success over updates 4-16 at every seed
 
 
 def _n(x: float) -> str:
@@ -228,35 +232,48 @@ def _seeds_text(seeds: list[int]) -> str:
     return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds[:-1]))} and {seeds[-1]}"
 
 
+def _probe(name: str) -> dict:
+    path = RESULTS_DIR / f"teacher_probe_{name}.json"
+    return json.loads(path.read_text())["splits"]["train_pool"]["candidates"]
+
+
 def docs_section(data: dict) -> str:
     """The section of docs/demo.md, 'SEED in the sparse regime', every number in it read from this JSON and the
-    teacher_probe JSONs of PROBES (tests/benchmarks/test_seed_sparse_table.py regenerates it and compares)."""
-    def probe(seed: int) -> dict:
-        path = RESULTS_DIR / f"teacher_probe_{PROBES[seed]}.json"
-        return json.loads(path.read_text())["splits"]["train_pool"]["candidates"]
+    teacher_probe JSONs of PROBES and LOSER_PATH_PROBES (tests/benchmarks/test_seed_sparse_table.py regenerates it
+    and compares)."""
+    runs = data["runs"]
 
     def pool(key: str, window: str = "pool 4-16") -> float:
-        return summary(data["runs"][key])[window]
+        return summary(runs[key])[window]
 
-    n, sg = _n, _signed
-    ctl5 = data["runs"]["sparse/s5/control"]["per_update"]
+    def minus_grpo(arm: str, seeds: list[int]) -> str:
+        return ", ".join(f"seed {sd} {_signed(pool(f'sparse/s{sd}/{arm}') - pool(f'sparse/s{sd}/grpo'))}"
+                         for sd in seeds)
+
+    n = _n
+    ctl5 = runs["sparse/s5/control"]["per_update"]
     choice = data.get("pool_choice", {}).get("s5/levels7-10/max_steps10")
-    seeds = sorted({r["seed"] for r in data["runs"].values() if r["pool"] == "sparse" and r["arm"] == "A"
-                    and r["lam"] == 0.3 and r["teacher"] == "current"})
-    a_vs_b = {sd: pool(f"sparse/s{sd}/{A03}") - pool(f"sparse/s{sd}/{B03}") for sd in seeds}
-    evidence = [summary(r) for r in data["runs"].values()]
+    seeds = sorted({r["seed"] for r in runs.values() if r["pool"] == "sparse" and r["arm"] == "grpo"})
+    now = [sd for sd in seeds if f"sparse/s{sd}/{A_NOW}" in runs]
+    a_minus = {sd: pool(f"sparse/s{sd}/{A_NOW}") - pool(f"sparse/s{sd}/grpo") for sd in now}
+    a_vs_b = {sd: pool(f"sparse/s{sd}/{A_NOW}") - pool(f"sparse/s{sd}/{B03}") for sd in now}
+    confirmed = len(now) >= 3 and all(d >= MARGIN for d in a_minus.values()) and all(d > 0 for d in a_vs_b.values())
+    evidence = [summary(r) for r in runs.values()]
     contrast = [e["teacher/contrast"] for e in evidence if "teacher/contrast" in e]
-    raised_win = [e["teacher/raised_win"] for e in evidence if "teacher/raised_win" in e]
-    own = {sd: probe(sd)["oracle_fail_own"]["by_action"] for sd in seeds}
-    raised_mistake = [sd for sd in seeds if own[sd]["mistake"]["delta_mean"] > 0]
+    before = {sd: _probe(PROBES[sd])["oracle_fail_own"]["by_action"] for sd in seeds}
+    after = {sd: _probe(LOSER_PATH_PROBES[sd])["oracle_fail_own"]["by_action"] for sd in seeds}
     held = {sd: (data["starts"][f"sparse/s{sd}"]["eval/success_rate"],
-                 data["runs"][f"sparse/s{sd}/grpo"]["heldout_after"]["eval/success_rate"],
-                 data["runs"][f"sparse/s{sd}/{A03}"]["heldout_after"]["eval/success_rate"]) for sd in seeds}
-    denser = [sd for sd in seeds if mean(data["runs"][f"sparse/s{sd}/control"]["per_update"]
+                 runs[f"sparse/s{sd}/grpo"]["heldout_after"]["eval/success_rate"],
+                 runs[f"sparse/s{sd}/{A_NOW}"]["heldout_after"]["eval/success_rate"]) for sd in now}
+    denser = [sd for sd in seeds if mean(runs[f"sparse/s{sd}/control"]["per_update"]
                                          ["train/groups_with_signal"]) > 0.5]
     too_dense = "" if choice is None else (
         f" (levels 7–10 in 10 steps: {n(choice['success'])} and {n(choice['groups_with_signal'])}, too dense; "
         f"`seed_sparse.py pool`)")
+    verdict = (
+        f"SEED's mechanism is confirmed here: A beats GRPO by at least {MARGIN} at every seed and beats B."
+        if confirmed else
+        f"SEED's mechanism is not confirmed here (the bar: A above GRPO by {MARGIN} at every seed, and above B).")
     lines = [
         "## SEED in the sparse regime",
         "",
@@ -275,76 +292,66 @@ def docs_section(data: dict) -> str:
         f"{n(mean(ctl5['train/groups_with_signal']))} of its groups hold a win and a loss{too_dense}; the start at "
         f"{_seeds_text(denser)} is less sparse (over half its groups mixed). **The gate:** the oracle "
         "winner's skill raises "
-        + ", ".join(f"{probe(sd)['oracle_win']['share_raised']:.1%} (seed {sd})" for sd in seeds)
+        + ", ".join(f"{_probe(LOSER_PATH_PROBES[sd])['oracle_win']['share_raised']:.1%} (seed {sd})" for sd in seeds)
         + " of the pool's walkthrough steps, against the 70% the study asked for "
-        "(`benchmarks/teacher_probe.py`, `teacher_probe_sparse_levels9-10*.json`).",
+        "(`benchmarks/teacher_probe.py`, `teacher_probe_loser_path_s*.json`).",
         "",
         "**The arms** (`python benchmarks/seed_sparse.py run --seed S --arm ARM`: 16 updates of 8 games × 8 "
         "trajectories, the demo's recipe otherwise; `benchmarks/results/seed_sparse.json`, `seed_sparse.png`): GRPO; "
-        "A, SEED with the oracle analyzer and `teacher_params: current`, λ_opd swept over 0.01 (the release), 0.1, "
-        "0.3 and 1 at seed 5; B, A with β = 0 (g ≡ ½: self-imitation at the same weight, no teacher); C, the self "
-        "analyzer at A's weight; the no-learning control. The sweep chose λ 0.01 by the early pool curve (updates "
-        "1–8 at seed 5: "
+        "A, SEED with the oracle analyzer and `teacher_params: current`; B, A with β = 0 (g ≡ ½: self-imitation at "
+        "the same weight, no teacher); C, the self analyzer; the no-learning control; E, the same on the demo's "
+        "dense pool (levels 3–6). A ran with two oracles: `right_first`, whose loser skill quoted the right action "
+        "first and the wrong one after it, and `loser_path` (the oracle now, [above](#oracle-skills-that-say-what-is-"
+        "right)). λ_opd was swept with the first at seed 5, by the early pool curve (updates 1–8: "
         + ", ".join(f"{n(pool(f'sparse/s5/A_lam{lam}_current_right_first', 'pool 1-8'))} at {lam}"
                     for lam in ("0.01", "0.1", "0.3", "1"))
         + "; at λ 1 the policy collapsed, "
-        + f"{n(pool('sparse/s5/A_lam1_current_right_first', 'pool last half'))} over the last "
-        "half). At 0.01 the teacher is ~1% of the update, so A at 0.01 (D, the release weight) says nothing about "
-        "the teacher; A and B ran at 0.3, where the teacher is a third of the update, at every seed. Held-out: 128 "
-        "games × 4 plays.",
+        + f"{n(pool('sparse/s5/A_lam1_current_right_first', 'pool last half'))} over the last half). At 0.01 (D, the "
+        "release weight) the teacher is ~1% of the update and A is GRPO; A and B ran at 0.3, where the teacher is a "
+        "third of the update. Held-out: 128 games × 4 plays.",
         "",
         markdown_table(data),
-        "**Read out loud.** SEED's mechanism is not confirmed here. Pool success over updates 4–16, A at 0.3 minus "
-        "GRPO: " + ", ".join(f"seed {sd} {sg(pool(f'sparse/s{sd}/{A03}') - pool(f'sparse/s{sd}/grpo'))}"
-                             for sd in seeds)
-        + "; B at the same weight minus GRPO: "
-        + ", ".join(f"seed {sd} {sg(pool(f'sparse/s{sd}/{B03}') - pool(f'sparse/s{sd}/grpo'))}"
-                    for sd in seeds)
-        + f". With the teacher (A) the same weight did worse than without it (B) at "
-        f"{_seeds_text([sd for sd in seeds if a_vs_b[sd] < 0])} and better at "
-        f"{_seeds_text([sd for sd in seeds if a_vs_b[sd] >= 0])}; at the release weight SEED is GRPO. Held-out "
-        "success, start → GRPO / A at 0.3: "
+        f"**Read out loud.** {verdict} Pool success over updates 4–16, A (oracle now) at 0.3 minus GRPO: "
+        + minus_grpo(A_NOW, now) + "; with the oracle before: " + minus_grpo(A03, seeds)
+        + "; B at the same weight minus GRPO: " + minus_grpo(B03, seeds)
+        + f". A minus B: {', '.join(f'seed {sd} {_signed(d)}' for sd, d in a_vs_b.items())}. Held-out success, "
+        "start → GRPO / A: "
         + ", ".join(f"seed {sd} {n(h[0])} → {n(h[1])} / {n(h[2])}" for sd, h in held.items())
-        + ". The teacher hardly tells winners from losers at scoring time: `teacher/contrast` between "
-        f"{n(min(contrast))} and {n(max(contrast))} nats per token over every run, even with oracle skills, and it "
-        f"raises {n(min(raised_win))}–{n(max(raised_win))} of the winners' sampled tokens.",
+        + ". The teacher's win−lose contrast at scoring time stays small: `teacher/contrast` between "
+        f"{n(min(contrast))} and {n(max(contrast))} nats per token over every run.",
         "",
-        "**Why, as far as measured.** The OPD term only ever raises ℓθ on the sampled tokens (∂/∂ℓθ = −λ·m·g), "
-        "weighted by how much the skill raises them: it is self-imitation where the teacher agrees, which on a loser "
-        "is harmful wherever the teacher raises the mistake. `teacher_probe`'s `oracle_fail_own` scores a failed "
-        "replay's own actions under its own oracle skill, as RL's teacher does: the steps before the mistake, which "
-        "were right, are lowered at every seed ("
-        + ", ".join(sg(own[sd]["before"]["delta_mean"]) for sd in seeds)
-        + " nats), and the mistake itself is raised at " + _seeds_text(raised_mistake) + " ("
-        + ", ".join(sg(own[sd]["mistake"]["delta_mean"]) for sd in raised_mistake)
-        + ")" + (" and lowered at the others" if len(raised_mistake) < len(seeds) else "")
-        + ". This reader copies the commands a skill quotes: a loser's skill names the right action first but quotes "
-        "the wrong one too, and quotes step d's action at every earlier step." + (
-            " That A did best at the seed whose teacher raises the mistake most says this is not the whole story."
-            if seeds and max(seeds, key=lambda sd: own[sd]["mistake"]["delta_mean"]) == max(
-                seeds, key=lambda sd: pool(f"sparse/s{sd}/{A03}") - pool(f"sparse/s{sd}/grpo")) else ""),
+        "**Why the first oracle hurt, and what changed.** The OPD term only ever raises ℓθ on the sampled tokens "
+        "(∂/∂ℓθ = −λ·m·g), weighted by how much the skill raises them: on a loser it is self-imitation wherever the "
+        "teacher approves. `teacher_probe`'s `oracle_fail_own` scores a failed replay's own actions under its own "
+        "oracle skill, as RL's teacher does. With the oracle before, the loser's right steps before its mistake "
+        "were lowered at every seed (" + ", ".join(_signed(before[sd]["before"]["delta_mean"]) for sd in seeds)
+        + " nats) and the mistake sat above them: the teacher credited the wrong part of a failed trajectory. With "
+        "the oracle now they are raised (" + ", ".join(_signed(after[sd]["before"]["delta_mean"]) for sd in seeds)
+        + ") and the mistake sits below them (" + ", ".join(_signed(after[sd]["mistake"]["delta_mean"])
+                                                          for sd in seeds)
+        + "), and A moved, over updates 4–16: "
+        + ", ".join(f"seed {sd} {n(pool(f'sparse/s{sd}/{A03}'))} → {n(pool(f'sparse/s{sd}/{A_NOW}'))}" for sd in now)
+        + ".",
         "",
-        *_extra_arms(data),
-        "**Not yet measured** (the study's remaining arms): more seeds, the dense pool (E) at every seed, "
-        "`teacher_params: old` against `current` at more than one seed, SmolLM2-135M in a sparse pool, and a loser "
-        "skill that never quotes the wrong command. Until one of them shows the teacher helping, the shipped configs "
-        "keep the release's λ 0.01 and β 5 (`configs/demo_cpu.yaml` says where from).",
-        "",
+        *_extra_arms(data, seeds),
     ]
     return "\n".join(_wrap(line) for line in lines)
 
 
-def _extra_arms(data: dict) -> list[str]:
-    """Paragraphs on the arms run at one seed so far: the old teacher, the self analyzer, the dense pool."""
+def _extra_arms(data: dict, seeds: list[int]) -> list[str]:
+    """Paragraphs on the other arms: the θ_old teacher, the self analyzer, the dense pool."""
     runs, out = data["runs"], []
+
     def p(key: str) -> str:
         return _n(summary(runs[key])["pool 4-16"])
 
-    if "sparse/s5/A_lam0.3_old_right_first" in runs:
-        out += [f"**Which teacher.** At λ 0.3, seed 5, the θ_old teacher (`teacher_params: old`, the release) gave "
-                f"{p('sparse/s5/A_lam0.3_old_right_first')} over updates 4–16 against the current teacher's "
-                f"{p(f'sparse/s5/{A03}')} (GRPO {p('sparse/s5/grpo')}): one seed, no default changed "
-                "on it.", ""]
+    pairs = [(oracle, sd) for oracle in ("right_first", ORACLE) for sd in seeds
+             if f"sparse/s{sd}/A_lam0.3_old_{oracle}" in runs and f"sparse/s{sd}/A_lam0.3_current_{oracle}" in runs]
+    if pairs:
+        out += ["**Which teacher.** At λ 0.3, the θ_old teacher (`teacher_params: old`, the release) against the "
+                "current one (the paper's text), pool success over updates 4–16: "
+                + ", ".join(f"seed {sd} ({oracle}) {p(f'sparse/s{sd}/A_lam0.3_old_{oracle}')} against "
+                            f"{p(f'sparse/s{sd}/A_lam0.3_current_{oracle}')}" for oracle, sd in pairs) + ".", ""]
     c = sorted(k for k in runs if k.startswith("sparse/") and "/C_" in k)
     if c:
         out += ["**The self analyzer** (C, at λ 0.01, where it is ~1% of the update): "
