@@ -512,6 +512,8 @@ class Trainer:
             return
         self.producer = RolloutProducer(self.cfg, self.start_dir, first_step=first_step, first_version=start,
                                         device=self.device)
+        self.log.event({"event": "rollout_producer", "pid": self.producer.process.pid, "first_step": first_step,
+                        "first_version": start, "rollouts_kept": sorted(self.ahead)})
         if start in self.versions_to_send:
             try:
                 self.producer.push(self.policy, start)

@@ -40,8 +40,13 @@ def _args(overrides, games, out, policy, *extra):
             f"trainer.init_from={policy}", *extra]
 
 
-def _rows(out: Path) -> list[dict]:
+def _lines(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "t" / "metrics.jsonl").read_text().splitlines()]
+
+
+def _rows(out: Path) -> list[dict]:
+    """The updates' metrics (not the event lines)."""
+    return [r for r in _lines(out) if "step" in r]
 
 
 def _stable(rows: list[dict], drop: tuple[str, ...] = ()) -> list[dict]:
@@ -159,7 +164,7 @@ def test_a_slow_environment_overlaps_the_update_within_the_bound(overrides, trai
         assert r["time/rollout_wait"] <= r["time/rollout_finished_at"] - r["time/rollout_started_at"] + 0.5
 
 
-def _run_until(cmd: list[str], done, timeout: float = 120) -> subprocess.Popen:
+def _run_until(cmd: list[str], done, timeout: float = 300) -> subprocess.Popen:
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + timeout
     while not done():
@@ -190,7 +195,22 @@ def test_kill_9_and_resume_repeat_the_versions(overrides, train_games, tiny_poli
     got, expected = _stable(_rows(killed)), _stable(_rows(tmp_path / "straight"))
     assert [r["step"] for r in got] == [0, 1, 2, 3]
     assert [r["rollout/policy_version"] for r in got] == [0, 0, 1, 2]
+    started = [{k: r[k] for k in ("first_step", "first_version", "rollouts_kept")}
+               for r in _lines(killed) if r.get("event") == "rollout_producer"]
+    assert started == [{"first_step": 0, "first_version": 0, "rollouts_kept": []},
+                       {"first_step": 3, "first_version": 2, "rollouts_kept": [2]}]
     assert got == expected
+
+
+def _logged(out: Path) -> bool:
+    """A first update is in the metrics: the producer and its environments are up."""
+    path = out / "t" / "metrics.jsonl"
+    return path.exists() and any("step" in json.loads(line) for line in path.read_text().splitlines())
+
+
+def _producer_of(out: Path) -> int:
+    """The producer's pid, from the run's `rollout_producer` event."""
+    return next(r["pid"] for r in _lines(out) if r.get("event") == "rollout_producer")
 
 
 def _descendants(pid: int) -> set[int]:
@@ -210,21 +230,6 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def _producer_of(pid: int) -> int | None:
-    for child in _descendants(pid):
-        try:
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if "spawn_main" in cmdline and "resource_tracker" not in cmdline and _ppid(child) == pid:
-            return child
-    return None
-
-
-def _ppid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
 def _alive(pids: set[int]) -> set[int]:
     alive = set()
     for pid in pids:
@@ -242,10 +247,10 @@ def test_the_producer_and_its_environment_workers_die_with_a_killed_trainer(over
     cmd = [sys.executable, "-m", "seedfast", *_args(overrides, train_games, tmp_path / "k", tiny_policy,
                                                      "trainer.steps=50", "rollout.max_staleness=1",
                                                      "env.isolation=process", "env.step_delay_s=0.05")]
-    proc = _run_until(cmd, lambda: (tmp_path / "k" / "t" / "metrics.jsonl").exists())
+    proc = _run_until(cmd, lambda: _logged(tmp_path / "k"))
     tree = _descendants(proc.pid)
-    producer = _producer_of(proc.pid)
-    assert producer is not None and _descendants(producer), "the producer and its environment workers run"
+    producer = _producer_of(tmp_path / "k")
+    assert producer in tree and _descendants(producer), "the producer and its environment workers run"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + 15
@@ -258,9 +263,9 @@ def test_a_killed_producer_ends_the_run_with_one_clear_error(overrides, train_ga
     cmd = [sys.executable, "-m", "seedfast", *_args(overrides, train_games, tmp_path / "p", tiny_policy,
                                                      "trainer.steps=50", "rollout.max_staleness=1",
                                                      "env.step_delay_s=0.05")]
-    proc = _run_until(cmd, lambda: (tmp_path / "p" / "t" / "metrics.jsonl").exists())
-    producer = _producer_of(proc.pid)
-    assert producer is not None
+    proc = _run_until(cmd, lambda: _logged(tmp_path / "p"))
+    producer = _producer_of(tmp_path / "p")
+    assert producer in _descendants(proc.pid)
     os.kill(producer, signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
     lines = [line for line in err.decode().splitlines() if line.startswith("seedfast train:")]
