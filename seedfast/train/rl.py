@@ -139,12 +139,17 @@ def choose_tasks(pool: list[Task], k: int, seed: int, step: int) -> list[Task]:
     return [pool[i] for i in sorted(idx)]
 
 
-def check_async(cfg: Config, dp: DataParallel | None) -> None:
-    """What rollout.max_staleness > 0 runs with today: one trainer process and the own engine in the producer."""
+def check_async(cfg: Config, dp: DataParallel | None, device: torch.device) -> None:
+    """What rollout.max_staleness > 0 runs with today: one trainer process on the CPU and the own engine in the
+    producer."""
     n = cfg.rollout.max_staleness
     if dp is not None:
         raise ConfigError(f"rollout.max_staleness={n}: asynchronous rollouts run with one trainer process (the "
                           "producer is fed by rank 0 alone); set rollout.max_staleness=0 under torchrun")
+    if device.type != "cpu":
+        raise ConfigError(f"rollout.max_staleness={n} on {device}: the rollout producer "
+                          "would share the trainer's GPU, and its NCCL weight group needs a GPU per rank (a producer "
+                          "device of its own is not built yet); set trainer.device=cpu or rollout.max_staleness=0")
     if cfg.rollout.engine != "own":
         raise ConfigError(f"rollout.max_staleness={n} with rollout.engine={cfg.rollout.engine}: the rollout producer "
                           "runs the own engine; set rollout.engine=own or rollout.max_staleness=0")
@@ -195,7 +200,7 @@ class Trainer:
         # asynchronous RL (train/async_rollout.py): a producer process rolls out ahead, at most max_staleness updates
         self.max_staleness = cfg.rollout.max_staleness
         if self.max_staleness > 0:
-            check_async(cfg, self.dp)
+            check_async(cfg, self.dp, self.device)
         self.start_dir = start
         self.producer: RolloutProducer | None = None
         self.ahead: dict[int, Produced] = {}  # rollouts read from the producer before their update

@@ -142,6 +142,10 @@ def test_the_bound_holds_and_the_versions_are_in_the_metrics(overrides, train_ga
     assert [r["rollout/staleness_max"] for r in rows] == [min(s, n) for s in range(4)]
     assert [r["rollout/staleness_mean"] for r in rows] == [min(s, n) for s in range(4)]
     assert all(r["optim/updates_applied"] == 1.0 for r in rows)
+    # one epoch, one mini-batch: on-policy the ratio is exactly 1; a stale batch's ℓold is its behaviour log-probs,
+    # an older policy's, so π_θ / π_behaviour moves away from 1
+    assert rows[0]["loss/ratio_min"] == rows[0]["loss/ratio_max"] == 1.0
+    assert all(r["loss/ratio_min"] < 1.0 < r["loss/ratio_max"] for r in rows[1:])
     if n == 1:  # update 0 is on policy version 0 either way: the same batch and update as the synchronous loop's
         sync = tmp_path / "sync"
         assert cli.main(_args(overrides, train_games, sync, tiny_policy, "trainer.steps=1")) == 0
@@ -272,3 +276,18 @@ def test_a_killed_producer_ends_the_run_with_one_clear_error(overrides, train_ga
     assert proc.returncode == 5, err.decode()[-3000:]
     assert len(lines) == 1 and "rollout producer" in lines[0] and "killed by signal 9" in lines[0], lines
     assert _alive(_descendants(proc.pid)) == set()
+
+
+def test_what_asynchronous_rollouts_do_not_run_with_is_refused_by_name():
+    from seedfast.config import ConfigError, load_config
+    from seedfast.train.rl import check_async
+
+    cpu = torch.device("cpu")
+    check_async(load_config(None, ["rollout.max_staleness=1"]), None, cpu)
+    with pytest.raises(ConfigError, match="rollout.max_staleness=1 with rollout.engine=vllm"):
+        check_async(load_config(None, ["rollout.max_staleness=1", "rollout.engine=vllm", "model.path=/some/hf"]),
+                    None, cpu)
+    with pytest.raises(ConfigError, match="one trainer process"):
+        check_async(load_config(None, ["rollout.max_staleness=2"]), object(), cpu)
+    with pytest.raises(ConfigError, match="rollout.max_staleness=1 on cuda:0"):
+        check_async(load_config(None, ["rollout.max_staleness=1"]), None, torch.device("cuda", 0))
