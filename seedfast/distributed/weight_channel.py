@@ -38,6 +38,26 @@ class Slot:
 Layout = list[list[Slot]]
 
 
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def fingerprint(tensors: Iterable[torch.Tensor]) -> int:
+    """The sum of the tensors' bit patterns read as integers (wrapping in int64): exact and independent of the order
+    and threads of the reduction, so the trainer's sent weights and the producer's loaded ones can be compared for
+    equality (a push that silently loads nothing, verl #7495, shows as a different fingerprint)."""
+    total = torch.zeros((), dtype=torch.int64)
+    for t in tensors:
+        bits = t.detach().contiguous().reshape(-1).view(_SAME_SIZE_INT[t.element_size()])
+        total += bits.to(torch.int64).sum().cpu()
+    return int(total)
+
+
+def loaded_fingerprint(model: torch.nn.Module, layout: Layout) -> int:
+    """`fingerprint` of `model`'s tensors named by `layout` (what the producer rolls out with)."""
+    state = model.state_dict(keep_vars=True)
+    return fingerprint(state[slot.name] for bucket in layout for slot in bucket)
+
+
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
@@ -61,6 +81,11 @@ def load_buckets(model: torch.nn.Module, layout: Layout, flats: list[torch.Tenso
         for bucket, flat in zip(layout, flats, strict=True):
             for slot, part in zip(bucket, flat.split([s.numel for s in bucket]), strict=True):
                 state[slot.name].copy_(part.view(slot.shape))
+
+
+def _wrap(value: int) -> int:
+    """`value` wrapped into int64 as torch's sum wraps."""
+    return (value + 2**63) % 2**64 - 2**63
 
 
 class WeightChannel:
@@ -102,15 +127,17 @@ class WeightChannel:
     def send(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
              ) -> dict[str, float]:
         """Rank 0: the header (version, bucket count unknown ahead: the receiver's layout says it), then each
-        bucket flattened into one tensor. Returns bytes and buckets sent."""
+        bucket flattened into one tensor. Returns bytes and buckets sent, and the weights' `fingerprint`."""
         self._broadcast(torch.tensor([version], dtype=torch.int64, device=self.device))
         sent = n = 0
+        prints = []
         for bucket in buckets(named_tensors, bucket_bytes):
             flat = torch.cat([t.reshape(-1).to(self.device) for _, t in bucket])
+            prints.append(fingerprint([flat]))
             self._broadcast(flat)
             sent += flat.numel() * flat.element_size()
             n += 1
-        return {"bytes": float(sent), "buckets": float(n)}
+        return {"bytes": float(sent), "buckets": float(n), "fingerprint": _wrap(sum(prints))}
 
     def stop(self) -> None:
         """Rank 0: tell the receiver no more versions come."""

@@ -33,11 +33,17 @@ from typing import Any
 import torch
 
 from seedfast.config import Config
-from seedfast.distributed.weight_channel import STOP, WeightChannel, bucket_layout, load_buckets
+from seedfast.distributed.weight_channel import (
+    STOP,
+    WeightChannel,
+    bucket_layout,
+    load_buckets,
+    loaded_fingerprint,
+)
 from seedfast.distributed.weight_push import hf_named_tensors
 from seedfast.envs.lifeline import die_with_owner
 from seedfast.runtime.precision import DTYPES
-from seedfast.train.staleness import VERSION_KEY, Produced, rollout_version
+from seedfast.train.staleness import VERSION_KEY, Produced, check_weights, rollout_version
 
 POLL_S = 0.2
 
@@ -82,6 +88,7 @@ class RolloutProducer:
         self._reader = threading.Thread(target=self._read, name="rollout-producer-reader", daemon=True)
         self._reader.start()
         self._ready = False
+        self.sent: dict[int, int] = {}  # version -> fingerprint of the weights sent as it
         self._finalizer = util.Finalize(self, _end, args=(self.process, self._lifeline_w), exitpriority=10)
 
     def _read(self) -> None:
@@ -128,6 +135,7 @@ class RolloutProducer:
             stats = self.channel.send(version, hf_named_tensors(policy, dtype=self.dtype), self.bucket_bytes)
         except RuntimeError as err:  # the peer closed the group mid-broadcast
             raise self._died(f"sent it policy version {version} ({err})") from err
+        self.sent[version] = int(stats["fingerprint"])
         return {"async/push_seconds": time.perf_counter() - start, "async/push_bytes": stats["bytes"]}
 
     def next(self, step: int) -> Produced:
@@ -139,6 +147,7 @@ class RolloutProducer:
         if not isinstance(msg, Produced):
             raise RolloutProducerError(f"the rollout producer sent {type(msg).__name__} where update {step}'s "
                                        "rollout was due")
+        check_weights(msg, self.sent)
         return msg
 
     def close(self) -> None:
@@ -239,12 +248,13 @@ def _produce(cfg: Config, policy_dir: Path, port: int, first_step: int, first_ve
     results.send_bytes(pickle.dumps(_Ready(pid=os.getpid())))
     threading.Thread(target=staged.receive, args=(channel, layout, dtype), name="weights", daemon=True).start()
     loaded: int | None = None
+    loaded_print: int | None = None
     try:
         for step in range(first_step, cfg.trainer.steps):
             version = rollout_version(step, cfg.rollout.max_staleness, first_version)
             if version != loaded:
                 load_buckets(model, layout, staged.take(version))
-                loaded = version
+                loaded, loaded_print = version, loaded_fingerprint(model, layout)
             seed_everything(step_seed(cfg.run.seed, step))
             chosen = choose_tasks(tasks, cfg.rollout.tasks_per_batch, cfg.run.seed, step)
             engine.begin_step(sampling_seed(cfg.run.seed, step, 0))
@@ -255,7 +265,7 @@ def _produce(cfg: Config, policy_dir: Path, port: int, first_step: int, first_ve
             for t in result.trajectories:
                 t.meta[VERSION_KEY] = version
             yield Produced(step, version, result, counter_delta(before, counters_of(envs), "rollout/env_"),
-                                 started, time.time())
+                           started, time.time(), loaded_print)
     finally:
         close = getattr(envs, "close", None)
         if close is not None:

@@ -56,6 +56,7 @@ class Produced:
     env_metrics: dict[str, float] = field(default_factory=dict)
     started: float = 0.0
     finished: float = 0.0
+    fingerprint: int | None = None  # of the weights it rolled out with (distributed/weight_channel.py fingerprint)
 
 
 def check_bound(produced: Produced, step: int, max_staleness: int) -> None:
@@ -69,6 +70,16 @@ def check_bound(produced: Produced, step: int, max_staleness: int) -> None:
         if t.meta.get(VERSION_KEY) != produced.version:
             raise StalenessError(f"update {step}: trajectory {t.game_id!r} carries policy version "
                                  f"{t.meta.get(VERSION_KEY)!r}, its batch {produced.version}")
+
+
+def check_weights(produced: Produced, sent: dict[int, int]) -> None:
+    """The producer rolled out with the very weights the trainer sent as its version (when the trainer still knows
+    them: a rollout kept ahead in a checkpoint was checked before it was written)."""
+    want = sent.get(produced.version)
+    if want is not None and produced.fingerprint != want:
+        raise StalenessError(f"update {produced.step}: the producer rolled out with weights whose fingerprint "
+                             f"{produced.fingerprint} is not that of policy version {produced.version} as sent "
+                             f"({want}): the weights it loaded are not the trainer's")
 
 
 def staleness_metrics(step: int, result: RolloutResult) -> dict[str, float]:

@@ -16,7 +16,9 @@ from seedfast.distributed.weight_channel import (
     WeightChannel,
     backend_for,
     bucket_layout,
+    fingerprint,
     load_buckets,
+    loaded_fingerprint,
 )
 from seedfast.distributed.weight_push import hf_named_tensors
 
@@ -39,7 +41,8 @@ def _receiver(port: int, out) -> None:
         if version == STOP:
             break
         load_buckets(model, layout, flats)
-        got.append((version, len(flats), {k: v.clone() for k, v in model.state_dict().items()}))
+        got.append((version, len(flats), {k: v.clone() for k, v in model.state_dict().items()},
+                    loaded_fingerprint(model, layout)))
     out.send_bytes(pickle.dumps(got))  # by value: torch's shared-memory pickling outlives no sender
 
 
@@ -52,9 +55,10 @@ def test_versions_arrive_exactly_in_buckets():
     proc = ctx.Process(target=_receiver, args=(channel.port, send_end))
     proc.start()
     try:
-        expected = []
+        expected, prints = [], []
         for version in (0, 1):
             stats = channel.send(version, hf_named_tensors(sender), BUCKET)
+            prints.append(stats["fingerprint"])
             expected.append({k: v.clone() for k, v in sender.state_dict().items()})
             n_bytes = sum(t.numel() * t.element_size() for _, t in hf_named_tensors(sender))
             assert stats["bytes"] == n_bytes and stats["buckets"] > 2
@@ -68,8 +72,9 @@ def test_versions_arrive_exactly_in_buckets():
         if proc.is_alive():
             proc.kill()
     assert proc.exitcode == 0
-    assert [v for v, _, _ in got] == [0, 1]
-    for (_, n_buckets, state), want in zip(got, expected, strict=True):
+    assert [v for v, *_ in got] == [0, 1]
+    assert [p for *_, p in got] == prints and prints[0] != prints[1]  # what was loaded is what was sent
+    for (_, n_buckets, state, _), want in zip(got, expected, strict=True):
         assert n_buckets == len(bucket_layout(sender, BUCKET))
         assert state.keys() == want.keys()
         for name in want:
@@ -80,3 +85,13 @@ def test_versions_arrive_exactly_in_buckets():
 def test_the_backend_follows_the_device():
     assert backend_for(torch.device("cpu")) == "gloo"
     assert backend_for(torch.device("cuda", 0)) == "nccl"
+
+
+def test_the_fingerprint_is_exact_and_order_free():
+    a, b = torch.randn(1000), torch.randn(37).to(torch.bfloat16)
+    assert fingerprint([a, b]) == fingerprint([b, a]) == fingerprint([b]) + fingerprint([a])
+    # the integers the bits spell, by hand
+    assert fingerprint([torch.tensor([1.0, -2.0])]) == 0x3F800000 + (0xC0000000 - 2**32)
+    flipped = a.clone()
+    flipped.view(torch.int32)[500] ^= 1  # one bit of one weight
+    assert fingerprint([flipped]) != fingerprint([a])

@@ -26,6 +26,7 @@ from seedfast.train.staleness import (
     ahead_state,
     behaviour_logprob,
     check_bound,
+    check_weights,
     rollout_version,
     staleness_metrics,
     versions_needed,
@@ -92,6 +93,14 @@ def test_the_bound_is_checked_on_every_batch():
         check_bound(Produced(4, 3, _result([3], [2])), 3, 1)
     with pytest.raises(StalenessError, match="carries policy version 1"):
         check_bound(Produced(3, 2, _result([2, 1], [2, 2])), 3, 1)
+
+
+def test_weights_other_than_the_version_sent_are_refused():
+    produced = Produced(3, 2, _result([2], [1]), fingerprint=7)
+    check_weights(produced, {2: 7})
+    check_weights(produced, {})  # a rollout kept ahead in a checkpoint: checked before it was written
+    with pytest.raises(StalenessError, match="fingerprint 7 is not that of policy version 2 as sent \\(8\\)"):
+        check_weights(produced, {1: 7, 2: 8})
 
 
 def test_staleness_metrics_are_per_token():
