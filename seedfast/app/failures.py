@@ -45,6 +45,7 @@ KINDS = (
     Kind("seedfast.model.hf_io", "WeightsFileError", EXIT_LOAD, "load error"),
     Kind("seedfast.envs.failures", "GameFileError", EXIT_LOAD, "game file error"),
     Kind("seedfast.envs.failures", "EnvironmentFailure", EXIT_ENVIRONMENT, "environment failure"),
+    Kind("seedfast.train.async_rollout", "RolloutProducerError", EXIT_ENVIRONMENT, "rollout producer failure"),
     Kind("builtins", "FloatingPointError", EXIT_NUMERIC, "numeric error"),
     Kind("builtins", "OSError", EXIT_DISK, "OS error"),
 )

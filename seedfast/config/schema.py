@@ -127,6 +127,9 @@ class EnvConfig:
     history_k: int = opt(5, "past (observation, action) pairs kept in each step prompt", ge=0)
     invalid_penalty: float = opt(0.1, "reward subtracted at a step whose action is invalid", ge=0)
     step_timeout_s: float = opt(30.0, "seconds one environment step may take", gt=0)
+    step_delay_s: float = opt(0.0, "seconds added to every environment step (a sleep after the game's own step): "
+                                   "plays a slower environment than the game, as benchmarks/async_rollout.py does",
+                              ge=0)
     isolation: Literal["process", "inline"] = opt(
         "process", "process = slots hosted by a few worker processes (one per usable CPU; per-step timeouts, crash "
                    "restart and replay); inline = in this process")
@@ -181,11 +184,15 @@ class RolloutConfig:
     vllm_max_model_len: int | None = opt(None, "vLLM only: longest prompt + completion the engine holds (sizes its "
                                                "KV-cache blocks per sequence); at least rollout.max_prompt_length + "
                                                "rollout.max_response_tokens; null = the model's own limit", ge=1)
-    sync_bucket_mb: int = opt(512, "vLLM in the RL loop: after every update the policy's weights are gathered one "
-                                   "tensor at a time and pushed to the engine in buckets of about this many MiB",
+    sync_bucket_mb: int = opt(512, "vLLM in the RL loop, or the rollout producer (rollout.max_staleness > 0): after "
+                                   "every update the policy's weights are gathered one tensor at a time and sent to "
+                                   "the engine in buckets of about this many MiB",
                               ge=1)
     vllm_sleep: bool = opt(True, "vLLM in the RL loop: the colocated engine sleeps during the update (its weights "
                                  "and KV cache freed) and wakes before the weight push")
+    max_staleness: int = opt(0, "asynchronous RL: a rollout producer in its own process rolls out update s on the "
+                                "policy of update s - max_staleness (docs/architecture.md, 'Asynchronous rollouts'); "
+                                "0 = the synchronous loop (rollout, then update, on the same weights)", ge=0)
     correction: CorrectionConfig = section(
         CorrectionConfig, "train/rollout mismatch correction: importance weights or masks from the log-probs the "
                           "engine sampled with, and their diagnostics")

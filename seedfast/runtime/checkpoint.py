@@ -85,14 +85,19 @@ def save_checkpoint(
     generators: dict[str, torch.Generator] | None = None,
     keep: int | None = None,
     config_yaml: str | None = None,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Path:
     """Write `ckpt_dir/step_<step>` atomically and return its path; keep only the newest `keep` checkpoints.
     `config_yaml`: the run's resolved config, kept beside the states (a resume compares its own config with it).
+    `extra_files`: more files of the trainer's (name -> bytes; the rollouts an asynchronous run produced ahead),
+    in the manifest like every other file.
     A sharded model (FSDP2 / tensor parallel) is written by every rank with DCP (`_save_sharded`).
     Raises CheckpointWriteError (no space, an OS error: the path named, no partial folder left)."""
     from seedfast.distributed.checkpoint import is_sharded
 
     if is_sharded(model):
+        if extra_files:
+            raise ValueError("save_checkpoint: extra_files are written by one-process checkpoints only")
         return _save_sharded(Path(ckpt_dir), step, model, optimizer, scheduler, trainer_state, generators, keep,
                              config_yaml)
     ckpt_dir = Path(ckpt_dir)
@@ -113,6 +118,8 @@ def save_checkpoint(
             "rng": rng_state(generators),
         }
         out.stream("state.pt", lambda f: torch.save(states, f))
+        for name, data in (extra_files or {}).items():
+            out.stream(name, lambda f, data=data: f.write(data))
         _finish(out, step, trainer_state, config_yaml)
         _publish(tmp, final, keep)
     return final

@@ -363,6 +363,10 @@ def make_env_slots(cfg: Config, n_slots: int) -> Any:
         from seedfast.envs.alfworld import AlfWorldEnv as factory
     else:
         from seedfast.envs.textworld_env import TextWorldEnv as factory
+    if cfg.env.step_delay_s > 0:  # a slower environment than the game (envs/delayed.py)
+        from seedfast.envs.delayed import DelayedFactory
+
+        factory = DelayedFactory(factory, cfg.env.step_delay_s)
     if cfg.env.isolation == "inline":
         return LocalEnvSlots(factory, n_slots)
     from seedfast.envs.workers import EnvPool

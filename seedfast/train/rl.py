@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from seedfast.algo import advantage as adv_math
-from seedfast.config import Config
+from seedfast.config import Config, ConfigError
 from seedfast.distributed.checkpoint import export_hf
 from seedfast.distributed.data import DataParallel, balance_samples, global_means
 from seedfast.distributed.parallelize import unsharded
@@ -57,11 +57,21 @@ from seedfast.runtime.setup import (
 )
 from seedfast.scoring import score, score_reference
 from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, task_choice_seed, task_pool_seed, update_seed
+from seedfast.train.async_rollout import RolloutProducer
 from seedfast.train.batch import build_samples
 from seedfast.train.correction import correction_weights, warn_if_masked
 from seedfast.train.evaluate import evaluate_policy, evaluation_tasks
 from seedfast.train.privileged import Privileged, privileged_text
 from seedfast.train.reflection import reflection_update
+from seedfast.train.staleness import (
+    Produced,
+    ahead_state,
+    behaviour_logprob,
+    check_bound,
+    restore_ahead,
+    staleness_metrics,
+    versions_needed,
+)
 from seedfast.train.step_plan import plan_step
 from seedfast.train.teacher_evidence import TeacherEvidence
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
@@ -126,6 +136,22 @@ def choose_tasks(pool: list[Task], k: int, seed: int, step: int) -> list[Task]:
     return [pool[i] for i in sorted(idx)]
 
 
+def check_async(cfg: Config, dp: DataParallel | None, device: torch.device) -> None:
+    """What rollout.max_staleness > 0 runs with today: one trainer process on the CPU and the own engine in the
+    producer."""
+    n = cfg.rollout.max_staleness
+    if dp is not None:
+        raise ConfigError(f"rollout.max_staleness={n}: asynchronous rollouts run with one trainer process (the "
+                          "producer is fed by rank 0 alone); set rollout.max_staleness=0 under torchrun")
+    if device.type != "cpu":
+        raise ConfigError(f"rollout.max_staleness={n} on {device}: the rollout producer "
+                          "would share the trainer's GPU, and its NCCL weight group needs a GPU per rank (a producer "
+                          "device of its own is not built yet); set trainer.device=cpu or rollout.max_staleness=0")
+    if cfg.rollout.engine != "own":
+        raise ConfigError(f"rollout.max_staleness={n} with rollout.engine={cfg.rollout.engine}: the rollout producer "
+                          "runs the own engine; set rollout.engine=own or rollout.max_staleness=0")
+
+
 class Trainer:
     def __init__(self, cfg: Config, *, policy_dir: str | Path | None = None, run_dir: str | Path | None = None,
                  envs: Any = None):
@@ -167,6 +193,14 @@ class Trainer:
         self.rollout_dtype = cfg.model.dtype
         self.engine = build_rollout(cfg.rollout.engine, self.policy, start, seed=cfg.run.seed, dtype=self.rollout_dtype,
                                     sleep=cfg.rollout.vllm_sleep, **vllm_options(cfg))
+        # asynchronous RL (train/async_rollout.py): a producer process rolls out ahead, at most max_staleness updates
+        self.max_staleness = cfg.rollout.max_staleness
+        if self.max_staleness > 0:
+            check_async(cfg, self.dp, self.device)
+        self.start_dir = start
+        self.producer: RolloutProducer | None = None
+        self.ahead: dict[int, Produced] = {}  # rollouts read from the producer before their update
+        self.versions_to_send: set[int] = set()
         make_analyzer = self.plan.algorithm.analyzer
         self.analyzer = make_analyzer(cfg, self.engine, self.tokenizer) if make_analyzer is not None else None
         self.sync_metrics: dict[str, float] = {}
@@ -180,8 +214,20 @@ class Trainer:
     def rl_step(self, step: int) -> dict[str, float]:
         timer = PhaseTimer()
         seed_everything(step_seed(self.cfg.run.seed, step))
-        result = self.rollout(step, timer)
-        return self.learn(step, result, timer)
+        if self.max_staleness == 0:
+            result = self.rollout(step, timer)
+            return self.learn(step, result, timer)
+        with timer.phase("rollout_wait"):  # the producer's batch for this update, produced while we learned
+            produced = self.ahead.pop(step) if step in self.ahead else self._producer().next(step)
+        check_bound(produced, step, self.max_staleness)
+        self.env_metrics = produced.env_metrics
+        metrics = self.learn(step, produced.result, timer, behaviour_old=produced.version < step)
+        metrics.update(staleness_metrics(step, produced.result))
+        metrics.update({"time/rollout_started_at": produced.started, "time/rollout_finished_at": produced.finished,
+                        "time/learned_at": time.time()})
+        if step + 1 in self.versions_to_send:
+            metrics.update(self._producer().push(self.policy, step + 1))
+        return metrics
 
     def rollout(self, step: int, timer: PhaseTimer) -> Any:
         cfg = self.cfg
@@ -211,8 +257,9 @@ class Trainer:
         generates with its pushed copy."""
         return unsharded(self.policy) if self.engine.reads_policy else contextlib.nullcontext()
 
-    def learn(self, step: int, result: Any, timer: PhaseTimer) -> dict[str, float]:
-        """Everything after the rollout: privileged text, samples, scoring, advantages, update."""
+    def learn(self, step: int, result: Any, timer: PhaseTimer, behaviour_old: bool = False) -> dict[str, float]:
+        """Everything after the rollout: privileged text, samples, scoring, advantages, update. `behaviour_old`: the
+        batch comes from an older policy than this one (asynchronous RL), so ℓold is its behaviour log-probs."""
         cfg = self.cfg
         # the analyzer's draws start afresh (seeds.analyzer_seed), whatever the rollout drew
         self.engine.begin_step(analyzer_seed(cfg.run.seed, step, 0 if self.dp is None else self.dp.rank))
@@ -277,6 +324,10 @@ class Trainer:
         per_token = {"old": scores.logprob if scores is not None else None, "ref": ref_lp, "pg_weight": pg_weight,
                      "teacher": scores.teacher_logprob if from_scores else None,
                      "teacher_mask": scores.teacher_mask if from_scores else None}
+        if behaviour_old and pg_weight is None:  # π_θ / π_behaviour in the PPO ratio (train/staleness.py)
+            per_token["old"] = behaviour_logprob(samples)
+        # with a correction mode a stale batch keeps ℓold = θ_old's scores and the weight π_θold / π_behaviour carries
+        # the staleness (decoupled PPO: docs/architecture.md, 'Asynchronous rollouts')
         # the teacher's evidence (train/teacher_evidence.py): Δ on winners and losers where both sides were scored
         # under θ_old (here), or the first time the update's forward scores them (there)
         evidence = TeacherEvidence()
@@ -407,6 +458,7 @@ class Trainer:
                                      wandb_project=cfg.log.wandb_project)
         else:
             self.log = NullLogger()
+        self._start_producer(start, resumed)
         if resumed is not None and resumed.changes:  # the metrics record what the resumed run changed
             self.log.event({"event": "resume", "checkpoint": str(resumed.path), "first_step": start,
                             "changed": {k: list(v) for k, v in resumed.changes.items()}})
@@ -435,9 +487,11 @@ class Trainer:
                         bar.phase(f"evaluation after step {step + 1}: success {metrics['eval/success_rate']:.3f}")
                 if (cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0) or last:
                     t0 = time.perf_counter()
+                    staleness, extra = self._staleness_state(step + 1)
                     saved = save_checkpoint(ckpt_dir, step + 1, self.trained, self.optimizer, self.scheduler,
-                                            {"bad_steps": self.bad_steps}, keep=cfg.trainer.keep_checkpoints,
-                                            config_yaml=cfg.to_yaml())
+                                            {"bad_steps": self.bad_steps, **staleness},
+                                            keep=cfg.trainer.keep_checkpoints, config_yaml=cfg.to_yaml(),
+                                            extra_files=extra)
                     if bar is not None:
                         bar.phase(f"checkpoint {saved} written ({time.perf_counter() - t0:.1f} s)")
             if self.dp is not None:
@@ -448,10 +502,51 @@ class Trainer:
             if self.is_main:
                 self.tokenizer.save_pretrained(str(self.paths.hf))
         finally:
+            if self.producer is not None:
+                self.producer.close()
+                self.producer = None
             if bar is not None:
                 bar.close()
             self.log.close()
         return history
+
+    def _start_producer(self, start: int, resumed: Any) -> None:
+        """Asynchronous RL: the rollouts a resumed checkpoint kept ahead, then the producer for the rest, sent the
+        policy it starts from (version `start`)."""
+        steps = self.cfg.trainer.steps
+        if self.max_staleness == 0 or start >= steps:
+            return
+        self.ahead = restore_ahead(resumed.path, resumed.state, self.max_staleness, start) if resumed else {}
+        first_step = start + len(self.ahead)
+        self.versions_to_send = set(versions_needed(first_step, start, self.max_staleness, steps))
+        if first_step >= steps:
+            return
+        self.producer = RolloutProducer(self.cfg, self.start_dir, first_step=first_step, first_version=start,
+                                        device=self.device)
+        self.log.event({"event": "rollout_producer", "pid": self.producer.process.pid, "first_step": first_step,
+                        "first_version": start, "rollouts_kept": sorted(self.ahead)})
+        if start in self.versions_to_send:
+            try:
+                self.producer.push(self.policy, start)
+            except BaseException:
+                self.producer.close()
+                self.producer = None
+                raise
+
+    def _producer(self) -> RolloutProducer:
+        if self.producer is None:
+            raise RuntimeError("no rollout producer runs: every remaining update's rollout was kept ahead")
+        return self.producer
+
+    def _staleness_state(self, next_step: int) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """The checkpoint's policy version and bound, and with a producer the rollouts of the next max_staleness
+        updates, read from it now (they need no weights newer than this checkpoint's), so that a resume repeats the
+        run's versions (train/staleness.py)."""
+        if self.producer is not None:
+            for s in range(next_step, min(next_step + self.max_staleness, self.cfg.trainer.steps)):
+                if s not in self.ahead:
+                    self.ahead[s] = self.producer.next(s)
+        return ahead_state(next_step, self.max_staleness, self.ahead)
 
     def _evaluate(self) -> dict[str, float]:
         """Held-out metrics, played in the run's environment slots, and what the environments went through: the
@@ -460,6 +555,10 @@ class Trainer:
             return evaluate_policy(self.cfg, self.policy, self.tokenizer, "eval", envs=self.envs, dp=self.dp)
 
     def close(self) -> None:
+        producer = getattr(self, "producer", None)
+        if producer is not None:
+            producer.close()
+            self.producer = None
         engine = getattr(self, "engine", None)
         if engine is not None:  # the rollout engine first: a vLLM engine's workers end before the process group
             engine.close()

@@ -1,0 +1,158 @@
+"""The policy's weights from the trainer to a rollout producer in another process (docs/architecture.md,
+'Asynchronous rollouts'): a two-rank process group of its own (gloo on CPU, NCCL on GPU: the same code, the backend
+chosen by the device), the trainer rank 0, the producer rank 1, each version sent as a header and then one broadcast
+per bucket of `weight_push.buckets`.
+
+    # trainer                                              # producer (rank 1)
+    channel = WeightChannel.listen(device)                 receiver = WeightChannel.connect(port, device)
+    ... start the producer with channel.port ...           layout = bucket_layout(model, bucket_bytes)
+    channel.send(version, hf_named_tensors(policy), b)     version, flats = receiver.receive(layout)
+                                                           load_buckets(model, layout, flats)
+
+The group is built from its own TCPStore, never the default process group, so it lives beside torchrun's group of
+a sharded trainer. Both sides derive the same bucket layout from the same module (names, shapes, dtype), so only
+the flat buckets travel. A version of -1 tells the receiver that no more weights come.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from seedfast.distributed.weight_push import buckets, hf_named_tensors
+
+STOP = -1
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    shape: tuple[int, ...]
+    numel: int
+
+
+Layout = list[list[Slot]]
+
+
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def fingerprint(tensors: Iterable[torch.Tensor]) -> int:
+    """The sum of the tensors' bit patterns read as integers (wrapping in int64): exact and independent of the order
+    and threads of the reduction, so the trainer's sent weights and the producer's loaded ones can be compared for
+    equality (a push that silently loads nothing, verl #7495, shows as a different fingerprint)."""
+    total = torch.zeros((), dtype=torch.int64)
+    for t in tensors:
+        bits = t.detach().contiguous().reshape(-1).view(_SAME_SIZE_INT[t.element_size()])
+        total += bits.to(torch.int64).sum().cpu()
+    return int(total)
+
+
+def loaded_fingerprint(model: torch.nn.Module, layout: Layout) -> int:
+    """`fingerprint` of `model`'s tensors named by `layout` (what the producer rolls out with)."""
+    state = model.state_dict(keep_vars=True)
+    return fingerprint(state[slot.name] for bucket in layout for slot in bucket)
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def _group(store: dist.Store, rank: int, device: torch.device, timeout: datetime.timedelta) -> dist.ProcessGroup:
+    if backend_for(device) == "nccl":
+        return dist.ProcessGroupNCCL(store, rank, 2, dist.ProcessGroupNCCL.Options())
+    return dist.ProcessGroupGloo(store, rank, 2, timeout)
+
+
+def bucket_layout(model: torch.nn.Module, bucket_bytes: int, dtype: torch.dtype | None = None) -> Layout:
+    """The buckets `send` makes of `model`'s tensors (HF names, in order), as names and shapes."""
+    return [[Slot(name, tuple(t.shape), t.numel()) for name, t in bucket]
+            for bucket in buckets(hf_named_tensors(model, dtype=dtype), bucket_bytes)]
+
+
+def load_buckets(model: torch.nn.Module, layout: Layout, flats: list[torch.Tensor]) -> None:
+    """Copy received flat buckets into `model`'s tensors (a tied tensor is written once, as it was sent)."""
+    state = model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for bucket, flat in zip(layout, flats, strict=True):
+            for slot, part in zip(bucket, flat.split([s.numel for s in bucket]), strict=True):
+                state[slot.name].copy_(part.view(slot.shape))
+
+
+def _wrap(value: int) -> int:
+    """`value` wrapped into int64 as torch's sum wraps."""
+    return (value + 2**63) % 2**64 - 2**63
+
+
+class WeightChannel:
+    """One side of the trainer -> producer weight group; the group itself is built on first use (building it waits
+    for the other rank)."""
+
+    def __init__(self, store: dist.Store, rank: int, device: torch.device, timeout_s: float) -> None:
+        self.rank = rank
+        self.device = device
+        self.port: int = store.port
+        self._store = store
+        self._timeout = datetime.timedelta(seconds=timeout_s)
+        self.group: dist.ProcessGroup | None = None
+
+    @classmethod
+    def listen(cls, device: torch.device, timeout_s: float = 600.0) -> WeightChannel:
+        """The trainer's side, rank 0: a store on a free local port (`port`, handed to the producer)."""
+        store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+        return cls(store, 0, device, timeout_s)
+
+    @classmethod
+    def connect(cls, port: int, device: torch.device, timeout_s: float = 600.0) -> WeightChannel:
+        """The producer's side, rank 1."""
+        store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=timeout_s))
+        return cls(store, 1, device, timeout_s)
+
+    def open(self) -> None:
+        if self.group is None:
+            self.group = _group(self._store, self.rank, self.device, self._timeout)
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.open()
+        assert self.group is not None
+        self.group.broadcast([tensor], opts).wait()
+
+    def send(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+             ) -> dict[str, float]:
+        """Rank 0: the header (version, bucket count unknown ahead: the receiver's layout says it), then each
+        bucket flattened into one tensor. Returns bytes and buckets sent, and the weights' `fingerprint`."""
+        self._broadcast(torch.tensor([version], dtype=torch.int64, device=self.device))
+        sent = n = 0
+        prints = []
+        for bucket in buckets(named_tensors, bucket_bytes):
+            flat = torch.cat([t.reshape(-1).to(self.device) for _, t in bucket])
+            prints.append(fingerprint([flat]))
+            self._broadcast(flat)
+            sent += flat.numel() * flat.element_size()
+            n += 1
+        return {"bytes": float(sent), "buckets": float(n), "fingerprint": _wrap(sum(prints))}
+
+    def stop(self) -> None:
+        """Rank 0: tell the receiver no more versions come."""
+        self._broadcast(torch.tensor([STOP], dtype=torch.int64, device=self.device))
+
+    def receive(self, layout: Layout, dtype: torch.dtype) -> tuple[int, list[torch.Tensor]]:
+        """Rank 1: the next version and its flat buckets ((STOP, []) when the trainer is done)."""
+        header = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._broadcast(header)
+        version = int(header.item())
+        if version == STOP:
+            return STOP, []
+        flats = []
+        for bucket in layout:
+            flat = torch.empty(sum(s.numel for s in bucket), dtype=dtype, device=self.device)
+            self._broadcast(flat)
+            flats.append(flat)
+        return version, flats
