@@ -17,7 +17,8 @@ def test_step_benchmark_reports_every_algorithm_against_grpo(tmp_path, monkeypat
                                       "--games-dir", str(tmp_path / "games")])
     step.main()
     rows = {r["algorithm"]: r for r in written["step"]["rows"]}
-    assert set(rows) == {"grpo", "seed (self analyzer)", "seed (oracle skills)", "sdar"}
+    assert set(rows) == {"grpo", "seed (self analyzer)", "seed (oracle skills)", "seed (oracle, current teacher)",
+                         "sdar"}
     assert rows["grpo"]["step_vs_grpo"] == 1.0 and rows["seed (self analyzer)"]["analyze"] > 0
     for r in rows.values():
         assert r["update"] > 0 and abs(r["step_s"] - (r["learner_s"] + r["rollout"])) < 2e-3
