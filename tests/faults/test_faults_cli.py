@@ -176,7 +176,14 @@ def test_a_signal_during_a_checkpoint_write_abandons_it_and_names_the_resume_poi
         return real(self, data)
 
     monkeypatch.setattr(checkpoint_files.HashingWriter, "write", interrupted)
-    code, err = run_train(capsys, overrides, train_games, tmp_path, tiny_policy, "trainer.steps=3", "--resume", "auto")
+    # SIGINT as a terminal delivers it (Python's KeyboardInterrupt), whatever disposition this worker process was
+    # left with (CI once saw the run finish with 0: the signal ignored in an xdist worker)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code, err = run_train(capsys, overrides, train_games, tmp_path, tiny_policy, "trainer.steps=3", "--resume",
+                              "auto")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert code == 128 + sig
     assert err.strip().splitlines()[-1] == (f"seedfast train: stopped by {signal.Signals(sig).name}; resume point: "
                                             f"{ckpt / 'step_2'} (step 2; --resume auto)")
