@@ -5,8 +5,9 @@
 
     schema.py   Config and its section dataclasses, every field with its default (docs/algorithms.md, 'Defaults')
                 and a one-line doc; ConfigError, ConfigWarning
-    loading.py  YAML parsing, the option walk (`options()`, --help), dotted overrides, type and bound checks,
-                validate, load_config
+    yaml_io.py  the YAML dialect (YAML 1.2 scalars, flow-style leaf lists), read and written
+    loading.py  YAML parsing (errors name the source), the option walk (`options()`, --help), dotted overrides, type
+                and bound checks, validate, load_config
 """
 
 from seedfast.config.loading import (
@@ -14,8 +15,6 @@ from seedfast.config.loading import (
     _assign,
     _check_bounds,
     _coerce,
-    _Dumper,
-    _Loader,
     apply_overrides,
     config_from_dict,
     format_value,
@@ -57,6 +56,7 @@ from seedfast.config.schema import (
     opt,
     section,
 )
+from seedfast.config.yaml_io import _Dumper, _Loader
 
 __all__ = [
     "ALFWORLD_TASK_TYPES", "CONFIG_FILE", "TEXTWORLD_GAME_TYPES", "Algorithm", "CollectConfig", "Config", "ConfigError",

@@ -34,39 +34,12 @@ from seedfast.config.schema import (
     ConfigWarning,
     _parse_step_range,
 )
-
-# ----------------------------------------------------------------------------------- YAML dialect
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.2 scalars: `1e-6` is a float, `yes`/`on` stay strings, `5:7` is not base-60."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers
-            if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                              list("tTfF"))
-_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
-               r"|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."))
-
-
-class _Dumper(yaml.SafeDumper):
-    """Leaf lists in flow style (`levels: [3, 4]`), the way people write them."""
-
-
-_Dumper.add_representer(list, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
+from seedfast.config.yaml_io import load_yaml
 
 
 def parse_yaml(text: str, source: str = "<string>") -> Any:
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        return load_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: not valid YAML: {e}") from None
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
+from seedfast.config.yaml_io import dump_yaml
 
 
 class ConfigError(ValueError):
@@ -399,9 +399,7 @@ class Config:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        from seedfast.config.loading import _Dumper  # loading imports this module
-
-        return yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+        return dump_yaml(self.to_dict())
 
     def save(self, path: str | Path | None = None) -> Path:
         """Write the resolved config (default: <run_dir>/config.yaml) and return its path."""
