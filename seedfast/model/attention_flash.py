@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .attention import VarlenPlan
+    from .varlen import VarlenLayout
 
 
 @functools.cache
@@ -37,7 +37,7 @@ class FlashState:
     max_k: int
 
 
-def prepare(plan: VarlenPlan, device: torch.device) -> FlashState:
+def prepare(plan: VarlenLayout, device: torch.device) -> FlashState:
     return FlashState(plan.cu_q.to(device), plan.cu_k.to(device), plan.max_q, plan.max_k)
 
 

@@ -17,7 +17,7 @@ from .packing import positions_in_sequence, sequence_index
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
 
-    from .attention import VarlenPlan
+    from .varlen import VarlenLayout
 
 
 @dataclass
@@ -40,7 +40,7 @@ def _compiled_flex_attention():
     return torch.compile(flex_attention)
 
 
-def prepare(plan: VarlenPlan, device: torch.device) -> FlexState:
+def prepare(plan: VarlenLayout, device: torch.device) -> FlexState:
     from torch.nn.attention.flex_attention import create_block_mask
 
     q_seq = sequence_index(plan.lens_q, device)

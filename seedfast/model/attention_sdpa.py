@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from .attention import VarlenPlan
+    from .varlen import VarlenLayout
 
 _HAS_ENABLE_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
@@ -30,7 +30,7 @@ class SdpaState:
     is_causal: bool
 
 
-def prepare(plan: VarlenPlan, device: torch.device) -> SdpaState:
+def prepare(plan: VarlenLayout, device: torch.device) -> SdpaState:
     B, max_q, max_k = plan.num_sequences, plan.max_q, plan.max_k
     q_gather, q_real = padding(plan.cu_q_list, max_q, device)
     k_gather, k_real = padding(plan.cu_k_list, max_k, device)
