@@ -3,10 +3,11 @@ docs/architecture.md, 'One RL step, file by file').
 
 A spec says whether the algorithm writes privileged text and with which writer (train/privileged.py), where its
 teacher log-probs come from (the OPD term's, or GRSD's scoring pass), whether it needs a judge, how it modulates the
-advantages and whether it has a reflection update. The step plan (train/step_plan.py), the trainer (train/rl.py) and
-train/privileged.py read the spec instead of testing the name. What the config must hold for each algorithm is
-config/loading.py's ALGORITHM_CHECKS (config may not import train); this module refuses to load unless both tables
-name exactly the algorithms the schema allows, so an algorithm added to the schema needs an entry in each.
+advantages and whether it has a reflection update. The step plan (train/step_plan.py) and the trainer (train/rl.py)
+read the spec instead of testing the name; `privileged_text` here calls the spec's writer, so privileged.py, which
+holds the writers, never imports this module. What the config must hold for each algorithm is config/loading.py's
+ALGORITHM_CHECKS (config may not import train); this module refuses to load unless both tables name exactly the
+algorithms the schema allows, so an algorithm added to the schema needs an entry in each.
 """
 
 from __future__ import annotations
@@ -122,3 +123,13 @@ check_tables(schema_algorithms(), ALGORITHMS, ALGORITHM_CHECKS)
 def algorithm_spec(name: str) -> AlgorithmSpec:
     """The spec of the algorithm the config names (validation admits only the schema's algorithms)."""
     return ALGORITHMS[name]
+
+
+def privileged_text(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
+                    group_of: Sequence[int], judge: Any = None, analyzer: Any = None) -> Privileged:
+    """The privileged text of cfg.algorithm's writer; none for an algorithm without one."""
+    write = algorithm_spec(cfg.algorithm).privileged
+    if write is None:
+        return Privileged([None] * len(trajectories), [{} for _ in trajectories])
+    return write(cfg, trajectories, engine=engine, tokenizer=tokenizer, group_of=group_of, judge=judge,
+                 analyzer=analyzer)

@@ -207,16 +207,3 @@ def grsd_guidance(cfg: Config, trajectories: Sequence[Trajectory], *, engine: An
                   group_of: Sequence[int], judge: Any = None, analyzer: Any = None) -> Privileged:
     """GRSD's writer: reflections, judged, then each contrast group's guidance."""
     return _grsd_guidance(cfg, trajectories, engine, tokenizer, group_of, judge or make_judge(cfg))
-
-
-def privileged_text(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
-                    group_of: Sequence[int], judge: Any = None, analyzer: Any = None) -> Privileged:
-    """The privileged text of cfg.algorithm's writer (train/algorithms.py); none for an algorithm without one."""
-    # here, not at the top: the algorithm table names this module's writers
-    from seedfast.train.algorithms import algorithm_spec
-
-    write = algorithm_spec(cfg.algorithm).privileged
-    if write is None:
-        return Privileged([None] * len(trajectories), [{} for _ in trajectories])
-    return write(cfg, trajectories, engine=engine, tokenizer=tokenizer, group_of=group_of, judge=judge,
-                 analyzer=analyzer)

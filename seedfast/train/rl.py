@@ -57,11 +57,12 @@ from seedfast.runtime.setup import (
 )
 from seedfast.scoring import score, score_reference
 from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, task_choice_seed, task_pool_seed, update_seed
+from seedfast.train.algorithms import privileged_text
 from seedfast.train.async_rollout import RolloutProducer
 from seedfast.train.batch import build_samples
 from seedfast.train.correction import correction_weights, warn_if_masked
 from seedfast.train.evaluate import evaluate_policy, evaluation_tasks
-from seedfast.train.privileged import Privileged, privileged_text
+from seedfast.train.privileged import Privileged
 from seedfast.train.reflection import reflection_update
 from seedfast.train.staleness import (
     Produced,

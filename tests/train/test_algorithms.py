@@ -68,14 +68,14 @@ def test_the_plan_and_the_privileged_text_read_the_spec(monkeypatch):
     plan = plan_step(cfg)
     assert (plan.privileged_text, plan.teacher, plan.score_pass, plan.opd, plan.reflection_update) == (
         True, "scorer", True, False, True)
-    out = privileged.privileged_text(cfg, [object(), object()], engine=None, tokenizer=None, group_of=[0, 0],
+    out = algorithms.privileged_text(cfg, [object(), object()], engine=None, tokenizer=None, group_of=[0, 0],
                                      judge="j", analyzer="a")
     assert out.episode == ["skill", "skill"] and calls == [(2, [0, 0], "j", "a")]
 
 
 def test_an_algorithm_without_a_writer_has_no_privileged_text():
     cfg = load_config(None, ["algorithm=grpo"])
-    out = privileged.privileged_text(cfg, [object()] * 3, engine=None, tokenizer=None, group_of=[0, 0, 0])
+    out = algorithms.privileged_text(cfg, [object()] * 3, engine=None, tokenizer=None, group_of=[0, 0, 0])
     assert out.episode == [None] * 3 and out.step == [{}] * 3
 
 
