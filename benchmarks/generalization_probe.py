@@ -27,8 +27,8 @@ from _common import print_table, write_results  # noqa: E402
 
 from seedfast.config import load_config  # noqa: E402
 from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, load_tasks  # noqa: E402
+from seedfast.train.draws import task_pool  # noqa: E402
 from seedfast.train.evaluate import evaluate  # noqa: E402
-from seedfast.train.rl import task_pool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRA_EVAL_PER_LEVEL = 24

@@ -92,7 +92,7 @@ def recipe_prompts(games_dir: Path) -> dict[str, Any]:
     from seedfast.envs.textworld_games import make_games
     from seedfast.rollout.agent_loop import run_agent_loop, stop_token_ids
     from seedfast.runtime.setup import agent_config, load_run_tokenizer, load_tasks, make_env_slots
-    from seedfast.train.rl import task_pool
+    from seedfast.train.draws import task_pool
 
     cfg = load_config(str(CONFIG), [*recipe_overrides(games_dir), "env.max_steps=1", "env.isolation=inline"],
                       command="train")

@@ -54,8 +54,8 @@ from seedfast.sft.run import prompt_style  # noqa: E402
 from seedfast.skills.analyzers import OracleAnalyzer, SelfAnalyzer  # noqa: E402
 from seedfast.skills.result import teacher_texts  # noqa: E402
 from seedfast.train.batch import build_samples  # noqa: E402
+from seedfast.train.draws import task_pool  # noqa: E402
 from seedfast.train.privileged import Privileged  # noqa: E402
-from seedfast.train.rl import task_pool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CANDIDATES = ("step_plan", "oracle_win", "oracle_fail", "self_win")

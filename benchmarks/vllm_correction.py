@@ -144,7 +144,7 @@ def gradient_check(trainer: Any, step: int = 100) -> dict[str, Any]:
     from seedfast.scoring.shared_prompts import response_rows
     from seedfast.train.batch import build_samples
     from seedfast.train.correction import correction_weights
-    from seedfast.train.rl import seed_everything
+    from seedfast.train.draws import seed_everything
     from seedfast.train.update import UpdateBatch, loss_options
 
     cfg, policy = trainer.cfg, trainer.policy

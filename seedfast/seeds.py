@@ -22,7 +22,7 @@ _TASK_POOL_TAG = 0x9001
 
 
 def step_seed(run_seed: int, step: int) -> int:
-    """RL update `step`: the global RNGs (train/rl.py seed_everything) and the base of the step's other seeds, so a
+    """RL update `step`: the global RNGs (train/draws.py seed_everything) and the base of the step's other seeds, so a
     resumed run redraws what the uninterrupted run drew."""
     return (run_seed * RUN_STRIDE + step * STEP_STRIDE) % MODULUS
 

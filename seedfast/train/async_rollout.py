@@ -232,7 +232,7 @@ def _produce(cfg: Config, policy_dir: Path, port: int, first_step: int, first_ve
         make_env_slots,
     )
     from seedfast.seeds import sampling_seed, step_seed
-    from seedfast.train.rl import choose_tasks, seed_everything, task_pool
+    from seedfast.train.draws import choose_tasks, seed_everything, task_pool
 
     device = device_of(cfg)
     dtype = DTYPES[cfg.model.dtype]

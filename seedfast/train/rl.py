@@ -12,12 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import random
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from seedfast.algo import advantage as adv_math
@@ -29,7 +27,7 @@ from seedfast.distributed.weight_push import buckets, check_colocated, hf_named_
 from seedfast.envs.failures import EnvironmentFailure
 from seedfast.envs.slots import counter_delta, counters_of
 from seedfast.model import save_hf
-from seedfast.rollout.agent_loop import Task, run_agent_loop
+from seedfast.rollout.agent_loop import run_agent_loop
 from seedfast.rollout.colocated import build_rollout
 from seedfast.runtime.checkpoint import save_checkpoint
 from seedfast.runtime.metrics import MetricsLogger, NullLogger, truncate_metrics
@@ -56,11 +54,12 @@ from seedfast.runtime.setup import (
     watch_precision,
 )
 from seedfast.scoring import score, score_reference
-from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, task_choice_seed, task_pool_seed, update_seed
+from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, update_seed
 from seedfast.train.algorithms import privileged_text
 from seedfast.train.async_rollout import RolloutProducer
 from seedfast.train.batch import build_samples
 from seedfast.train.correction import correction_weights, warn_if_masked
+from seedfast.train.draws import choose_tasks, seed_everything, task_pool
 from seedfast.train.evaluate import evaluate_policy, evaluation_tasks
 from seedfast.train.privileged import Privileged
 from seedfast.train.reflection import reflection_update
@@ -94,12 +93,6 @@ def groups_with_signal(trajectories: list) -> float:
     return sum(len(v) == 2 for v in outcomes.values()) / max(len(outcomes), 1)
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 SKILLS_PER_STEP = 4
 
 
@@ -120,21 +113,6 @@ def record_skills(path: Path, step: int, trajectories: list, privileged: Privile
     path.parent.mkdir(parents=True, exist_ok=True)  # a caller of Trainer.learn alone (benchmarks/step.py)
     with open(path, "a") as f:
         f.write("".join(line + "\n" for line in lines))
-
-
-def task_pool(tasks: list[Task], size: int | None, seed: int) -> list[Task]:
-    """The fixed RL pool: `size` of `tasks` chosen with `seed` (all of them when size is None)."""
-    if size is None or size >= len(tasks):
-        return list(tasks)
-    idx = np.random.default_rng(task_pool_seed(seed)).choice(len(tasks), size=size, replace=False)
-    return [tasks[i] for i in sorted(idx)]
-
-
-def choose_tasks(pool: list[Task], k: int, seed: int, step: int) -> list[Task]:
-    """Update `step`'s `k` tasks from the pool, drawn with (run.seed `seed`, step) alone: the same on every rank."""
-    rng = np.random.default_rng(task_choice_seed(seed, step))
-    idx = rng.choice(len(pool), size=min(k, len(pool)), replace=False)
-    return [pool[i] for i in sorted(idx)]
 
 
 def check_async(cfg: Config, dp: DataParallel | None, device: torch.device) -> None:

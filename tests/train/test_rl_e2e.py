@@ -11,8 +11,9 @@ from seedfast.envs.trajectory import Trajectory
 from seedfast.rollout.agent_loop import Task
 from seedfast.runtime.paths import RunPaths
 from seedfast.runtime.profiling import PhaseTimer
+from seedfast.train.draws import choose_tasks, task_pool
 from seedfast.train.privileged import Privileged
-from seedfast.train.rl import Trainer, choose_tasks, groups_with_signal, record_skills, task_pool
+from seedfast.train.rl import Trainer, groups_with_signal, record_skills
 
 
 def _run(overrides, tiny_policy, train_games, tmp_path, *extra):
