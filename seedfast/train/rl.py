@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ from seedfast.runtime.setup import (
     vllm_options,
     watch_precision,
 )
-from seedfast.scoring import score, score_reference
+from seedfast.scoring import Scores, score, score_reference
 from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, update_seed
 from seedfast.train.algorithms import privileged_text
 from seedfast.train.async_rollout import RolloutProducer
@@ -91,6 +92,16 @@ def groups_with_signal(trajectories: list) -> float:
     for t in trajectories:
         outcomes.setdefault(t.meta["group_id"], set()).add(bool(t.won))
     return sum(len(v) == 2 for v in outcomes.values()) / max(len(outcomes), 1)
+
+
+@dataclass(frozen=True)
+class StepScores:
+    """What the scoring phase of a step gives the rest: the scoring pass under θ_old (None without one), the
+    rollout correction's per-token weights, and ℓref (None without a KL term)."""
+
+    scores: Scores | None
+    pg_weight: torch.Tensor | None
+    ref_logprob: torch.Tensor | None
 
 
 SKILLS_PER_STEP = 4
@@ -239,36 +250,53 @@ class Trainer:
     def learn(self, step: int, result: Any, timer: PhaseTimer, behaviour_old: bool = False) -> dict[str, float]:
         """Everything after the rollout: privileged text, samples, scoring, advantages, update. `behaviour_old`: the
         batch comes from an older policy than this one (asynchronous RL), so ℓold is its behaviour log-probs."""
-        cfg = self.cfg
         # the analyzer's draws start afresh (seeds.analyzer_seed), whatever the rollout drew
-        self.engine.begin_step(analyzer_seed(cfg.run.seed, step, 0 if self.dp is None else self.dp.rank))
+        self.engine.begin_step(analyzer_seed(self.cfg.run.seed, step, 0 if self.dp is None else self.dp.rank))
         self.policy.eval()
-        trajectories, records = result.trajectories, result.steps
+        trajectories = result.trajectories
         metrics: dict[str, float] = {f"rollout/{k}": float(v) for k, v in result.stats.as_dict().items()}
         metrics.update(self.env_metrics)
         metrics["rollout/games_skipped"] = self.games_skipped
         group_of = [t.meta["group_id"] for t in trajectories]
-        privileged: Privileged | None = None
-        plan = self.plan
-        if plan.privileged_text:
-            with timer.phase("analyze"), self._generating():
-                privileged = privileged_text(cfg, trajectories, engine=self.engine, tokenizer=self.tokenizer,
-                                             group_of=group_of, judge=self.judge, analyzer=self.analyzer)
-            metrics.update(privileged.metrics)
-            if self.is_main:
-                record_skills(self.paths.skills, step, trajectories, privileged)
+        privileged = self._privileged(step, trajectories, group_of, timer, metrics)
+        samples = self._step_samples(step, result.steps, privileged, timer, metrics)
+        scored = self._scores(samples, timer, metrics)
+        advantages = self._advantages(samples, scored, trajectories, timer, metrics)
+        batch, use_opd, evidence = self._update_batch(samples, advantages, scored, behaviour_old)
+        lr_used = self._learn_from(batch, use_opd, evidence, privileged, group_of, timer, metrics)
+        return self._step_metrics(step, result, batch.samples, lr_used, timer, metrics)
+
+    def _privileged(self, step: int, trajectories: list, group_of: list, timer: PhaseTimer,
+                    metrics: dict[str, float]) -> Privileged | None:
+        """The algorithm's privileged text (skills, guidance) for the step's trajectories; None without one."""
+        if not self.plan.privileged_text:
+            return None
+        with timer.phase("analyze"), self._generating():
+            privileged = privileged_text(self.cfg, trajectories, engine=self.engine, tokenizer=self.tokenizer,
+                                         group_of=group_of, judge=self.judge, analyzer=self.analyzer)
+        metrics.update(privileged.metrics)
+        if self.is_main:
+            record_skills(self.paths.skills, step, trajectories, privileged)
+        return privileged
+
+    def _step_samples(self, step: int, records: list, privileged: Privileged | None, timer: PhaseTimer,
+                      metrics: dict[str, float]) -> list:
+        """The engine set aside for the update, then the step's samples (train/batch.py); none is a failure."""
         with timer.phase("sync"):  # vLLM sleeps through scoring and the update (its memory is theirs)
             metrics.update({**self.sync_metrics, **self.engine.after_rollout()})
-        samples, sample_metrics = build_samples(cfg, records, privileged, self.tokenizer)
+        samples, sample_metrics = build_samples(self.cfg, records, privileged, self.tokenizer)
         metrics.update(sample_metrics)
         if not samples:
             raise EnvironmentFailure(f"step {step}: the rollout produced no step samples "
                                      f"({self._env_failures()})")
+        return samples
 
-        teacher_in_update = plan.teacher == "update"
+    def _scores(self, samples: list, timer: PhaseTimer, metrics: dict[str, float]) -> StepScores:
+        """The scoring pass under θ_old (ℓold, the teacher's ℓskill), its correction weights, and ℓref."""
+        cfg = self.cfg
         with timer.phase("score"):
             scores = None
-            if plan.score_pass:
+            if self.plan.score_pass:
                 with unsharded(self.policy):  # ranks run different numbers of micro-batches: no collectives
                     scores = score(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
                                    temperature=cfg.rollout.temperature)
@@ -284,24 +312,37 @@ class Trainer:
             if self.ref is not None:
                 ref_lp = score_reference(self.ref, samples, token_budget=cfg.trainer.micro_batch_tokens,
                                          temperature=cfg.rollout.temperature).logprob
+        return StepScores(scores, pg_weight, ref_lp)
 
+    def _advantages(self, samples: list, scored: StepScores, trajectories: list, timer: PhaseTimer,
+                    metrics: dict[str, float]) -> torch.Tensor:
+        """GRPO advantages with the step penalty, modulated where the algorithm does (GRSD)."""
+        cfg = self.cfg
         with timer.phase("advantage"):
             rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
             penalties = torch.tensor([s.penalty for s in samples], dtype=torch.float32)
             groups = [s.group_id for s in samples]
             advantages = adv_math.grpo_with_penalty(rewards + penalties, penalties, groups, norm=cfg.loss.adv_norm,
                                                     eps=cfg.loss.adv_eps, penalty_mode=cfg.loss.step_penalty)
-            if plan.algorithm.modulate is not None:
-                advantages, modulate_metrics = plan.algorithm.modulate(cfg, samples, scores, advantages, trajectories)
+            modulate = self.plan.algorithm.modulate
+            if modulate is not None:
+                advantages, modulate_metrics = modulate(cfg, samples, scored.scores, advantages, trajectories)
                 metrics.update(modulate_metrics)
         metrics["train/reward_mean"] = float(rewards.mean())
         metrics["train/groups_with_signal"] = groups_with_signal(trajectories)
         metrics["train/advantage_zero_frac"] = float((advantages == 0).float().mean())
+        return advantages
 
-        use_opd = plan.opd and (teacher_in_update or (scores is not None and scores.teacher_mask is not None))
+    def _update_batch(self, samples: list, advantages: torch.Tensor, scored: StepScores,
+                      behaviour_old: bool) -> tuple[UpdateBatch, bool, TeacherEvidence | None]:
+        """The update's batch (this rank's share under data parallelism), whether it distils from the teacher
+        (OPD), and the teacher's evidence it gathers when it does."""
+        scores, pg_weight = scored.scores, scored.pg_weight
+        teacher_in_update = self.plan.teacher == "update"
+        use_opd = self.plan.opd and (teacher_in_update or (scores is not None and scores.teacher_mask is not None))
         from_scores = use_opd and not teacher_in_update
-        per_token = {"old": scores.logprob if scores is not None else None, "ref": ref_lp, "pg_weight": pg_weight,
-                     "teacher": scores.teacher_logprob if from_scores else None,
+        per_token = {"old": scores.logprob if scores is not None else None, "ref": scored.ref_logprob,
+                     "pg_weight": pg_weight, "teacher": scores.teacher_logprob if from_scores else None,
                      "teacher_mask": scores.teacher_mask if from_scores else None}
         if behaviour_old and pg_weight is None:  # π_θ / π_behaviour in the PPO ratio (train/staleness.py)
             per_token["old"] = behaviour_logprob(samples)
@@ -317,17 +358,31 @@ class Trainer:
         batch = UpdateBatch(samples, advantages, per_token["old"], ref_logprob=per_token["ref"],
                             teacher_logprob=per_token["teacher"], teacher_mask=per_token["teacher_mask"],
                             teacher_from_forward=teacher_in_update, pg_weight=per_token["pg_weight"])
+        return batch, use_opd, evidence if use_opd else None
+
+    def _learn_from(self, batch: UpdateBatch, use_opd: bool, evidence: TeacherEvidence | None,
+                    privileged: Privileged | None, group_of: list, timer: PhaseTimer,
+                    metrics: dict[str, float]) -> float:
+        """The mini-batch updates (and the reflection update where the algorithm has one), then the scheduler's
+        step; returns the learning rate the updates used."""
         self.policy.train()
         with timer.phase("update"):
-            metrics.update(self._update(batch, use_opd=use_opd, evidence=evidence if use_opd else None))
-            if plan.reflection_update and privileged is not None and privileged.reflections is not None:
-                metrics.update(reflection_update(cfg, self.policy, self.optimizer, privileged.reflections,
+            metrics.update(self._update(batch, use_opd=use_opd, evidence=evidence))
+            if self.plan.reflection_update and privileged is not None and privileged.reflections is not None:
+                metrics.update(reflection_update(self.cfg, self.policy, self.optimizer, privileged.reflections,
                                                  group_of, self.dp))
         if self.rounding is not None and self.rounding.last is not None:
             metrics["optim/rounded_away"] = self.rounding.last
         lr_used = self.optimizer.param_groups[0]["lr"]  # this step's (a resumed lr shows at once), not the next's
         self.scheduler.step()
+        return lr_used
 
+    def _step_metrics(self, step: int, result: Any, samples: list, lr_used: float, timer: PhaseTimer,
+                      metrics: dict[str, float]) -> dict[str, float]:
+        """The step's metrics: outcomes, throughput and phase times, reduced over the ranks under data
+        parallelism. `samples`: the ones this rank's update learned from."""
+        cfg = self.cfg
+        trajectories = result.trajectories
         n_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
         total_time = sum(timer.seconds.values())
         metrics.update(timer.metrics())
