@@ -16,7 +16,7 @@ from seedfast.envs.base import Observation
 from seedfast.envs.slots import EnvSlots
 from seedfast.envs.trajectory import Trajectory, TrajectoryStep
 from seedfast.rollout.actions import parse_action
-from seedfast.rollout.engine import Generation, generate_full
+from seedfast.rollout.engine import Generation
 from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, Prompt, PromptStyle, Turn, build_prompt
 from seedfast.rollout.records import RolloutResult, RolloutStats, StepRecord
 
@@ -113,8 +113,8 @@ def _run_wave(engine, tokenizer, envs: EnvSlots, episodes: list[_Episode], confi
         if not live:
             break
         prompts = [_prompt(tokenizer, e, step_index, config, stats) for e in live]
-        generations = generate_full(
-            engine, [p.ids for p in prompts], config.max_new_tokens, config.temperature, config.top_p, stops
+        generations = engine.generate_full(
+            [p.ids for p in prompts], config.max_new_tokens, config.temperature, config.top_p, stops
         )
         stats.generate_calls += 1
         if len(generations) != len(prompts):

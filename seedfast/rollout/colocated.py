@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from seedfast.rollout.engine import Generation
+from seedfast.rollout.engine import Generation, GenerationEngine
 from seedfast.rollout.own_engine import Sampler
 from seedfast.seeds import request_seed
 
@@ -31,8 +31,8 @@ Bucket = Sequence[tuple[str, torch.Tensor]]
 
 
 @runtime_checkable
-class RolloutEngine(Protocol):
-    """What the RL loop drives: the engine protocol plus the per-step hooks."""
+class RolloutEngine(GenerationEngine, Protocol):
+    """What the RL loop drives: the engine protocol (generate, generate_full) plus the per-step hooks."""
 
     reads_policy: bool
 
@@ -43,14 +43,6 @@ class RolloutEngine(Protocol):
     def after_rollout(self) -> dict[str, float]: ...
 
     def close(self) -> None: ...
-
-    def generate(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, stop_ids: Sequence[int] = (), *, seed: int | None = None
-                 ) -> list[list[int]]: ...
-
-    def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int,
-                      temperature: float = 1.0, top_p: float = 1.0, stop_ids: Sequence[int] = (), *,
-                      seed: int | None = None) -> list[Generation]: ...
 
 
 class OwnRollout:

@@ -27,6 +27,9 @@ class Generation:
 
 @runtime_checkable
 class GenerationEngine(Protocol):
+    """What generates: `generate` the completions' token ids, `generate_full` the completions with their sampling
+    log-probs (None from an engine that has none) and finish reasons. Every engine has both."""
+
     def generate(
         self,
         prompt_token_lists: Sequence[Sequence[int]],
@@ -38,22 +41,13 @@ class GenerationEngine(Protocol):
         seed: int | None = None,
     ) -> list[list[int]]: ...
 
-
-def generate_full(
-    engine: GenerationEngine,
-    prompt_token_lists: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    stop_ids: Sequence[int] = (),
-    *,
-    seed: int | None = None,
-) -> list[Generation]:
-    """`engine.generate_full` when the engine has it; otherwise `generate`, without log-probs. `seed` is passed on
-    only when given (the protocol's `seed`)."""
-    seeded = {} if seed is None else {"seed": seed}
-    if hasattr(engine, "generate_full"):
-        return engine.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, **seeded)
-    stops = set(stop_ids)
-    outputs = engine.generate(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, **seeded)
-    return [Generation(list(ids), None, "stop" if ids and ids[-1] in stops else "length") for ids in outputs]
+    def generate_full(
+        self,
+        prompt_token_lists: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_ids: Sequence[int] = (),
+        *,
+        seed: int | None = None,
+    ) -> list[Generation]: ...

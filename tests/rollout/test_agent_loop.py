@@ -10,6 +10,7 @@ from seedfast.envs.slots import LocalEnvSlots, PoolEnvSlots
 from seedfast.envs.textworld_env import TextWorldEnv
 from seedfast.envs.workers import EnvPool
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task, run_agent_loop, stop_token_ids
+from seedfast.rollout.engine import Generation
 from seedfast.rollout.own_engine import Sampler
 from seedfast.rollout.prompts import DEFAULT_SYSTEM, UNPARSABLE_FEEDBACK, PromptStyle
 
@@ -30,6 +31,11 @@ class ScriptedEngine:
             out.append(self.tokenizer.encode(self.answer(task, step), add_special_tokens=False) + [stop_ids[0]])
         self.outputs += out
         return out
+
+    def generate_full(self, prompt_token_lists, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=(), *,
+                      seed=None):
+        outputs = self.generate(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids)
+        return [Generation(ids, None, "stop" if ids and ids[-1] in stop_ids else "length") for ids in outputs]
 
 
 def walkthrough_answer(games, n_invalid=0):

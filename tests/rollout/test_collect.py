@@ -14,6 +14,7 @@ from seedfast.model import save_hf
 from seedfast.model.tokenizer import save_tokenizer
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task
 from seedfast.rollout.collect import collect_skill_data
+from seedfast.rollout.engine import Generation
 from seedfast.rollout.own_engine import Sampler
 from seedfast.skills.analyzers import OracleAnalyzer, SelfAnalyzer
 from seedfast.skills.prompts import analyzer_sft_messages
@@ -89,6 +90,10 @@ def test_collect_rejects_an_analyzer_that_loses_trajectories(tmp_path, games, to
     class Look:
         def generate(self, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=()):
             return [tokenizer.encode("<action>look</action>", add_special_tokens=False) for _ in prompts]
+
+        def generate_full(self, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=(), *, seed=None):
+            outputs = self.generate(prompts, max_new_tokens, temperature, top_p, stop_ids)
+            return [Generation(ids, None, "stop" if ids and ids[-1] in stop_ids else "length") for ids in outputs]
 
     tasks = [Task.from_record(g) for g in games]
     with pytest.raises(RuntimeError, match="1 results for 2 trajectories"):

@@ -16,7 +16,7 @@ from seedfast.config import ConfigError
 from seedfast.distributed.weight_push import buckets, check_colocated, hf_named_tensors
 from seedfast.model import DecoderConfig, build_decoder, save_hf
 from seedfast.rollout.colocated import OwnRollout, RolloutEngine, VLLMRollout, build_rollout
-from seedfast.rollout.engine import GenerationEngine, generate_full
+from seedfast.rollout.engine import GenerationEngine
 from seedfast.rollout.own_engine import Sampler
 from seedfast.rollout.vllm_engine import VLLMEngine
 from seedfast.seeds import request_seed
@@ -235,7 +235,7 @@ def test_a_seeded_call_draws_as_the_first_call_after_seeding(fake_vllm, policy_a
         rollout.begin_step(9)
         rollout.generate(group, 8, temperature=1.0)  # the stream moves on
         assert rollout.generate(group, 8, temperature=1.0, seed=5) == first
-        assert [g.token_ids for g in generate_full(rollout, group, 8, temperature=1.0, seed=5)] == first
+        assert [g.token_ids for g in rollout.generate_full(group, 8, temperature=1.0, seed=5)] == first
         assert rollout.generate(group, 8, temperature=1.0, seed=6) != first
     sampler = Sampler(policy, seed=1)
     sampler.generate(group, 8, temperature=1.0)

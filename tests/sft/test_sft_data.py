@@ -16,6 +16,7 @@ from seedfast.model import DecoderConfig, build_decoder
 from seedfast.model.tokenizer import train_tokenizer
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task, run_agent_loop, stop_token_ids
 from seedfast.rollout.collect import write_jsonl_atomic
+from seedfast.rollout.engine import Generation
 from seedfast.rollout.own_engine import Sampler
 from seedfast.rollout.prompts import PromptStyle, Turn, build_prompt
 from seedfast.sft.examples import (
@@ -81,6 +82,11 @@ class WalkthroughEngine:
             action = self.plans[task][step - 1]
             out.append(self.tok.encode(f"<action>{action}</action><|im_end|>", add_special_tokens=False))
         return out
+
+    def generate_full(self, prompt_token_lists, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=(), *,
+                      seed=None):
+        outputs = self.generate(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids)
+        return [Generation(ids, None, "stop" if ids and ids[-1] in stop_ids else "length") for ids in outputs]
 
 
 @pytest.mark.parametrize("limit", [None, "tight"])
