@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from seedfast.config import SFTConfig
 from seedfast.model.packing import make_cu_seqlens
 from seedfast.ops import linear_logprob
 from seedfast.runtime.optim import decoupled_adamw, grad_norm_and_clip, lr_at
@@ -230,24 +231,24 @@ def evaluate_loss(model: torch.nn.Module, examples: Sequence[SFTExample],
     return {"loss": float(-logprob.double().mean()), **_loss_by_kind(logprob, kind)}
 
 
-def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, *, seed: int = 0,
+def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: SFTConfig, *, seed: int = 0,
               max_seconds: float | None = None, log_fn: Callable[[dict[str, Any]], None] | None = None,
               progress: bool = False, schedule: str | None = None, grad_clip: float | None = 1.0,
               betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
               masters: MasterWeights | None = None, sharding: Sharding | None = None) -> SFTStats:
-    """Fine-tune `model` (a seedfast Decoder) on `examples` with cfg (seedfast.config.SFTConfig).
+    """Fine-tune `model` (a seedfast Decoder) on `examples` with cfg (the config's sft section).
 
     cfg.epochs passes, each a seeded shuffle packed into batches of at most cfg.batch_tokens tokens, one
-    AdamW step per batch (lr with cfg.warmup_steps and `schedule`, default cfg.schedule if the config has
-    it, else cosine), gradient norm clipped to `grad_clip`, AdamW `betas` and `eps`. With `masters`
-    (runtime/precision.py), `model` is their module that computes and the optimizer steps the master weights. Stops
+    AdamW step per batch (lr with cfg.warmup_steps and `schedule`, default cfg.schedule), gradient norm clipped
+    to `grad_clip`, AdamW `betas` and `eps`. With `masters` (runtime/precision.py), `model` is their module that
+    computes and the optimizer steps the master weights. Stops
     between steps once `max_seconds` (default cfg.max_seconds) have passed. `log_fn` gets one metrics dict per step.
 
     With `sharding` (a model sharded by sharding.shard; every rank passes the same examples and seed), each
     rank trains on its share of every step (module docstring); the stats and logged metrics are global, and
     the ranks stop on the time budget together (the slowest rank's clock decides).
     """
-    schedule = schedule or getattr(cfg, "schedule", "cosine")
+    schedule = schedule or cfg.schedule
     max_seconds = cfg.max_seconds if max_seconds is None else max_seconds
     check_examples(examples, model.lm_head_weight.shape[0], cfg.batch_tokens)  # a DTensor's shape is global
     plan = plan_batches([len(e.input_ids) for e in examples], cfg.batch_tokens, cfg.epochs, seed)
@@ -257,7 +258,6 @@ def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, 
                                 betas=betas, eps=eps)
     if masters is not None:
         masters.attach(optimizer)
-    prompt_weight = getattr(cfg, "prompt_loss_weight", 1.0)
     stats = SFTStats(0, 0.0, 0, 0, None, None, 0.0, False)
     bar = ProgressBar(len(plan), "sft") if progress else None
     was_training = model.training
@@ -274,7 +274,7 @@ def train_sft(model: torch.nn.Module, examples: Sequence[SFTExample], cfg: Any, 
             for group in optimizer.param_groups:
                 group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
-            result = step_loss_backward(model, examples, index, prompt_weight, sharding)
+            result = step_loss_backward(model, examples, index, cfg.prompt_loss_weight, sharding)
             norm = grad_norm_and_clip(optimizer, grad_clip)
             optimizer.step()
 

@@ -108,9 +108,9 @@ def sft_examples(cfg: Config, tokenizer: Any, replays: Sequence[GameReplays],
             seed=cfg.run.seed, skills=reader_skills(replays, cfg.skill.skill_mode) if sft.skill_augment else None,
             skill_mode=cfg.skill.skill_mode, teacher_mode=cfg.skill.teacher_mode)
         if pairs_file is None:
-            # sft.skill_writing_fraction (if the config has it): the share of games whose replays are
-            # also turned into skill-writing pairs; their prompts are long, so this is a compute knob
-            share = getattr(sft, "skill_writing_fraction", 1.0)
+            # sft.skill_writing_fraction: the share of games whose replays are also turned into skill-writing
+            # pairs; their prompts are long, so this is a compute knob
+            share = sft.skill_writing_fraction
             chosen = random.Random(cfg.run.seed).sample(range(len(replays)), round(share * len(replays)))
             trajectories = [t for i in sorted(chosen) for t in (replays[i].success, *replays[i].failures)]
             written, skipped = sft_data.skill_writing_examples(

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from seedfast.config import ConfigError, load_config
+from seedfast.config import ConfigError, SFTConfig, load_config
 from seedfast.envs.textworld_games import load_manifest
 from seedfast.model import DecoderConfig, build_decoder, load_hf
 from seedfast.model.tokenizer import load_tokenizer, train_tokenizer
@@ -27,13 +27,9 @@ from seedfast.sft.replay import replay_games
 STYLE = PromptStyle(history_k=1)
 
 
-class SFT:
-    """The SFTConfig fields train_sft reads."""
-
-    def __init__(self, **kw):
-        self.epochs, self.lr, self.batch_tokens, self.weight_decay, self.warmup_steps = 1, 1e-3, 4096, 0.0, 0
-        self.max_seconds = None
-        self.__dict__.update(kw)
+def sft_config(**kw) -> SFTConfig:
+    """An SFTConfig with these tests' defaults: one epoch at lr 1e-3, 4096 tokens a batch."""
+    return SFTConfig(**{"epochs": 1, "lr": 1e-3, "batch_tokens": 4096, **kw})
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
@@ -80,7 +76,7 @@ def test_first_loss_gradient_and_update_equal_a_materialized_reference(tok, bc):
     ref = copy.deepcopy(model)
     before = [p.detach().clone() for p in model.parameters()]
     logs = []
-    train_sft(model, bc, SFT(lr=1e-2), log_fn=logs.append)  # one batch holds every example: one step
+    train_sft(model, bc, sft_config(lr=1e-2), log_fn=logs.append)  # one batch holds every example: one step
     assert len(logs) == 1 and logs[0]["loss_tokens"] == sum(e.n_loss_tokens for e in bc)
     loss = reference_loss(ref, bc)
     assert logs[0]["loss"] == pytest.approx(loss.item(), rel=1e-5)
@@ -153,7 +149,7 @@ def test_learning_rate_schedule_by_hand():
 def test_same_seed_same_run_and_the_time_budget_stops_between_steps(tok, bc):
     def run(seed, **kw):
         model, logs = tiny(tok), []
-        stats = train_sft(model, bc, SFT(epochs=2, batch_tokens=900, warmup_steps=1, **kw), seed=seed,
+        stats = train_sft(model, bc, sft_config(epochs=2, batch_tokens=900, warmup_steps=1, **kw), seed=seed,
                           log_fn=logs.append)
         return model, logs, stats
 
@@ -173,15 +169,15 @@ def test_same_seed_same_run_and_the_time_budget_stops_between_steps(tok, bc):
 def test_examples_that_cannot_train_are_named(tok, bc):
     model = tiny(tok)
     with pytest.raises(ValueError, match=r"'treasure_hunter.* tokens, more than sft.batch_tokens=50"):
-        train_sft(model, bc, SFT(batch_tokens=50))
+        train_sft(model, bc, sft_config(batch_tokens=50))
     silent = SFTExample([1, 2, 3], [False, False, False], "bc", "no-loss")
     with pytest.raises(ValueError, match="'no-loss' has no loss token"):
-        train_sft(model, [silent], SFT())
+        train_sft(model, [silent], sft_config())
     outside = make_example([1, 2], [len(tok) + 5], kind="bc", source="big-id")
     with pytest.raises(ValueError, match="'big-id' holds token id"):
-        train_sft(model, [outside], SFT())
+        train_sft(model, [outside], sft_config())
     with pytest.raises(ValueError, match="empty"):
-        train_sft(model, [], SFT())
+        train_sft(model, [], sft_config())
 
 
 def answer_token_nll(model, examples):
@@ -205,7 +201,7 @@ def train_until_memorized(model, examples, *, seed=0, epochs=80, max_rounds=2, m
     """
     first = None
     for _ in range(max_rounds):  # one round measured enough (worst NLL 0.01-0.05 over 6 init seeds)
-        stats = train_sft(model, examples, SFT(epochs=epochs, lr=1e-2, warmup_steps=5), seed=seed)
+        stats = train_sft(model, examples, sft_config(epochs=epochs, lr=1e-2, warmup_steps=5), seed=seed)
         first = first or stats
         worst = [float(nll.max()) for nll in answer_token_nll(model, examples)]
         if max(worst) < max_nll:
@@ -237,7 +233,7 @@ def test_bf16_compute_over_fp32_master_weights_lowers_the_loss(tok, bc):
     """model.dtype=bf16 (runtime/precision.py): the module computes in bf16, the optimizer steps fp32 masters."""
     master = tiny(tok, hidden=64, layers=2)
     masters = MasterWeights(master, torch.bfloat16)
-    stats = train_sft(masters.compute, bc, SFT(epochs=30, lr=1e-2), schedule="constant", masters=masters)
+    stats = train_sft(masters.compute, bc, sft_config(epochs=30, lr=1e-2), schedule="constant", masters=masters)
     assert master.lm_head_weight.dtype == torch.float32 and masters.compute.lm_head_weight.dtype == torch.bfloat16
     assert torch.equal(masters.compute.lm_head_weight, master.lm_head_weight.to(torch.bfloat16))
     assert stats.last_loss < 0.3 * stats.first_loss
