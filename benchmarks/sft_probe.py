@@ -33,7 +33,8 @@ from seedfast.sft.copy_warmup import copy_examples  # noqa: E402
 from seedfast.sft.examples import end_of_turn_id, fit_prompt  # noqa: E402
 from seedfast.sft.loop import pack, token_logprobs  # noqa: E402
 from seedfast.sft.replay import replay_games  # noqa: E402
-from seedfast.sft.run import ordinary_ids, prompt_style  # noqa: E402
+from seedfast.sft.run import prompt_style  # noqa: E402
+from seedfast.sft.tokenizer import ordinary_ids  # noqa: E402
 from seedfast.train.evaluate import evaluate  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from seedfast.config import load_config  # noqa: E402
 from seedfast.envs.textworld_games import make_games  # noqa: E402
 from seedfast.model import save_hf  # noqa: E402
 from seedfast.runtime.profiling import PhaseTimer  # noqa: E402
-from seedfast.sft.run import build_tiny  # noqa: E402
+from seedfast.sft.tiny_model import build_tiny  # noqa: E402
 from seedfast.train.draws import seed_everything  # noqa: E402
 from seedfast.train.rl import Trainer  # noqa: E402
 

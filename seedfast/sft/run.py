@@ -7,18 +7,13 @@ Data (sft/examples.py): skill-writing pairs from sft.data (default: this run's c
 with sft.behaviour_cloning, every walkthrough step of the training games as the agent loop prompts it
 (+ with sft.skill_augment, copies in the RL teacher's context holding the oracle analyzer's skills) and, when
 there is no pairs file, oracle skill-writing pairs on those walkthroughs and a few failed variants. The policy is
-model.path, or a from-scratch tiny decoder whose BPE tokenizer is trained on the same game text (build_tiny).
+model.path, or a from-scratch tiny decoder (sft/tiny_model.py) whose BPE tokenizer is trained on the same game text
+(sft/tokenizer.py); the output folder is written whole (sft/folder.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import random
-import shutil
-import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -29,29 +24,26 @@ from typing import Any
 import torch
 
 from seedfast.config import Config, ConfigError
-from seedfast.context.skill import render_skill
-from seedfast.model import DecoderConfig, build_decoder, load_hf, save_hf
-from seedfast.model.tokenizer import is_tokenizer_folder, load_tokenizer, render_chat, save_tokenizer, train_tokenizer
 from seedfast.rollout.collect import PAIRS_FILE
-from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, PromptStyle, Turn, user_parts
+from seedfast.rollout.prompts import PromptStyle
 from seedfast.runtime.metrics import MetricsLogger, NullLogger
 from seedfast.runtime.paths import RunPaths, collect_dir
 from seedfast.runtime.progress import shows_progress
-from seedfast.runtime.setup import base_policy_path, load_run_tokenizer, tokenizer_folder
+from seedfast.runtime.setup import base_policy_path
 from seedfast.sft import examples as sft_data
 from seedfast.sft.copy_warmup import copy_warmup
+from seedfast.sft.folder import save_policy
 from seedfast.sft.loop import SFTStats, Sharding, evaluate_loss, train_sft  # noqa: F401 (re-exported)
 from seedfast.sft.rename import renamed_copies, textworld_object_names
 from seedfast.sft.replay import GameReplays, replay_games
-from seedfast.skills.analyzers import OracleAnalyzer, oracle_answer
-from seedfast.skills.prompts import build_analyzer_messages
+from seedfast.sft.tiny_model import initial_model
+from seedfast.sft.tokenizer import initial_tokenizer, ordinary_ids, tokenizer_corpus
+from seedfast.skills.analyzers import OracleAnalyzer
 from seedfast.skills.result import SkillResult
 
-__all__ = ["SFTStart", "Sharding", "build_tiny", "evaluate_loss", "initial_model", "initial_policy",
-           "initial_tokenizer", "main", "metrics_logger", "pairs_path", "reader_skills", "save_policy", "sft_examples",
-           "sft_start", "tokenizer_corpus", "train_sft"]
+__all__ = ["SFTStart", "Sharding", "evaluate_loss", "main", "metrics_logger", "pairs_path", "prompt_style",
+           "reader_skills", "sft_examples", "sft_start", "train_sft", "walkthrough_replays"]
 
-FINGERPRINT_NAME = "seedfast_corpus.sha256"  # beside a tokenizer trained here: what it was trained on
 NO_DATA = ("no SFT data: set sft.data to a JSONL of (messages -> answer) pairs, run `seedfast collect` "
            "first, or set sft.behaviour_cloning=true")
 
@@ -131,157 +123,7 @@ def reader_skills(replays: Sequence[GameReplays], skill_mode: str = "episode_onl
     return [analyzer.analyze([game.success, *game.failures]) for game in replays]
 
 
-def ordinary_ids(tokenizer: Any) -> list[int]:
-    """Every id of the tokenizer but its special tokens: what the copy task draws from."""
-    special = set(tokenizer.all_special_ids)
-    return [i for i in range(len(tokenizer)) if i not in special]
-
-
-def tokenizer_corpus(replays: Sequence[GameReplays], pairs: Sequence[tuple[list[dict], str, str]],
-                     style: PromptStyle, skill_mode: str = "episode_only") -> list[str]:
-    """ChatML text of what SFT and RL show the tiny model: step prompts with their answers, skills,
-    analyzer prompts with their answers, pairs from a file, and the fixed feedback texts."""
-    from seedfast.envs.textworld_env import INVALID_ACTION_TEXT
-
-    texts = [UNPARSABLE_FEEDBACK, INVALID_ACTION_TEXT]
-    for game in replays:
-        trajectory = game.success
-        for index, step in enumerate(trajectory.steps):
-            history = [Turn(s.observation, s.action) for s in trajectory.steps[:index]]
-            parts = user_parts(trajectory.task, history, step.observation, step.admissible_actions, index,
-                               style)
-            user = "".join(text for _, text in parts)
-            messages = [{"role": "system", "content": style.system}, {"role": "user", "content": user}]
-            texts.append(render_chat(messages, add_generation_prompt=True) + f"<action>{step.action}</action>")
-        for t in (trajectory, *game.failures):
-            answer = oracle_answer(t, with_step_skills=skill_mode != "episode_only")
-            texts.append(render_chat([*build_analyzer_messages(t, skill_mode),
-                                      {"role": "assistant", "content": json.dumps(answer)}]))
-            texts += [render_skill(text) for text in (answer["episode_skill"], *answer.get("step_skills", {}).values())]
-    texts += [render_chat([*prompt, {"role": "assistant", "content": answer}]) for prompt, answer, _ in pairs]
-    return texts
-
-
-# ---------------------------------------------------------------------------------------------- policy
-
-
-def build_tiny(cfg: Config, texts: Sequence[str], tokenizer: Any = None) -> tuple[torch.nn.Module, Any]:
-    """(decoder, tokenizer) from scratch: a byte-level BPE trained on `texts` (unless `tokenizer` is given)
-    and the model.tiny decoder (Qwen3 style; Llama style without qk_norm), fp32, initialized with run.seed."""
-    tiny = cfg.model.tiny
-    if tokenizer is None:
-        tokenizer = train_tokenizer(list(texts), vocab_size=tiny.bpe_vocab_size,
-                                    min_frequency=tiny.bpe_min_frequency)
-    vocab = tiny.vocab_size if tiny.vocab_size is not None else len(tokenizer)
-    if vocab < len(tokenizer):
-        raise ConfigError(f"model.tiny.vocab_size={vocab} is below the tokenizer's {len(tokenizer)} tokens")
-    config = DecoderConfig(
-        model_type="qwen3" if tiny.qk_norm else "llama", vocab_size=vocab, hidden_size=tiny.hidden,
-        intermediate_size=tiny.intermediate, num_hidden_layers=tiny.layers, num_attention_heads=tiny.heads,
-        num_key_value_heads=tiny.kv_heads, max_position_embeddings=tiny.max_seq_len,
-        rope_theta=tiny.rope_theta, tie_word_embeddings=tiny.tie_embeddings,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    model = build_decoder(config, dtype=torch.float32, attn_backend=cfg.model.attn_backend, seed=cfg.run.seed)
-    return model, tokenizer
-
-
-def initial_policy(cfg: Config, corpus: Sequence[str]) -> tuple[torch.nn.Module, Any]:
-    """(fp32 model, tokenizer): the base model (runtime/setup.py base_policy_path: model.path) with its tokenizer
-    (setup.load_run_tokenizer: model.tokenizer, else model.path's, else <run_dir>/tokenizer); or a tiny decoder
-    whose tokenizer is model.tokenizer or <run_dir>/tokenizer if one is there, else trained on `corpus` and saved
-    there."""
-    tokenizer = initial_tokenizer(cfg, corpus)
-    return initial_model(cfg, tokenizer), tokenizer
-
-
-def initial_tokenizer(cfg: Config, corpus: Sequence[str]) -> Any:
-    """The tokenizer of `initial_policy`, in the run's one order (runtime/setup.py tokenizer_folder); a tiny
-    model's is trained on `corpus` and saved there when there is none."""
-    base = base_policy_path(cfg)
-    if base is not None:
-        return load_run_tokenizer(cfg, base)
-    tok_dir = tokenizer_folder(cfg, None)  # model.tokenizer, else <run_dir>/tokenizer
-    if cfg.model.tokenizer and is_tokenizer_folder(tok_dir):
-        return load_tokenizer(tok_dir)  # model.tokenizer: the user's choice, used as it is
-    tiny = cfg.model.tiny
-    fingerprint = corpus_fingerprint(corpus, tiny.bpe_vocab_size, tiny.bpe_min_frequency)
-    stamp = tok_dir / FINGERPRINT_NAME
-    if is_tokenizer_folder(tok_dir):
-        # this run's earlier tokenizer, kept only when trained on this very corpus with these settings: a run
-        # folder reused after the games, the prompts or the code changed would otherwise train on a stale one
-        if stamp.is_file() and stamp.read_text().strip() == fingerprint:
-            return load_tokenizer(tok_dir)
-        print(f"sft: {tok_dir} was trained on another corpus or with other settings: training a new tokenizer",
-              file=sys.stderr)
-    if not corpus:
-        raise ConfigError("a tiny model needs text to train its tokenizer on: set sft.behaviour_cloning=true "
-                          "or give sft.data")
-    tokenizer = train_tokenizer(list(corpus), vocab_size=tiny.bpe_vocab_size, min_frequency=tiny.bpe_min_frequency)
-
-    def write(tmp: Path) -> None:
-        save_tokenizer(tokenizer, tmp)
-        (tmp / FINGERPRINT_NAME).write_text(fingerprint + "\n")
-
-    _write_folder(tok_dir, write)
-    return tokenizer
-
-
-def corpus_fingerprint(corpus: Sequence[str], vocab_size: int, min_frequency: int) -> str:
-    """sha256 of the tokenizer's training input: the settings and every text, length-prefixed."""
-    h = hashlib.sha256(f"bpe {vocab_size} {min_frequency}\n".encode())
-    for text in corpus:
-        data = text.encode()
-        h.update(len(data).to_bytes(8, "little") + data)
-    return h.hexdigest()
-
-
-def initial_model(cfg: Config, tokenizer: Any) -> torch.nn.Module:
-    """The fp32 model of `initial_policy`: the base model (model.path), or the tiny decoder for `tokenizer`
-    (initialized with run.seed: the same weights in every process)."""
-    base = base_policy_path(cfg)
-    if base is not None:
-        return load_hf(base, dtype=torch.float32, attn_backend=cfg.model.attn_backend)
-    return build_tiny(cfg, (), tokenizer)[0]
-
-
-# ---------------------------------------------------------------------------------------------- output
-
-
-def _write_folder(final: Path, write: Callable[[Path], Any]) -> Path:
-    """`write(tmp)` into a fresh folder beside `final`, then swap it into place (two renames)."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
-    old = final.parent / f".{final.name}.old-{os.getpid()}"
-    try:
-        write(tmp)
-        if final.exists():
-            os.rename(final, old)
-        os.rename(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def save_policy(model: torch.nn.Module, tokenizer: Any, out: str | Path, dtype: torch.dtype,
-                state: dict[str, torch.Tensor] | None = None) -> Path:
-    """An HF folder (weights cast to `dtype`, config.json, tokenizer) written whole, then renamed to `out`.
-    `state` (default: the model's state dict) is e.g. the full state gathered from a sharded model."""
-    state = model.state_dict() if state is None else state
-    state = {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-
-    def write(tmp: Path) -> None:
-        weights = save_hf(model, tmp / "hf", state_dict=state)
-        for f in weights.iterdir():
-            os.rename(f, tmp / f.name)
-        weights.rmdir()
-        save_tokenizer(tokenizer, tmp)
-
-    return _write_folder(Path(out), write)
+# ----------------------------------------------------------------------------------------------- start
 
 
 @dataclass

@@ -14,7 +14,7 @@ from seedfast.envs.trajectory import Trajectory
 from seedfast.model.tokenizer import save_tokenizer, train_tokenizer
 from seedfast.runtime import setup
 from seedfast.runtime.optim import lr_at
-from seedfast.sft import run as sft_run
+from seedfast.sft.tokenizer import initial_tokenizer
 from seedfast.skills.library import task_type_of
 
 
@@ -115,16 +115,16 @@ def test_one_tokenizer_order_for_every_command_sft_included(tmp_path):
     keys = [f"run.out_dir={tmp_path}", "run.name=r", f"model.path={base}"]
     cfg = load_config(None, keys)
     with pytest.raises(ConfigError, match="no tokenizer folder found"):
-        sft_run.initial_tokenizer(cfg, [])
+        initial_tokenizer(cfg, [])
     for folder in (tmp_path / "r" / "tokenizer", base):  # the policy's own tokenizer, once there, comes first
         save_tokenizer(tokenizer, folder)
         assert setup.tokenizer_folder(cfg, base) == folder
-        assert sft_run.initial_tokenizer(cfg, []).name_or_path == setup.load_run_tokenizer(cfg, base).name_or_path
+        assert initial_tokenizer(cfg, []).name_or_path == setup.load_run_tokenizer(cfg, base).name_or_path
         assert Path(setup.load_run_tokenizer(cfg, base).name_or_path) == folder
     chosen = save_tokenizer(tokenizer, tmp_path / "chosen")
     assert setup.tokenizer_folder(load_config(None, [*keys, f"model.tokenizer={chosen}"]), base) == chosen
     wrong = load_config(None, [*keys, f"model.tokenizer={tmp_path / 'nothing'}"])
-    for read in (lambda: setup.load_run_tokenizer(wrong, base), lambda: sft_run.initial_tokenizer(wrong, [])):
+    for read in (lambda: setup.load_run_tokenizer(wrong, base), lambda: initial_tokenizer(wrong, [])):
         with pytest.raises(ConfigError, match="model.tokenizer=.*is not a tokenizer folder"):  # set but wrong: said
             read()
 

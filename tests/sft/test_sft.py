@@ -23,6 +23,8 @@ from seedfast.sft import run as sft
 from seedfast.sft.examples import SFTExample, action_response_ids, bc_examples, make_example
 from seedfast.sft.loop import evaluate_loss, pack, plan_batches, token_logprobs, train_sft
 from seedfast.sft.replay import replay_games
+from seedfast.sft.tiny_model import build_tiny
+from seedfast.sft.tokenizer import FINGERPRINT_NAME, corpus_fingerprint, initial_tokenizer, tokenizer_corpus
 
 STYLE = PromptStyle(history_k=1)
 
@@ -43,7 +45,7 @@ def replays(train_games):
 
 @pytest.fixture(scope="module")
 def tok(replays):
-    return train_tokenizer(sft.tokenizer_corpus(replays, [], STYLE), vocab_size=500)
+    return train_tokenizer(tokenizer_corpus(replays, [], STYLE), vocab_size=500)
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +287,7 @@ def test_main_trains_saves_a_loadable_hf_folder_and_logs(overrides, train_games,
     text = "<|im_start|>user\nYour task: go south<|im_end|>\n"
     assert hf_tok.encode(text, add_special_tokens=False) == run_tok.encode(text, add_special_tokens=False)
     assert model.config.vocab_size == len(hf_tok) and hf_tok.eos_token == "<|im_end|>"
-    init, _ = sft.build_tiny(cfg, [], run_tok)  # the same seed's untrained weights
+    init, _ = build_tiny(cfg, [], run_tok)  # the same seed's untrained weights
     trained = dict(model.named_parameters())
     assert all(p.dtype == torch.float32 for p in trained.values())
     assert any(not torch.equal(p, trained[n]) for n, p in init.named_parameters())
@@ -348,20 +350,20 @@ def test_a_run_folders_tokenizer_is_reused_only_for_the_same_corpus(tmp_path, ca
     a new one is trained, so a reused run folder never trains on a stale vocabulary."""
     cfg = load_config(None, [f"run.out_dir={tmp_path}", "run.name=t", "model.tiny.bpe_vocab_size=300"])
     corpus = ["go north, go south, take the red key", "open the wooden door, go east"] * 20
-    first = sft.initial_tokenizer(cfg, corpus)
+    first = initial_tokenizer(cfg, corpus)
     folder = cfg.run_dir / "tokenizer"
-    stamp = folder / sft.FINGERPRINT_NAME
+    stamp = folder / FINGERPRINT_NAME
     written = stamp.stat().st_mtime_ns
-    again = sft.initial_tokenizer(cfg, corpus)
+    again = initial_tokenizer(cfg, corpus)
     assert stamp.stat().st_mtime_ns == written and again.get_vocab() == first.get_vocab()  # reused
     assert "training a new tokenizer" not in capsys.readouterr().err
 
     other = ["insert the golden coin into the chest, take the lantern"] * 20
-    changed = sft.initial_tokenizer(cfg, other)
+    changed = initial_tokenizer(cfg, other)
     assert "another corpus" in capsys.readouterr().err
     assert changed.get_vocab() != first.get_vocab()
-    assert stamp.read_text().strip() == sft.corpus_fingerprint(other, 300, cfg.model.tiny.bpe_min_frequency)
+    assert stamp.read_text().strip() == corpus_fingerprint(other, 300, cfg.model.tiny.bpe_min_frequency)
 
     stamp.unlink()  # a tokenizer folder written before the fingerprint existed: not trusted
-    sft.initial_tokenizer(cfg, other)
+    initial_tokenizer(cfg, other)
     assert stamp.is_file() and "another corpus" in capsys.readouterr().err

@@ -29,7 +29,8 @@ from seedfast.sft.examples import (
     skill_writing_examples,
 )
 from seedfast.sft.replay import replay_games
-from seedfast.sft.run import reader_skills, tokenizer_corpus
+from seedfast.sft.run import reader_skills
+from seedfast.sft.tokenizer import tokenizer_corpus
 from seedfast.skills.analyzers import OracleAnalyzer, SelfAnalyzer, oracle_answer
 from seedfast.skills.parse import parse_skill_response
 from seedfast.skills.policy_text import chat_prompt_ids
