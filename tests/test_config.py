@@ -20,6 +20,7 @@ from seedfast.config import (
     parse_yaml,
     validate,
 )
+from seedfast.config.loading import format_value, merge_configs, read_config_file
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -319,6 +320,91 @@ def test_shipped_configs_load():
         for key, expected in paper.items():
             section, _, field = key.partition(".")
             assert getattr(getattr(c, section), field) == expected, (name, key)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_base_merges_sections_and_replaces_lists(tmp_path):
+    assert merge_configs({"a": {"x": [1, 2], "y": 1}, "b": 2}, {"a": {"x": [3]}, "c": None}) == \
+        {"a": {"x": [3], "y": 1}, "b": 2, "c": None}
+    assert merge_configs({"a": {"y": 1}}, {"a": None}) == {"a": {"y": 1}}  # an empty section sets nothing
+    _write(tmp_path / "base.yaml", "trainer:\n  steps: 7\n  eval_every: 2\nenv:\n  levels: [1, 2, 3]\n"
+                                   "optim:\n  betas: [0.8, 0.9]\n")
+    child = _write(tmp_path / "child.yaml", "base: base.yaml\ntrainer:\n  steps: 9\nenv:\n  levels: [4]\noptim:\n")
+    c = load_config(child)
+    assert (c.trainer.steps, c.trainer.eval_every) == (9, 2)  # the including file wins, key by key
+    assert c.env.levels == [4]  # a list replaces the base's, it is not merged
+    assert c.optim.betas == [0.8, 0.9]
+    assert load_config(child, ["trainer.steps=11"]).trainer.steps == 11  # overrides win over both
+    assert "base" not in c.to_dict()
+
+
+def test_base_chains_relative_to_each_file(tmp_path):
+    _write(tmp_path / "c.yaml", "trainer:\n  steps: 3\n  eval_every: 3\n  checkpoint_every: 3\n")
+    _write(tmp_path / "sub" / "b.yaml", "base: ../c.yaml\ntrainer:\n  eval_every: 2\n  checkpoint_every: 2\n")
+    a = _write(tmp_path / "a.yaml", "base: sub/b.yaml\ntrainer:\n  checkpoint_every: 1\n")
+    data, files = read_config_file(a)
+    assert files == [a, tmp_path / "sub" / "b.yaml", tmp_path / "sub" / "../c.yaml"]
+    t = load_config(a).trainer
+    assert (t.steps, t.eval_every, t.checkpoint_every) == (3, 2, 1)
+    # a bad key in a base names the files it came through
+    _write(tmp_path / "c.yaml", "trainer:\n  stepz: 3\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'trainer.stepz'.*\(in .*a.yaml, based on .*b.yaml, "
+                                          r".*c.yaml\)"):
+        load_config(a)
+
+
+def test_base_cycles_and_missing_bases_are_refused(tmp_path):
+    a = _write(tmp_path / "a.yaml", "base: b.yaml\n")
+    _write(tmp_path / "b.yaml", "base: ./a.yaml\n")
+    with pytest.raises(ConfigError, match=r"config files include each other in a cycle: .*a.yaml -> .*b.yaml -> "
+                                          r".*a.yaml"):
+        load_config(a)
+    _write(tmp_path / "self.yaml", "base: self.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(tmp_path / "self.yaml")
+    _write(tmp_path / "b.yaml", "base: nope.yaml\n")
+    with pytest.raises(ConfigError, match=rf"config file not found: {tmp_path / 'nope.yaml'} \(the base of "
+                                          rf"{tmp_path / 'b.yaml'}\)"):
+        load_config(a)
+    _write(tmp_path / "b.yaml", "base: 3\n")
+    with pytest.raises(ConfigError, match="base: expected the path of a config file"):
+        load_config(a)
+    _write(tmp_path / "b.yaml", "base: list.yaml\n")
+    _write(tmp_path / "list.yaml", "- 1\n")
+    with pytest.raises(ConfigError, match="config: expected a mapping of keys, got .* the base of"):
+        load_config(a)
+
+
+def _leaf_keys(data, prefix=""):
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from _leaf_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+QWEN_RECIPES = sorted(CONFIGS.glob("qwen2.5-*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", QWEN_RECIPES, ids=lambda p: p.name)
+def test_each_qwen_recipe_sets_only_what_differs_from_its_base(recipe):
+    own = parse_yaml(recipe.read_text())
+    assert isinstance(own.get("base"), str), f"{recipe.name} does not start from a base"
+    base = recipe.parent / own.pop("base")
+    set_here = dict(_leaf_keys(own))
+    assert {"run.name", "model.path"} <= set(set_here) and len(set_here) <= 5, set_here
+    from_base = load_config(base, ["model.path=models/placeholder"]).to_dict()
+    loaded = load_config(recipe).to_dict()
+    base_values, recipe_values = dict(_leaf_keys(from_base)), dict(_leaf_keys(loaded))
+    differs = {k for k in recipe_values if recipe_values[k] != base_values[k]}
+    assert differs == set(set_here), (recipe.name, differs, set(set_here))  # nothing redundant, nothing implied
+    on_base = load_config(base, [f"{k}={format_value(v)}" for k, v in set_here.items()])
+    assert on_base == load_config(recipe)
 
 
 def test_schema_is_plain_dataclasses():

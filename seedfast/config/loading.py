@@ -416,16 +416,57 @@ def apply_overrides(cfg: Config, overrides: Sequence[str], command: str | None =
     return validate(new, command)
 
 
+BASE_KEY = "base"
+
+
+def merge_configs(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`: sections (mappings) merge key by key, any other value (a list too) replaces the
+    base's; an empty section in `over` (`dist:` with nothing under it) sets nothing, as it does in a file."""
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        if isinstance(below, Mapping) and isinstance(value, Mapping):
+            merged[key] = merge_configs(below, value)
+        elif not (isinstance(below, Mapping) and value is None):
+            merged[key] = value
+    return merged
+
+
+def read_config_file(path: Path, _including: tuple[Path, ...] = ()) -> tuple[Any, list[Path]]:
+    """A YAML config file's mapping with its `base:` chain merged in, and the files read (this one first).
+
+    `base: <path>` at the top of a file names another config file, relative to the including file's folder;
+    that file is read first (it may have a base of its own) and this one's keys win (merge_configs).
+    """
+    if path.resolve() in [p.resolve() for p in _including]:
+        chain = " -> ".join(str(p) for p in (*_including, path))
+        raise ConfigError(f"config files include each other in a cycle: {chain}")
+    if not path.is_file():
+        by = f" (the {BASE_KEY} of {_including[-1]})" if _including else ""
+        raise ConfigError(f"config file not found: {path}{by}")
+    data = parse_yaml(path.read_text(), str(path))
+    if not isinstance(data, Mapping) or BASE_KEY not in data:
+        return data, [path]
+    ref = data[BASE_KEY]
+    if not isinstance(ref, str) or not ref:
+        raise ConfigError(f"{BASE_KEY}: expected the path of a config file, relative to {path.parent}, got "
+                          f"{format_value(ref)!r} (in {path})")
+    base, files = read_config_file(path.parent / ref, (*_including, path))
+    if not isinstance(base, Mapping):
+        raise ConfigError(f"config: expected a mapping of keys, got {format_value(base)!r} (in {files[0]}, the "
+                          f"{BASE_KEY} of {path})")
+    return merge_configs(base, {k: v for k, v in data.items() if k != BASE_KEY}), [path, *files]
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (),
                 command: str | None = None) -> Config:
-    """Defaults <- YAML file (or a run folder's config.yaml) <- dotted overrides; validated (see validate)."""
+    """Defaults <- YAML file (or a run folder's config.yaml) and its bases <- dotted overrides; validated."""
     cfg = Config()
     if path is not None:
         path = Path(path)
         if path.is_dir():
             path = path / CONFIG_FILE
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        data = parse_yaml(path.read_text(), str(path))
-        _assign(cfg, data or {}, "", f" (in {path})")
+        data, files = read_config_file(path)
+        bases = f", based on {', '.join(map(str, files[1:]))}" if files[1:] else ""
+        _assign(cfg, data or {}, "", f" (in {path}{bases})")
     return apply_overrides(cfg, overrides, command)
