@@ -32,18 +32,25 @@ import warnings
 import torch
 
 from seedfast.algo.losses import PLAIN_PPO, LossOptions
-from seedfast.kernels import autotuned as _tuned
-from seedfast.kernels import configs as _configs
-from seedfast.kernels import fused_rows as _rows
-from seedfast.kernels import linear_logprob_bwd as _bwd
-from seedfast.kernels import linear_logprob_fwd as _fwd
-from seedfast.kernels import token_loss as _tl
+from seedfast.kernels import autotuned, configs, fused_rows, linear_logprob_bwd, linear_logprob_fwd
+from seedfast.kernels.token_loss import (  # the module's own name is this module's launcher, token_loss() below
+    GATE_ENTROPY,
+    GATE_GAP,
+    GATE_SOFT_OR,
+    KL_K1,
+    KL_K2,
+    KL_LOW_VAR,
+    KL_NONE,
+    N_STATS,
+    STAT_NAMES,
+    token_loss_kernel,
+)
 
 from .token_loss import merge_metric_sums
 from .validate import check_target_range
 
-KL_KINDS = {"k1": _tl.KL_K1, "k2": _tl.KL_K2, "low_var_kl": _tl.KL_LOW_VAR, "k3": _tl.KL_LOW_VAR}
-GATES = {"gap": _tl.GATE_GAP, "entropy": _tl.GATE_ENTROPY, "soft_or": _tl.GATE_SOFT_OR}
+KL_KINDS = {"k1": KL_K1, "k2": KL_K2, "low_var_kl": KL_LOW_VAR, "k3": KL_LOW_VAR}
+GATES = {"gap": GATE_GAP, "entropy": GATE_ENTROPY, "soft_or": GATE_SOFT_OR}
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # Which path each call took, counted per process (docs/kernels.md, "Which path runs"): a fallback that keeps the
@@ -75,7 +82,7 @@ def fused_path_taken(counts: dict[str, int]) -> str | None:
 # ----------------------------------------------------------------------------------------- helpers
 
 def _interpreted() -> bool:
-    return type(_fwd.linear_logprob_fwd_kernel).__name__ == "InterpretedFunction"
+    return type(linear_logprob_fwd.linear_logprob_fwd_kernel).__name__ == "InterpretedFunction"
 
 
 def _check_device(*tensors: torch.Tensor) -> None:
@@ -171,7 +178,7 @@ def choose_n_splits(n_tokens: int, vocab: int, device: torch.device) -> tuple[in
     block_n, block_v = (32, 64) if _interpreted() else (128, 256)
     token_blocks = max(1, math.ceil(n_tokens / block_n))
     splits = wave_splits(token_blocks, max(1, math.ceil(vocab / block_v)), _sm_count(device))
-    return splits, min(token_blocks, _configs.FWD_GROUP_TOKEN_BLOCKS)
+    return splits, min(token_blocks, configs.FWD_GROUP_TOKEN_BLOCKS)
 
 
 def choose_grad_chunk(n_tokens: int, vocab: int, elem_bytes: int) -> int:
@@ -236,7 +243,7 @@ def forward(hidden, weight, targets, teacher_hidden=None, temperature=1.0, with_
     if config is not None:  # splits for this candidate's tile: at most one per vocabulary tile
         blocks = _cdiv(n, config.kwargs["BLOCK_N"])
         splits = wave_splits(blocks, _cdiv(vocab, config.kwargs["BLOCK_V"]), _sm_count(dev))
-        groups = min(blocks, _configs.FWD_GROUP_TOKEN_BLOCKS)
+        groups = min(blocks, configs.FWD_GROUP_TOKEN_BLOCKS)
     PATHS["forward"] += 1
     with _on(dev):
         return _forward(hidden, weight, targets, teacher_hidden, temperature, with_entropy, ignore_index,
@@ -265,13 +272,13 @@ def _forward(hidden, weight, targets, teacher_hidden, temperature, with_entropy,
             1.0 / temperature)
     flags = dict(HAS_TEACHER=has_teacher, WITH_ENTROPY=with_entropy, DOT_PRECISION=_dot_precision(hidden.dtype))
     if config is not None:
-        _fwd.linear_logprob_fwd_kernel[(_cdiv(n, config.kwargs["BLOCK_N"]) * splits,)](
+        linear_logprob_fwd.linear_logprob_fwd_kernel[(_cdiv(n, config.kwargs["BLOCK_N"]) * splits,)](
             *args, **flags, **_launch_options(config))
     elif _interpreted():
-        cfg = _configs.INTERPRET_FWD
-        _fwd.linear_logprob_fwd_kernel[(math.ceil(n / cfg["BLOCK_N"]) * splits,)](*args, **flags, **cfg)
+        cfg = configs.INTERPRET_FWD
+        linear_logprob_fwd.linear_logprob_fwd_kernel[(math.ceil(n / cfg["BLOCK_N"]) * splits,)](*args, **flags, **cfg)
     else:
-        kernel = _tuned.tuned("fwd_dual" if has_teacher else "fwd_single", _capability(hidden.device),
+        kernel = autotuned.tuned("fwd_dual" if has_teacher else "fwd_single", _capability(hidden.device),
                               hidden.dtype == torch.float32, n_tokens=n)
         kernel[lambda meta: (_cdiv(n, meta["BLOCK_N"]) * splits,)](*args, **flags)
 
@@ -279,8 +286,8 @@ def _forward(hidden, weight, targets, teacher_hidden, temperature, with_entropy,
     lse = torch.empty(n, **f32)
     entropy = torch.empty(n, **f32) if with_entropy else None
     teacher_logprob = torch.empty(n, **f32) if has_teacher else None
-    block = _configs.INTERPRET_REDUCE_BLOCK if _interpreted() else _configs.REDUCE_BLOCK
-    _fwd.linear_logprob_reduce_kernel[(math.ceil(n / block),)](
+    block = configs.INTERPRET_REDUCE_BLOCK if _interpreted() else configs.REDUCE_BLOCK
+    linear_logprob_fwd.linear_logprob_reduce_kernel[(math.ceil(n / block),)](
         m, s, u, zy, mt, st, zyt, targets,
         logprob, entropy if with_entropy else logprob, lse, teacher_logprob if has_teacher else logprob,
         n, splits, ignore_index,
@@ -440,13 +447,14 @@ def _launch_grad_logits(hidden, weight, targets, lse, ent, a, b, g, v0, vc, temp
     prec = _dot_precision(hidden.dtype)
     if config is not None:
         grid = (_cdiv(n, config.kwargs["BLOCK_N"]) * _cdiv(vc, config.kwargs["BLOCK_V"]),)
-        _bwd.linear_logprob_grad_logits_kernel[grid](*args, HAS_B=has_b, DOT_PRECISION=prec, **_launch_options(config))
+        linear_logprob_bwd.linear_logprob_grad_logits_kernel[grid](*args, HAS_B=has_b, DOT_PRECISION=prec,
+                                                                   **_launch_options(config))
     elif _interpreted():
-        cfg = _configs.INTERPRET_GRAD_LOGITS
+        cfg = configs.INTERPRET_GRAD_LOGITS
         grid = (math.ceil(n / cfg["BLOCK_N"]) * math.ceil(vc / cfg["BLOCK_V"]),)
-        _bwd.linear_logprob_grad_logits_kernel[grid](*args, HAS_B=has_b, DOT_PRECISION=prec, **cfg)
+        linear_logprob_bwd.linear_logprob_grad_logits_kernel[grid](*args, HAS_B=has_b, DOT_PRECISION=prec, **cfg)
     else:
-        kernel = _tuned.tuned("grad_logits", _capability(hidden.device), hidden.dtype == torch.float32, n_tokens=n)
+        kernel = autotuned.tuned("grad_logits", _capability(hidden.device), hidden.dtype == torch.float32, n_tokens=n)
         kernel[lambda meta: (_cdiv(n, meta["BLOCK_N"]) * _cdiv(vc, meta["BLOCK_V"]),)](
             *args, HAS_B=has_b, DOT_PRECISION=prec)
 
@@ -554,10 +562,10 @@ def _fused(hidden, weight, targets, temperature, ignore_index, with_entropy, per
     entropy = torch.empty(n, **f32) if with_entropy else None
     loss, sums = None, {}
     interp = _interpreted()
-    stats_cfg = _configs.INTERPRET_ROW_STATS if interp else _configs.ROW_STATS
-    grad_cfg = _configs.INTERPRET_GRAD_FROM_LOGITS if interp else _configs.GRAD_FROM_LOGITS
-    stats_warps = {} if interp else {"num_warps": _configs.ROW_STATS_NUM_WARPS}
-    grad_warps = {} if interp else {"num_warps": _configs.GRAD_FROM_LOGITS_NUM_WARPS}
+    stats_cfg = configs.INTERPRET_ROW_STATS if interp else configs.ROW_STATS
+    grad_cfg = configs.INTERPRET_GRAD_FROM_LOGITS if interp else configs.GRAD_FROM_LOGITS
+    stats_warps = {} if interp else {"num_warps": configs.ROW_STATS_NUM_WARPS}
+    grad_warps = {} if interp else {"num_warps": configs.GRAD_FROM_LOGITS_NUM_WARPS}
     ignored = targets == ignore_index
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
@@ -565,7 +573,7 @@ def _fused(hidden, weight, targets, temperature, ignore_index, with_entropy, per
         h, y, zb, gb = hidden[r0:r1], targets[r0:r1], z[:rb], g[:rb]
         _matmul(h, weight.t(), zb, False, 1.0, "matmul_logits")  # Z = h·Wᵀ, fp32 [rb, V]
         ent_b = entropy[r0:r1] if with_entropy else lse[r0:r1]
-        _rows.row_stats_kernel[(_cdiv(rb, stats_cfg["BLOCK_R"]),)](
+        fused_rows.row_stats_kernel[(_cdiv(rb, stats_cfg["BLOCK_R"]),)](
             zb, y, lse[r0:r1], logprob[r0:r1], ent_b, rb, vocab, zb.stride(0), inv_temp, ignore_index,
             WITH_ENTROPY=with_entropy, **stats_cfg, **stats_warps)
         block_tokens = {k: None if t is None else t[r0:r1] for k, t in per_token.items()}
@@ -577,7 +585,7 @@ def _fused(hidden, weight, targets, temperature, ignore_index, with_entropy, per
         ent_g = entropy[r0:r1] if has_b else a
         scale = _grad_scale(a, b, ent_g if has_b else None, temperature, hidden.dtype, ignored[r0:r1])
         n_vtiles = _cdiv(vocab, grad_cfg["BLOCK_V"])
-        _rows.grad_from_logits_kernel[(_cdiv(rb, grad_cfg["BLOCK_R"]) * n_vtiles,)](
+        fused_rows.grad_from_logits_kernel[(_cdiv(rb, grad_cfg["BLOCK_R"]) * n_vtiles,)](
             zb, y, lse[r0:r1], ent_g, a, b if has_b else a, gb, rb, vocab, zb.stride(0), gb.stride(0),
             inv_temp, scale, ignore_index, HAS_B=has_b, **grad_cfg, **grad_warps)
         if grad_hidden is not None:  # dH rows = G·W / S: complete for this block, no accumulation
@@ -643,23 +651,23 @@ def token_loss(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teac
     a = torch.empty(n, device=dev, dtype=torch.float32)
     b = torch.empty(n, device=dev, dtype=torch.float32) if write_b else None
     interp = _interpreted()
-    block = block or (_configs.INTERPRET_TOKEN_LOSS_BLOCK if interp else _configs.TOKEN_LOSS_BLOCK)
+    block = block or (configs.INTERPRET_TOKEN_LOSS_BLOCK if interp else configs.TOKEN_LOSS_BLOCK)
     programs = n_programs or max(1, min(math.ceil(n / block), 2 * _sm_count(dev)))
-    stats = torch.empty((programs, _tl.N_STATS), device=dev, dtype=torch.float32)
+    stats = torch.empty((programs, N_STATS), device=dev, dtype=torch.float32)
     with _on(dev):
-        _tl.token_loss_kernel[(programs,)](
+        token_loss_kernel[(programs,)](
             lp, ent if ent is not None else lp, old, ref if ref is not None else lp,
             teacher if teacher is not None else lp, tmask if tmask is not None else lp, adv, w,
             a, b if write_b else a, stats, n,
             float(options.clip_low), float(options.clip_high), float(options.dual_clip or 0.0),
             float(options.kl_coef), float(options.entropy_coef), float(options.opd_coef), float(options.opd_beta),
             HAS_ENTROPY=ent is not None, HAS_DUAL_CLIP=options.dual_clip is not None,
-            KL_KIND=KL_KINDS[options.kl_kind] if ref is not None else _tl.KL_NONE,
+            KL_KIND=KL_KINDS[options.kl_kind] if ref is not None else KL_NONE,
             HAS_OPD=has_opd, HAS_TMASK=tmask is not None, GATE=GATES[options.gate], WRITE_B=write_b,
             BLOCK=block,
-            **({} if interp else {"num_warps": _configs.TOKEN_LOSS_NUM_WARPS}),
+            **({} if interp else {"num_warps": configs.TOKEN_LOSS_NUM_WARPS}),
         )
-    col = dict(zip(_tl.STAT_NAMES, stats.unbind(1)))
+    col = dict(zip(STAT_NAMES, stats.unbind(1)))
     sums = {"weight": col["weight"].sum(), "clip_frac": col["clip_frac"].sum(),
             "ratio_min": col["ratio_min"].min(), "ratio_max": col["ratio_max"].max()}
     if ref is not None:
