@@ -281,13 +281,10 @@ def _require_external(cfg: Config, why: str) -> None:
             raise ConfigError(f"skill.external.{name} is required: {why}")
 
 
-# What each algorithm needs of the config, one check per value of `algorithm` (ALGORITHM_CHECKS below). The
-# trainer's table of what each algorithm does (seedfast/train/algorithms.py) refuses to load unless both tables name
-# the schema's algorithms.
-
-
-def _check_grpo(cfg: Config) -> None:
-    pass
+# What each algorithm needs of the config, one check per value of `algorithm` (ALGORITHM_CHECKS below; None: the
+# algorithm needs nothing beyond what validate checks for every run). The trainer's table of what each algorithm
+# does (seedfast/train/algorithms.py) refuses to load unless both tables name the schema's algorithms, so a new
+# algorithm is listed here even when it has nothing to check.
 
 
 def _check_opd(cfg: Config) -> None:
@@ -315,8 +312,8 @@ def _check_grsd(cfg: Config) -> None:
         _require_external(cfg, "algorithm=grsd scores reflections with grsd.judge=external")
 
 
-ALGORITHM_CHECKS: dict[str, Callable[[Config], None]] = {
-    "grpo": _check_grpo,
+ALGORITHM_CHECKS: dict[str, Callable[[Config], None] | None] = {
+    "grpo": None,  # plain GRPO: no OPD term, no analyzer, no judge
     "seed": _check_seed,
     "sdar": _check_sdar,
     "grsd": _check_grsd,
@@ -392,7 +389,9 @@ def validate(cfg: Config, command: str | None = None) -> Config:
     if cfg.rollout.n < 2:
         _warn(f"rollout.n={cfg.rollout.n}: a group of one trajectory has no baseline, so every GRPO "
               "advantage is 0 and only the KL/entropy/OPD terms train")
-    ALGORITHM_CHECKS[cfg.algorithm](cfg)
+    check = ALGORITHM_CHECKS[cfg.algorithm]
+    if check is not None:
+        check(cfg)
     if command == "collect" and cfg.skill.collect_analyzer == "external":
         _require_external(cfg, "seedfast collect labels trajectories with skill.collect_analyzer=external")
     return cfg
