@@ -322,6 +322,8 @@ REGISTRY: list[Q] = [
           ("Qwen2.5-7B, `qwen2.5-7b_seed_8xh100.yaml`", "8 (dp 8)", "plan_7b_world8_tp1.json", " grad"),
           ("Qwen2.5-32B, `qwen2.5-32b_seed_4x8xh100.yaml`", "32 (dp 8 x tp 4)", "plan_32b_world32_tp4.json", ""),
           ("Qwen2.5-72B, `qwen2.5-72b_seed_4x8xh100.yaml`", "32 (dp 4 x tp 8)", "plan_72b_world32_tp8.json", "")]),
+    Q("docs/scaling.md", "at 32k its train peak is {} GiB with fp32 masters",
+      (plan("plan_72b_world32_tp8_mb32k.json", "train_peak_checkpointing"),)),
     Q(README, "rate of {}–{} TFLOP/s, not",
       (j(KM, "device", "gemm_tflops_range", 0), j(KM, "device", "gemm_tflops_range", 1))),
     Q(README, "forward {}–{} ms, {}–{} TFLOP/s, {}% of cuBLAS",
