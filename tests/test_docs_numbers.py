@@ -596,6 +596,9 @@ REGISTRY: list[Q] = [
               "update behind is off by {}", VLLM_GAPS[:5]),
     Q("docs/scaling.md", "the gap's max per update is {} and {} through vLLM, {} and {} through the own engine, and "
                          "vLLM one update behind is off by {}, back to {} after a push", VLLM_GAPS),
+    Q("docs/performance.md", "took the profiled call from {} to {} s of self CPU time",
+      (j("rollout_profile.json", "profiles", 0, "seconds_self", "call"),
+       j("rollout_profile.json", "profiles", 1, "seconds_self", "call"))),
     # ---- docs/algorithms.md: the rollout correction against vLLM in bf16 (benchmarks/vllm_correction.py) ----
     Q("docs/algorithms.md", "With the own engine in fp32 the gap stays at fp32 rounding: a max of {} and {}\nper update",
       VLLM_GAPS[2:4]),
