@@ -458,6 +458,7 @@ REGISTRY: list[Q] = [
     Q(DEMO_MD, "held-out evaluation {} s, GRPO {}–{} s and SEED {}–{} s for 16 updates each",
       (mean(*(run(s, "timings", "eval_sft") for s in DEMO)),) + timing_range("grpo") + timing_range("seed")),
     Q(DEMO_MD, "control {}–{} s;", timing_range("control")),
+    Q(DEMO_MD, "SFT ~{} s (with the 800-step copy warm-up)", (mean(*(run(s, "timings", "sft") for s in DEMO)),)),
     Q(DEMO_MD, "GRPO +{}, SEED +{} over their first quarter; the control +{})",
       (pool_gain("grpo"), pool_gain("seed"), pool_gain("control"))),
     Q(DEMO_MD, "GRPO {}, {}, {}, {}, {} (mean {}); SEED {}, {}, {}, {}, {} (mean {})",
