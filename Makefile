@@ -110,7 +110,8 @@ lock-vllm:
 
 # The GPU image's versions (requirements/lock-gpu-image.txt: torch 2.11.0, Triton 3.6.0, transformers 5.17) on this
 # CPU machine before a GPU window, in a venv of their own (.venv-image): the import, kernel-interpreter, HF and
-# distributed subsets of the suite; writes benchmarks/results/preflight_image_versions.json. ~10 minutes on 2 cores.
+# distributed subsets of the suite; writes benchmarks/results/preflight_image_versions.json (its last run: 1123 s
+# on 2 cores, its "seconds").
 preflight:
 	nice -n 10 python3 benchmarks/preflight_image_versions.py
 
