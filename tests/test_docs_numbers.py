@@ -601,8 +601,8 @@ REGISTRY: list[Q] = [
       (j("rollout_profile.json", "profiles", 0, "seconds_self", "call"),
        j("rollout_profile.json", "profiles", 1, "seconds_self", "call"))),
     # ---- docs/algorithms.md: the rollout correction against vLLM in bf16 (benchmarks/vllm_correction.py) ----
-    Q("docs/algorithms.md", "With the own engine in fp32 the gap stays at fp32 rounding: a max of {} and {}\nper update",
-      VLLM_GAPS[2:4]),
+    Q("docs/algorithms.md",
+      "With the own engine in fp32 the gap stays at fp32 rounding: a max of {} and {}\nper update", VLLM_GAPS[2:4]),
     Q("docs/algorithms.md", "The gap is real: mean {} and max {} nats at the first update, {} and {} at the second; "
                             "k3 KL(μ ‖ π_old) {}.",
       (*(j(VCORR, "modes", "none", i, f"rollout/logprob_gap_{k}") for i in (0, 1) for k in ("mean", "max")),
