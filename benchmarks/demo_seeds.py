@@ -28,13 +28,14 @@ from seedfast.config import load_config  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_name(config: str, seed: int) -> str:
-    """The run folder of one seed: the config's file name and the seed (demo_cpu_seed0, ...)."""
-    return f"{Path(config).stem}_seed{seed}"
+def run_name(config: str, seed: int, tag: str = "") -> str:
+    """The run folder of one seed: the config's file name, a tag if any, and the seed (demo_cpu_seed0,
+    smollm2-135m_textworld_cpu_sparse_self_seed1, ...)."""
+    return f"{Path(config).stem}{f'_{tag}' if tag else ''}_seed{seed}"
 
 
-def run_seed(config: str, seed: int, extra: list[str]) -> tuple[Path, float]:
-    name = run_name(config, seed)
+def run_seed(config: str, seed: int, extra: list[str], tag: str = "") -> tuple[Path, float]:
+    name = run_name(config, seed, tag)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "seedfast", "demo", config, f"run.seed={seed}", f"run.name={name}", *extra],
                    cwd=ROOT, check=True)
@@ -89,15 +90,15 @@ def plot(runs: dict[int, dict], path: Path, temperature: float = 1.0) -> None:
 
 
 def collect(config: str, seeds: list[int], overrides: list[str], collect_only: bool,
-            more: Callable[[Path], dict] | None = None) -> dict[int, dict]:
+            more: Callable[[Path], dict] | None = None, tag: str = "") -> dict[int, dict]:
     """Each seed's demo_summary.json (the run made first unless collect_only), with its wall time and what `more`
     reads from the run folder."""
     runs = {}
     for seed in seeds:
-        run_dir = ROOT / "runs" / run_name(config, seed)
+        run_dir = ROOT / "runs" / run_name(config, seed, tag)
         wall = None
         if not collect_only:
-            run_dir, wall = run_seed(config, seed, overrides)
+            run_dir, wall = run_seed(config, seed, overrides, tag)
         summary = json.loads((run_dir / "demo_summary.json").read_text())
         summary["wall_s"] = wall if wall is not None else sum(summary["timings"].values())
         runs[seed] = {**summary, **(more(run_dir) if more else {})}
