@@ -25,12 +25,14 @@ exact in any dtype) give those columns of the weight their kernel uses, so a sta
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pickle
 import re
 import time
 import types
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -99,6 +101,8 @@ class VLLMEngine:
             llm_kwargs["enable_sleep_mode"] = True
         if max_num_seqs is not None:  # None: vLLM's own default (it depends on the platform)
             llm_kwargs["max_num_seqs"] = max_num_seqs
+        if self.layerwise:
+            llm_kwargs = {**whole_prefills(model_path, max_model_len), **llm_kwargs}
         self.llm = vllm.LLM(
             model=str(model_path),
             dtype=_DTYPES[dtype],
@@ -286,6 +290,21 @@ def _probe_checksum(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[tuple[flo
     part = tensor.detach()[:, cols].to(dtype)
     return ((float(torch.sum(part, dtype=torch.float64)),), float(torch.sum(part.abs(), dtype=torch.float64)),
             len(cols))
+
+
+def whole_prefills(model_path: str, max_model_len: int | None) -> dict[str, Any]:
+    """vLLM's CPU back end with every prompt prefilled in one step (chunked prefill off, a step's token budget of at
+    least one whole sequence). A prompt split across steps discards the partial step's sampled token, and for a seeded
+    request vLLM then rewinds the request's generator with `set_offset`, which a CPU torch.Generator refuses ("CPU
+    Generator does not use offset"): every seeded rollout whose batch outgrew the budget (4,096 tokens on the CPU;
+    the SmolLM2 recipe's 8 prompts of up to 768) died (docs/scaling.md, 'vLLM in the RL loop')."""
+    length = max_model_len
+    if length is None:  # vLLM's own default: the model's context
+        length = json.loads((Path(model_path) / "config.json").read_text())["max_position_embeddings"]
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(length), CPU_STEP_TOKENS)}
+
+
+CPU_STEP_TOKENS = 4096  # vLLM's own CPU default budget (engine/arg_utils.py), kept where a sequence is shorter
 
 
 def _is_cpu_platform(vllm: Any) -> bool:
