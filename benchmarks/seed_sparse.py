@@ -183,7 +183,7 @@ def summary(record: dict) -> dict:
     curve = record["per_update"]["train/success_rate"]
     out = {"pool 1-8": mean(curve[:8]), "pool 4-16": mean(curve[3:16]), "pool last half": mean(curve[len(curve) // 2:])}
     for key in ("train/groups_with_signal", "train/episode_length", "teacher/contrast", "teacher/raised_win",
-                "teacher/raised_lose", "teacher/opd_share", "time/step"):
+                "teacher/raised_lose", "teacher/opd_share", "skill/parse_rate", "time/step"):
         values = [v for v in record["per_update"].get(key, []) if v is not None]
         if values:
             out[key] = mean(values)
@@ -316,6 +316,7 @@ def docs_section(data: dict) -> str:
         "128 games × 4 plays.",
         "",
         markdown_table(data),
+        "",
         f"**Read out loud.** {verdict} Pool success over updates 4–16, A (oracle now, θ_old teacher) at 0.3 minus "
         "GRPO: " + minus_grpo(A_NOW, now) + "; with the current teacher: " + minus_grpo(A_NOW_CURRENT, now)
         + "; with the oracle before (current teacher): " + minus_grpo(A03, seeds)
@@ -343,6 +344,7 @@ def docs_section(data: dict) -> str:
         "only: with g ≡ ½ the skill's text does not enter its loss).",
         "",
         *_extra_arms(data, seeds),
+        *_why(data, now),
         "**What users get.** `skill.teacher_params` stays `old` (the release's θ_old teacher): with the oracle now it "
         "did better than the current teacher at two seeds of three and costs no teacher forward in the update "
         "(`benchmarks/step.py` measures both on one batch). `loss.opd_coef` stays the release's 0.01 and "
@@ -371,14 +373,71 @@ def _extra_arms(data: dict, seeds: list[int]) -> list[str]:
                             f"{p(f'sparse/s{sd}/A_lam0.3_current_{oracle}')}" for oracle, sd in pairs) + ".", ""]
     c = sorted(k for k in runs if k.startswith("sparse/") and "/C_" in k)
     if c:
-        out += ["**The self analyzer** (C, at λ 0.01, where it is ~1% of the update): "
-                + ", ".join(f"{k.split('/')[1]} {p(k)} against GRPO's {p(k.rsplit('/', 1)[0] + '/grpo')}" for k in c)
-                + "; the start's own skills lower the walkthrough's actions (`self_win` in the teacher probes).", ""]
+        def lam(key: str) -> str:
+            return f"λ {runs[key]['lam']:g}, {runs[key]['teacher']} teacher"
+
+        out += ["**The self analyzer** (C, the real algorithm: the policy writes its own skills), pool success over "
+                "updates 4–16 against GRPO's: "
+                + ", ".join(f"{k.split('/')[1]} ({lam(k)}) {p(k)} against {p(k.rsplit('/', 1)[0] + '/grpo')}"
+                            for k in c)
+                + "; its skills parse at a rate of "
+                + ", ".join(f"{summary(runs[k]).get('skill/parse_rate', float('nan')):.2f}" for k in c)
+                + " and the start's own skills lower the walkthrough's actions (`self_win` in the teacher probes)."
+                + _c_at_a(runs, seeds), ""]
     dense = sorted(k for k in runs if k.startswith("dense/"))
     if dense:
         out += ["**The dense pool** (E: levels 3–6, 6 steps), pool success over updates 4–16: "
                 + ", ".join(f"{k.split('/', 1)[1]} {p(k)}" for k in dense) + ".", ""]
     return out
+
+
+def _c_at_a(runs: dict, seeds: list[int]) -> str:
+    """C at A's weight and teacher against GRPO and A, over the seeds that ran all three."""
+    c_arm = "C_lam0.3_old"
+    both = [sd for sd in seeds if f"sparse/s{sd}/{c_arm}" in runs and f"sparse/s{sd}/{A_NOW}" in runs]
+    if not both:
+        return ""
+
+    def p(sd: int, arm: str) -> float:
+        return summary(runs[f"sparse/s{sd}/{arm}"])["pool 4-16"]
+
+    means = {label: mean([p(sd, arm) for sd in both]) for label, arm in (("C", c_arm), ("GRPO", "grpo"), ("A", A_NOW))}
+    return (" At A's weight and teacher (λ 0.3, θ_old), C minus GRPO: "
+            + ", ".join(f"seed {sd} {_signed(p(sd, c_arm) - p(sd, 'grpo'))}" for sd in both)
+            + f"; mean over {_seeds_text(both)}: " + ", ".join(f"{k} {_n(v)}" for k, v in means.items())
+            + ". C is GRPO within the seeds' spread, below A: what limits the real algorithm here is the skills the "
+            "policy writes, not the loss.")
+
+
+def _why(data: dict, seeds: list[int]) -> list[str]:
+    """Why A stays near B and GRPO: the part of the update that depends on what the teacher says, estimated from each
+    A run's own evidence (docs/algorithms.md, 'OPD gate')."""
+    if not seeds:
+        return []
+    beta = 5.0  # A's β (every A run keeps the config's opd_beta)
+    ev = {sd: summary(data["runs"][f"sparse/s{sd}/{A_NOW}"]) for sd in seeds}
+    steer = {sd: e["teacher/opd_share"] * beta / 4 * e["teacher/contrast"] for sd, e in ev.items()}
+    return [
+        "**Why the teacher moves so little, even at λ 0.3.** The OPD term is −λ·m·g·ℓθ on the sampled tokens: it "
+        "can only *raise* them, and the teacher enters only through the gate g = σ(β·Δ). B (g ≡ ½) shows what "
+        "the term does with no teacher: self-imitation of every sample, losers' included. What the skill adds is "
+        "the gate's difference between tokens, ≈ β·g(1−g)·contrast ≈ (β/4)·contrast between winners' and "
+        "losers' tokens. In A (oracle now, θ_old) the OPD term is "
+        + ", ".join(f"{ev[sd]['teacher/opd_share']:.0%}" for sd in seeds)
+        + f" of the update ({_seeds_text(seeds)}) and the contrast "
+        + ", ".join(_n(ev[sd]["teacher/contrast"]) for sd in seeds)
+        + " nats, so the part of the update that depends on what the teacher says is ≈ opd_share · (β/4) · "
+        "contrast = " + ", ".join(f"{steer[sd]:.1%}" for sd in seeds)
+        + ". Which tokens: the skill raises fewer than half of even the winners' tokens (`teacher/raised_win` "
+        + ", ".join(_n(ev[sd]["teacher/raised_win"]) for sd in seeds) + " against `raised_lose` "
+        + ", ".join(_n(ev[sd]["teacher/raised_lose"]) for sd in seeds)
+        + "): the gate is below ½ on most tokens of both, and the rest of the OPD term is B's self-imitation. "
+        "Raising λ scales both parts alike (at λ 1 the self-imitation took the policy down); raising β sharpens "
+        "the gate's contrast but only re-weights tokens that are raised anyway. A loss in which the teacher can "
+        "*lower* a token (the per-token advantage Δ = ℓskill − ℓθ of on-policy distillation, signed) is what "
+        "would let this teacher's contrast steer the update; it is not built, and it is the next experiment.",
+        "",
+    ]
 
 
 def _wrap(paragraph: str, width: int = 116) -> str:
