@@ -15,6 +15,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -177,3 +178,10 @@ def run_worker(argv: Sequence[str], timeout: float = 1800, env: dict | None = No
     if proc.returncode != 0:
         raise RuntimeError(f"worker {' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def wrap_paragraph(paragraph: str, width: int = 116) -> str:
+    """A prose paragraph of a generated docs section wrapped at `width` (tables and headings as they are)."""
+    if paragraph.startswith(("|", "#")) or not paragraph:
+        return paragraph.rstrip("\n")
+    return textwrap.fill(paragraph, width=width, break_long_words=False, break_on_hyphens=False)

@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import wrap_paragraph  # noqa: E402
 from demo_seeds import ROOT, collect, report  # noqa: E402
 
 from seedfast.config import load_config  # noqa: E402
@@ -127,7 +127,7 @@ def sparse_docs_section(results: dict[str, dict]) -> str:
                 f"{r['seconds_per_update']['grpo']:.0f}, SEED {r['seconds_per_update']['seed']:.0f}"
                 + (f"; SEED's evidence: {', '.join(said)}" if said else "") + ".")
     parts.append(_sparse_reading(results))
-    return "\n\n".join(_wrap(p) for p in parts) + "\n"
+    return "\n\n".join(wrap_paragraph(p) for p in parts) + "\n"
 
 
 def _sparse_reading(results: dict[str, dict]) -> str:
@@ -183,12 +183,6 @@ def _sparse_reading(results: dict[str, dict]) -> str:
         "control where GRPO fell. One seed and 8 updates of 2 games: a hint that the self-imitation term steadies "
         "this policy, not a result; SEED's teacher is not shown to help here."
     )
-
-
-def _wrap(paragraph: str, width: int = 116) -> str:
-    if paragraph.startswith("#"):
-        return paragraph
-    return textwrap.fill(paragraph, width=width, break_long_words=False, break_on_hyphens=False)
 
 
 def sparse_results() -> dict[str, dict]:

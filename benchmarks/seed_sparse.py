@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, git_commit, machine_info, print_table, versions  # noqa: E402
+from _common import RESULTS_DIR, git_commit, machine_info, print_table, versions, wrap_paragraph  # noqa: E402
 
 from seedfast.config import load_config  # noqa: E402
 from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer  # noqa: E402
@@ -354,7 +354,7 @@ def docs_section(data: dict) -> str:
         "actions: that, not the loss, is the next bottleneck.",
         "",
     ]
-    return "\n".join(_wrap(line) for line in lines)
+    return "\n".join(wrap_paragraph(line) for line in lines)
 
 
 def _extra_arms(data: dict, seeds: list[int]) -> list[str]:
@@ -438,15 +438,6 @@ def _why(data: dict, seeds: list[int]) -> list[str]:
         "would let this teacher's contrast steer the update; it is not built, and it is the next experiment.",
         "",
     ]
-
-
-def _wrap(paragraph: str, width: int = 116) -> str:
-    """A prose paragraph wrapped at `width` (tables and headings as they are)."""
-    if paragraph.startswith(("|", "#")) or not paragraph:
-        return paragraph.rstrip("\n")
-    import textwrap
-
-    return textwrap.fill(paragraph, width=width, break_long_words=False, break_on_hyphens=False)
 
 
 def report() -> None:
