@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import wrap_paragraph  # noqa: E402
@@ -49,11 +50,14 @@ def skills_written(run_dir: Path) -> dict:
     return {"recorded": len(rows), "parsed": len(parsed), "examples": list(shown.values())[:SKILLS_SHOWN]}
 
 
-LANE_CURVES = ("train/episode_length", "loss/entropy", "rollout/invalid_rate")
+# loss/ratio_min and _max: the sampled tokens' probability ratio over an update's optimizer steps (how far one step
+# moved the policy, against PPO's clip at 1 ± loss.clip_low/high)
+LANE_CURVES = ("train/episode_length", "loss/entropy", "rollout/invalid_rate", "loss/ratio_min", "loss/ratio_max")
 
 
 def lane_curves(run_dir: Path) -> dict[str, dict[str, list]]:
-    """Per update, for GRPO and SEED: episode length, the policy's entropy and the share of invalid actions."""
+    """Per update, for GRPO and SEED: episode length, the policy's entropy, the share of invalid actions and the
+    range of the probability ratio."""
     out = {}
     for algorithm in ("grpo", "seed"):
         rows = [json.loads(line) for line in (run_dir / algorithm / "metrics.jsonl").read_text().splitlines()]
@@ -69,6 +73,22 @@ def seed_trajectories(run_dir: Path) -> list[dict]:
     return [{k: r[k] for k in ("step", "game_id", "won", "actions")} for r in rows]
 
 
+SETTINGS = ("skill.analyzer", "optim.lr", "rollout.tasks_per_batch", "rollout.n")
+
+
+def run_settings(run_dir: Path) -> dict[str, str]:
+    """The settings the docs name, from the config the run saved (config.yaml): what it ran with, not what the
+    recipe says today."""
+    cfg: Any = load_config(run_dir / "config.yaml")
+    out = {}
+    for name in SETTINGS:
+        node = cfg
+        for part in name.split("."):
+            node = getattr(node, part)
+        out[name] = f"{node:g}" if isinstance(node, float) else str(node)
+    return out
+
+
 def oscillates(actions: list[str]) -> bool:
     """Whether an episode goes back and forth: two actions repeated as A, B, A, B (go south, go north, ...)."""
     return any(actions[i] != actions[i + 1] and actions[i:i + 2] == actions[i + 2:i + 4]
@@ -82,112 +102,172 @@ def sft_data(run_dir: Path) -> dict:
 
 
 SPARSE_HEADING = "### SmolLM2 in a sparse pool"
-SPARSE_ANALYZERS = ("oracle", "self")  # results/real_model_sparse_<analyzer>.json, run folders tagged sparse_<analyzer>
+# results/real_model_sparse_<run>.json, run folders tagged sparse_<run>: the recipe's lr (1e-5 then) with each
+# analyzer, and the self analyzer again at lr 1e-6, the one change that removes the fall
+SPARSE_RUNS = ("oracle", "self", "self_lr1e-6")
+
+
+def _f(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def _avg(values: list) -> float:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / max(1, len(kept))
+
+
+def _setting(result: dict, name: str) -> str:
+    """The value of `name` (dotted) in the run's own config.yaml, as collected into its record (`settings`)."""
+    return next(iter(result["runs"].values()))["settings"][name]
+
+
+def _label(result: dict) -> str:
+    lr = f"{float(_setting(result, 'optim.lr')):.0e}".replace("e-0", "e-")  # 1e-5, as the docs write it
+    return f"{_setting(result, 'skill.analyzer')} analyzer, lr {lr}"
 
 
 def sparse_docs_section(results: dict[str, dict]) -> str:
-    """docs/demo.md, 'SmolLM2 in a sparse pool': every number read from results/real_model_sparse_<analyzer>.json
+    """docs/demo.md, 'SmolLM2 in a sparse pool': every number read from results/real_model_sparse_<run>.json
     (tests/benchmarks/test_real_model_docs.py regenerates it and compares)."""
-    def f(x: float) -> str:
-        return f"{x:.3f}"
-
-    def avg(values: list) -> float:
-        kept = [v for v in values if v is not None]
-        return sum(kept) / max(1, len(kept))
-
     first = next(iter(results.values()))
-    common = [o for o in first["overrides"] if not o.startswith("skill.analyzer=")]
+    common = [o for o in first["overrides"] if all(o in r["overrides"] for r in results.values())]
+    own = {run: " ".join(o for o in r["overrides"] if o not in common) for run, r in results.items()}
     parts = [SPARSE_HEADING,
              "The recipe's `seedfast demo` with the overrides "
-             f"`{' '.join(common)} skill.analyzer=ANALYZER`, for ANALYZER = {' and '.join(results)}, seed "
-             f"{', '.join(map(str, first['seeds']))}, each in its own run folder, gathered by `python "
-             "benchmarks/real_model.py --collect-only --tag sparse_ANALYZER --name real_model_sparse_ANALYZER ...` "
-             "(`benchmarks/results/real_model_sparse_*.json`, the curves in `real_model_sparse_*.png`): SFT and RL on "
-             "treasure_hunter levels 7–8 in 6 steps an episode, where the SFT start is weak, and SEED with the sparse "
-             "study's arm A settings (λ_opd 0.3, β 5, the θ_old teacher; the recipe ships the release's 0.01). Both "
-             "runs start from one SFT policy (made by the first run's demo, then copied), on the same games and "
-             "draws, so their GRPO and control lanes are the same computation twice."]
-    for analyzer, result in results.items():
+             f"`{' '.join(common)}` and, one run each, "
+             + ", ".join(f"`{o}`" for o in own.values())
+             + f"; seed {', '.join(map(str, first['seeds']))}, each in its own run folder, gathered by `python "
+             "benchmarks/real_model.py --collect-only --tag sparse_RUN --name real_model_sparse_RUN ...` for RUN = "
+             f"{', '.join(results)} (`benchmarks/results/real_model_sparse_*.json`, the curves in "
+             "`real_model_sparse_*.png`): SFT and RL on treasure_hunter levels 7–8 in 6 steps an episode, where the "
+             "SFT start is weak, and SEED with the sparse study's arm A settings (λ_opd 0.3, β 5, the θ_old "
+             "teacher; the recipe ships the release's 0.01). Every run starts from one SFT policy (made by the first "
+             "run's demo, then copied), on the same games and draws, so runs with the same lr share their GRPO and "
+             "control lanes: the same computation twice."]
+    for result in results.values():
         for seed, r in result["runs"].items():
-            means, after, ev = r["means"], r["after"], r["seed_metrics"]
-            signal = {name: avg(vals) for name, vals in r["groups_with_signal"].items()}
+            means, after, ev, curves = r["means"], r["after"], r["seed_metrics"], r["lane_curves"]
+            signal = {name: _avg(vals) for name, vals in r["groups_with_signal"].items()}
             seed_ev = ev.get("seed", {})
-            said = [f"`{k}` {f(seed_ev[k])}" for k in ("skill/parse_rate", "teacher/contrast", "teacher/raised_win",
-                                                        "teacher/raised_lose", "teacher/opd_share") if k in seed_ev]
+            said = [f"`{k}` {_f(seed_ev[k])}" for k in ("skill/parse_rate", "teacher/contrast", "teacher/raised_win",
+                                                         "teacher/raised_lose", "teacher/opd_share") if k in seed_ev]
             parts.append(
-                f"**{analyzer.capitalize()} analyzer, seed {seed}.** Held-out success after SFT "
-                f"{f(r['before']['eval/success_rate'])} (random floor {f(r['random_floor'])}); pool success, first "
+                f"**{_label(result).capitalize()}, seed {seed}.** Held-out success after SFT "
+                f"{_f(r['before']['eval/success_rate'])} (random floor {_f(r['random_floor'])}); pool success, first "
                 "quarter → last half: control "
-                f"{f(means['control']['first_quarter'])} → {f(means['control']['last_half'])}, GRPO "
-                f"{f(means['grpo']['first_quarter'])} → {f(means['grpo']['last_half'])}, SEED "
-                f"{f(means['seed']['first_quarter'])} → {f(means['seed']['last_half'])}; groups with a win and a loss "
-                + ", ".join(f"{name} {f(v)}" for name, v in signal.items())
-                + f"; held-out after RL: GRPO {f(after['grpo']['eval/success_rate'])}, SEED "
-                f"{f(after['seed']['eval/success_rate'])}; seconds per update GRPO "
-                f"{r['seconds_per_update']['grpo']:.0f}, SEED {r['seconds_per_update']['seed']:.0f}"
+                f"{_f(means['control']['first_quarter'])} → {_f(means['control']['last_half'])}, GRPO "
+                f"{_f(means['grpo']['first_quarter'])} → {_f(means['grpo']['last_half'])}, SEED "
+                f"{_f(means['seed']['first_quarter'])} → {_f(means['seed']['last_half'])}; groups with a win and a "
+                "loss " + ", ".join(f"{name} {_f(v)}" for name, v in signal.items())
+                + f"; held-out after RL: GRPO {_f(after['grpo']['eval/success_rate'])}, SEED "
+                f"{_f(after['seed']['eval/success_rate'])}; GRPO's probability ratio at the first update "
+                f"{curves['grpo']['loss/ratio_min'][0]:.2f}–{curves['grpo']['loss/ratio_max'][0]:.2f}; seconds per "
+                f"update GRPO {r['seconds_per_update']['grpo']:.0f}, SEED {r['seconds_per_update']['seed']:.0f}"
                 + (f"; SEED's evidence: {', '.join(said)}" if said else "") + ".")
     parts.append(_sparse_reading(results))
+    parts.append(_sparse_fix(results))
     return "\n\n".join(wrap_paragraph(p) for p in parts) + "\n"
 
 
+def _lr_runs(results: dict[str, dict]) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The runs at the recipe's former lr 1e-5 and at 1e-6, each {run: its seed's record}."""
+    by_lr: dict[float, dict[str, dict]] = {}
+    for run, result in results.items():
+        seed = next(iter(result["runs"]))
+        by_lr.setdefault(float(_setting(result, "optim.lr")), {})[run] = result["runs"][seed]
+    return by_lr.get(1e-5, {}), by_lr.get(1e-6, {})
+
+
 def _sparse_reading(results: dict[str, dict]) -> str:
-    """The reading of the sparse-pool runs: against the control, held-out, and why RL fell (loops)."""
-    def f(x: float) -> str:
-        return f"{x:.3f}"
-
-    def avg(values: list) -> float:
-        kept = [v for v in values if v is not None]
-        return sum(kept) / max(1, len(kept))
-
+    """The reading of the runs at lr 1e-5: against the control, held-out, and how RL fell (loops)."""
     seed = next(iter(next(iter(results.values()))["runs"]))
-    runs = {a: res["runs"][seed] for a, res in results.items()}
+    runs, _ = _lr_runs(results)
     first = next(iter(runs.values()))
     ctl, start = first["means"]["control"], first["before"]["eval/success_rate"]
     grpo = first["lane_curves"]["grpo"]
     half = len(grpo["loss/entropy"]) // 2
     same_grpo = all(r["pool_success"]["grpo"] == first["pool_success"]["grpo"] for r in runs.values())
+    names = {run: _setting(results[run], "skill.analyzer") for run in runs}
 
-    def loops(analyzer: str) -> str:
-        lost = [t for t in runs[analyzer]["seed_trajectories"] if not t["won"]]
+    def loops(run: str) -> str:
+        lost = [t for t in runs[run]["seed_trajectories"] if not t["won"]]
         early, late = [t for t in lost if t["step"] < 2], [t for t in lost if t["step"] >= 2]
         return (f"{sum(map(oscillates, (t['actions'] for t in late)))} of {len(late)} from update 3 on against "
-                f"{sum(map(oscillates, (t['actions'] for t in early)))} of {len(early)} in the first two ({analyzer})")
+                f"{sum(map(oscillates, (t['actions'] for t in early)))} of {len(early)} in the first two "
+                f"({names[run]})")
 
     return (
-        f"**Read out loud** (seed {seed}). This pool is weaker for the SFT start than the recipe's (held-out "
-        f"{f(start)}) but not sparse by the study's bar: the control wins {f(ctl['all'])} of its pool episodes and "
-        f"{f(avg(first['groups_with_signal']['control']))} of its groups hold a win and a loss (2 games × 4 plays an "
-        "update). "
+        f"**Read out loud: lr 1e-5** (seed {seed}). This pool is weaker for the SFT start than the recipe's "
+        f"(held-out {_f(start)}) but not sparse by the study's bar: the control wins {_f(ctl['all'])} of its pool "
+        f"episodes and {_f(_avg(first['groups_with_signal']['control']))} of its groups hold a win and a loss (2 "
+        "games × 4 plays an update). "
         + ("GRPO's lane is the same in both runs, update for update (the runs are deterministic). " if same_grpo
            else "")
-        + f"Pool success over the last half: control {f(ctl['last_half'])}, GRPO "
-        f"{f(first['means']['grpo']['last_half'])}, SEED "
-        + ", ".join(f"{f(r['means']['seed']['last_half'])} ({a})" for a, r in runs.items())
-        + f"; held-out after RL: GRPO {f(first['after']['grpo']['eval/success_rate'])}, SEED "
-        + ", ".join(f"{f(r['after']['seed']['eval/success_rate'])} ({a})" for a, r in runs.items())
-        + f", against the SFT start's {f(start)}: RL lowered held-out success in every lane, and GRPO fell far below "
-        "the control on its own pool. Why: the policy starts near-deterministic (GRPO's entropy "
-        f"{grpo['loss/entropy'][0]:.3f} nats per token at the first update, {avg(grpo['loss/entropy'][half:]):.3f} "
+        + f"Pool success over the last half: control {_f(ctl['last_half'])}, GRPO "
+        f"{_f(first['means']['grpo']['last_half'])}, SEED "
+        + ", ".join(f"{_f(r['means']['seed']['last_half'])} ({names[a]})" for a, r in runs.items())
+        + f"; held-out after RL: GRPO {_f(first['after']['grpo']['eval/success_rate'])}, SEED "
+        + ", ".join(f"{_f(r['after']['seed']['eval/success_rate'])} ({names[a]})" for a, r in runs.items())
+        + f", against the SFT start's {_f(start)}: RL lowered held-out success in every lane, and GRPO fell far "
+        "below the control on its own pool. How: the policy starts near-deterministic (GRPO's entropy "
+        f"{grpo['loss/entropy'][0]:.3f} nats per token at the first update, {_avg(grpo['loss/entropy'][half:]):.3f} "
         "over the last half), it sees one turn of history, and after the first updates it walks until the step cap: "
         f"GRPO's episodes lengthen from {grpo['train/episode_length'][0]:.2f} steps at the first update to "
-        f"{avg(grpo['train/episode_length'][half:]):.2f} over the last half. Where trajectories are recorded (SEED's "
-        "lanes), losing ones go back and forth between two rooms, two moves repeated as A, B, A, B (go south, go "
-        "north, ...): " + "; ".join(loops(a) for a in runs)
-        + ". Each update pushes on 2 games with no KL to the SFT start (`loss.kl_coef: 0`, the recipe's saving of a "
-        "reference forward), so one draw moves the whole policy. What would fix it (not run yet): a KL to the SFT "
-        "start (the demo's 0.05), two or more turns of history so a loop is visible to the policy, more games per "
-        "update. SEED's teacher: with the oracle's skills the contrast is positive, with its own skills it is ~0 "
-        "(`teacher/contrast` above), so the self-analyzer lane's OPD term ("
-        + (f"{runs['self']['seed_metrics']['seed']['teacher/opd_share']:.0%} of the update" if "self" in runs else "")
-        + ") is self-imitation of its own samples, B's arm of the sparse study; that lane kept the pool near the "
-        "control where GRPO fell. One seed and 8 updates of 2 games: a hint that the self-imitation term steadies "
-        "this policy, not a result; SEED's teacher is not shown to help here."
+        f"{_avg(grpo['train/episode_length'][half:]):.2f} over the last half. Where trajectories are recorded "
+        "(SEED's lanes), losing ones go back and forth between two rooms, two moves repeated as A, B, A, B (go "
+        "south, go north, ...): " + "; ".join(loops(a) for a in runs)
+        + f". Why: the step. At the first update the sampled tokens' probability ratio already spans "
+        f"{grpo['loss/ratio_min'][0]:.2f}–{grpo['loss/ratio_max'][0]:.2f} after one AdamW step (PPO clips at "
+        "0.8–1.2): AdamW's first steps move every weight by about lr whatever the size of its gradient, and at "
+        "1e-5 with one group of 4 trajectories per optimizer step (2 games, 2 mini-batches) that step rewrites the "
+        "policy on one draw."
+    )
+
+
+def _sparse_fix(results: dict[str, dict]) -> str:
+    """The reading of the lr 1e-6 run against the lr 1e-5 one: the one change that removes the fall."""
+    before, after = _lr_runs(results)
+    if not after:
+        return ""
+    setting = next(iter(results.values()))
+    per_update = int(_setting(setting, "rollout.tasks_per_batch")) * int(_setting(setting, "rollout.n"))
+    old = next(iter(before.values()))
+    new = next(iter(after.values()))
+    ctl = new["means"]["control"]["last_half"]
+    start = new["before"]["eval/success_rate"]
+    episodes = len(new["pool_success"]["grpo"]) // 2 * per_update
+    grpo_old, grpo_new = old["lane_curves"]["grpo"], new["lane_curves"]["grpo"]
+    half = len(grpo_new["loss/entropy"]) // 2
+    gap = new["means"]["grpo"]["last_half"] - ctl
+    verdict = ("GRPO no longer falls below the control on its pool (within one episode in "
+               f"{episodes} over the last half)" if gap >= -1.5 / episodes else
+               "GRPO still falls below the control on its pool")
+    return (
+        "**The fix, measured** (the self analyzer again, every setting the same but `optim.lr=1e-6`, the library's "
+        "default and verl's). The first update's ratio spans "
+        f"{grpo_new['loss/ratio_min'][0]:.2f}–{grpo_new['loss/ratio_max'][0]:.2f} (against "
+        f"{grpo_old['loss/ratio_min'][0]:.2f}–{grpo_old['loss/ratio_max'][0]:.2f} at 1e-5). Pool success over the "
+        f"last half: control {_f(ctl)}, GRPO {_f(new['means']['grpo']['last_half'])} (at 1e-5: "
+        f"{_f(old['means']['grpo']['last_half'])}), SEED {_f(new['means']['seed']['last_half'])}; GRPO's episodes "
+        f"{grpo_new['train/episode_length'][0]:.2f} steps at the first update, "
+        f"{_avg(grpo_new['train/episode_length'][half:]):.2f} over the last half (at 1e-5: "
+        f"{_avg(grpo_old['train/episode_length'][half:]):.2f}). So {verdict}, and the step size was the fall. "
+        f"SEED's lane ends {_f(ctl - new['means']['seed']['last_half'])} below the control over the last half (its "
+        f"last update won {_f(new['pool_success']['seed'][-1])} of its episodes, the control "
+        f"{_f(new['pool_success']['control'][-1])}: one draw of 2 games). Neither rises above the control, and "
+        "held-out success after RL is GRPO "
+        f"{_f(new['after']['grpo']['eval/success_rate'])}, SEED {_f(new['after']['seed']['eval/success_rate'])} "
+        f"against the SFT start's {_f(start)} (24 greedy games: one game is 0.042): 8 updates of 2 games do not "
+        "make this model better than its SFT start here, at either lr. SEED's own skills give its teacher no "
+        f"contrast (`teacher/contrast` {new['seed_metrics']['seed']['teacher/contrast']:.3f}), as at 1e-5. The "
+        "recipe now ships lr 1e-6 (`configs/smollm2-135m_textworld_cpu.yaml`); the dense-pool runs above were made "
+        "at its earlier 1e-5."
     )
 
 
 def sparse_results() -> dict[str, dict]:
-    return {a: json.loads((ROOT / "benchmarks" / "results" / f"real_model_sparse_{a}.json").read_text())
-            for a in SPARSE_ANALYZERS}
+    return {run: json.loads((ROOT / "benchmarks" / "results" / f"real_model_sparse_{run}.json").read_text())
+            for run in SPARSE_RUNS}
 
 
 def main() -> None:
@@ -211,7 +291,7 @@ def main() -> None:
                    lambda run_dir: {"seconds_per_update": seconds_per_update(run_dir),
                                     "skills_written": skills_written(run_dir), "sft_data": sft_data(run_dir),
                                     "seed_trajectories": seed_trajectories(run_dir),
-                                    "lane_curves": lane_curves(run_dir)},
+                                    "lane_curves": lane_curves(run_dir), "settings": run_settings(run_dir)},
                    tag=args.tag)
     report(args.name, args.config, args.overrides, runs)
     for seed, r in runs.items():

@@ -21,8 +21,8 @@ def test_an_episode_oscillates_when_two_moves_repeat_as_abab():
 
 def test_the_sparse_section_is_generated_from_the_committed_jsons():
     results = real_model.sparse_results()
-    assert set(results) == set(real_model.SPARSE_ANALYZERS)
+    assert set(results) == set(real_model.SPARSE_RUNS)
     section = real_model.sparse_docs_section(results)
     assert section.startswith(real_model.SPARSE_HEADING)
-    assert "**Oracle analyzer, seed 1.**" in section and "**Self analyzer, seed 1.**" in section
+    assert "**Oracle analyzer, lr 1e-5, seed 1.**" in section and "**Self analyzer, lr 1e-6, seed 1.**" in section
     assert section in (ROOT / "docs" / "demo.md").read_text()
