@@ -346,8 +346,29 @@ def markdown(data: dict[str, Any]) -> str:
         for engine, s in data["steps"].items():
             lines.append(f"| {engine} | {_fmt(s['step_s'])} | {_fmt(s['sync_s'])} | {_fmt(s['rollout_s'])} | "
                          f"{_fmt(s['analyze_s'])} | {s['rollout_share']:.0%} | {s['engine_share']:.0%} |")
-    lines += ["", verdict(rows, shapes["recipe_batch"])]
+    lines += ["", " ".join(filter(None, (verdict(rows, shapes["recipe_batch"]), step_verdict(data.get("steps") or {}),
+                                         vllm_leads(rows))))]
     return "\n".join(lines)
+
+
+def step_verdict(steps: dict[str, dict[str, Any]]) -> str:
+    """The RL update's time with each engine: what a recipe's `rollout.engine` is chosen by (generation is a part)."""
+    if len(steps) < 2:
+        return ""
+    fastest = min(steps, key=lambda e: steps[e]["step_s"])
+    return ("In the recipe's RL update (fp32, SEED: rollout, the analyzer's generation and, for vLLM, the weight "
+            "push) " + ", ".join(f"{e} took {steps[e]['step_s']:.1f} s" for e in steps)
+            + f": {fastest} is the recipe's engine.")
+
+
+def vllm_leads(rows: Sequence[dict[str, Any]], margin: float = 1.1) -> str:
+    """Where a vLLM mode generates more than `margin` times faster than the own engine (the batch and dtype)."""
+    leads = sorted({(r["dtype"], r["batch"]) for r in rows
+                    if r["engine"] != "own" and r.get("vs_own") and r["vs_own"] > margin})
+    if not leads:
+        return ""
+    return (f"vLLM leads by more than {margin:.1f}x at " + ", ".join(f"{d} batch {b}" for d, b in leads)
+            + ": larger batches and bf16, where its decode kernels pay.")
 
 
 def verdict(rows: Sequence[dict[str, Any]], recipe_batch: int) -> str:

@@ -76,6 +76,20 @@ def test_the_table_compares_each_engine_with_own_at_the_same_dtype_and_batch():
     assert "the own engine is the fastest, 1.25x ahead of the next" in rollout.markdown(_data(5.0))
 
 
+def test_the_recipes_engine_is_the_one_whose_rl_update_is_shorter():
+    steps = {"own": {"step_s": 53.2}, "vllm": {"step_s": 80.3}}
+    assert rollout.step_verdict(steps).endswith("own took 53.2 s, vllm took 80.3 s: own is the recipe's engine.")
+    assert rollout.step_verdict({"own": {"step_s": 1.0}}) == ""  # one engine: nothing to choose
+
+
+def test_vllm_leads_only_beyond_the_margin():
+    rows = [{"engine": "vllm_eager", "dtype": "fp32", "batch": 8, "vs_own": 1.05},
+            {"engine": "vllm_compiled", "dtype": "bf16", "batch": 64, "vs_own": 1.4},
+            {"engine": "own", "dtype": "bf16", "batch": 64, "vs_own": 1.0}]
+    assert rollout.vllm_leads(rows).startswith("vLLM leads by more than 1.1x at bf16 batch 64:")
+    assert rollout.vllm_leads(rows[:1]) == ""
+
+
 def test_the_docs_section_is_generated_from_the_committed_json():
     docs = DOCS.read_text()
     assert docs.count(rollout.DOCS_BEGIN) == 1 and docs.count(rollout.DOCS_END) == 1
