@@ -20,6 +20,7 @@ from typing import Any
 from seedfast.algo import grsd as grsd_math
 from seedfast.config import Config
 from seedfast.envs.trajectory import Trajectory
+from seedfast.sampling_params import SamplingParams
 from seedfast.skills import reflection as grsd_text
 from seedfast.skills.analyzers import make_analyzer
 from seedfast.skills.chat_client import ChatClient
@@ -118,8 +119,9 @@ def _grsd_guidance(cfg: Config, trajectories: Sequence[Trajectory], engine: Any,
                    group_of: Sequence[int], judge: Any) -> Privileged:
     # stage A: reflections, sampled from the policy
     prompts = [chat_prompt_ids(tokenizer, grsd_text.build_reflection_messages(t)) for t in trajectories]
-    gens = engine.generate_full(prompts, cfg.grsd.max_reflection_tokens, cfg.rollout.temperature,
-                                cfg.rollout.top_p, _stop_ids(tokenizer))
+    params = SamplingParams(cfg.grsd.max_reflection_tokens, cfg.rollout.temperature, cfg.rollout.top_p,
+                            _stop_ids(tokenizer))
+    gens = engine.generate_full(prompts, params)
     texts = tokenizer.batch_decode([g.token_ids for g in gens], skip_special_tokens=True)
     parsed = [grsd_text.parse_reflection(t) for t in texts]
     valid = [p.valid for p in parsed]

@@ -99,9 +99,10 @@ class ScriptedEngine:
         self.tokenizer, self.texts, self.extra = tokenizer, list(texts), extra_after_stop
         self.calls = []
 
-    def generate(self, prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids):
-        self.calls.append(dict(prompts=prompt_token_lists, max_new_tokens=max_new_tokens, temperature=temperature,
-                               top_p=top_p, stop_ids=stop_ids))
+    def generate(self, prompt_token_lists, params):
+        stop_ids = list(params.stop_ids)
+        self.calls.append(dict(prompts=prompt_token_lists, max_new_tokens=params.max_new_tokens,
+                               temperature=params.temperature, top_p=params.top_p, stop_ids=stop_ids))
         out = []
         for _ in prompt_token_lists:
             ids = self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False)
