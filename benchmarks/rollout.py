@@ -72,8 +72,7 @@ class _Recorder:
         self.stop = stop
         self.prompts: list[list[int]] = []
 
-    def generate_full(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
-                      top_p: float = 1.0, stop_ids: Sequence[int] = (), **_: Any) -> list[Any]:
+    def generate_full(self, prompts: Sequence[Sequence[int]], params: Any) -> list[Any]:
         from seedfast.rollout.engine import Generation
 
         self.prompts += [list(p) for p in prompts]
@@ -166,6 +165,7 @@ def own_worker(data: dict[str, Any], dtype: str, batches: Sequence[int], new_tok
 
     from seedfast.model import load_hf
     from seedfast.rollout.own_engine import Sampler
+    from seedfast.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
@@ -174,7 +174,7 @@ def own_worker(data: dict[str, Any], dtype: str, batches: Sequence[int], new_tok
     start_s = time.perf_counter() - start
 
     def generate(prompts: list[list[int]], n: int, seed: int) -> list[Any]:
-        return sampler.generate_full(prompts, n, data["temperature"], data["top_p"], (), seed=seed)
+        return sampler.generate_full(prompts, SamplingParams(n, data["temperature"], data["top_p"], (), seed=seed))
 
     rows = [measure(generate, lambda: None, batch_prompts(data["prompts"], data["group"], b), new_tokens, reps)
             for b in batches]
@@ -189,6 +189,7 @@ def vllm_worker(data: dict[str, Any], dtype: str, batches: Sequence[int], new_to
     from seedfast.distributed.weight_push import buckets, hf_named_tensors
     from seedfast.model import load_hf
     from seedfast.rollout.vllm_engine import VLLMEngine
+    from seedfast.sampling_params import SamplingParams
 
     longest = max(len(p) for p in data["prompts"]) + new_tokens
     start = time.perf_counter()
@@ -197,7 +198,7 @@ def vllm_worker(data: dict[str, Any], dtype: str, batches: Sequence[int], new_to
     start_s = time.perf_counter() - start
     try:
         def generate(prompts: list[list[int]], n: int, seed: int) -> list[Any]:
-            return engine.generate_full(prompts, n, data["temperature"], data["top_p"], (), seed=seed)
+            return engine.generate_full(prompts, SamplingParams(n, data["temperature"], data["top_p"], (), seed=seed))
 
         rows = [measure(generate, engine.llm.reset_prefix_cache, batch_prompts(data["prompts"], data["group"], b),
                         new_tokens, reps) for b in batches]
@@ -235,16 +236,17 @@ def own_profile(data: dict[str, Any], dtype: str, batch: int, new_tokens: int, t
 
     from seedfast.model import load_hf
     from seedfast.rollout.own_engine import Sampler
+    from seedfast.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
     model = load_hf(MODEL, dtype=getattr(torch, _torch_dtype(dtype)), attn_backend="sdpa").eval()
     sampler = Sampler(model, seed=0)
     prompts = batch_prompts(data["prompts"], data["group"], batch)
-    sampler.generate_full(prompts[:2], 2, data["temperature"])
+    sampler.generate_full(prompts[:2], SamplingParams(2, data["temperature"]))
     calls = {}
     for name, n in (("prefill", 1), ("call", new_tokens)):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            sampler.generate_full(prompts, n, data["temperature"], data["top_p"], (), seed=0)
+            sampler.generate_full(prompts, SamplingParams(n, data["temperature"], data["top_p"], (), seed=0))
         calls[name] = {e.key: float(e.self_cpu_time_total) for e in prof.key_averages()}
     decode = {k: max(v - calls["prefill"].get(k, 0.0), 0.0) for k, v in calls["call"].items()}
     top = sorted(calls["call"].items(), key=lambda kv: -kv[1])[:12]

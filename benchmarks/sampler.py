@@ -28,6 +28,7 @@ from _common import print_table, write_results  # noqa: E402
 
 from seedfast.model import DecoderConfig, build_decoder, make_cu_seqlens  # noqa: E402
 from seedfast.rollout.own_engine import Sampler  # noqa: E402
+from seedfast.sampling_params import SamplingParams  # noqa: E402
 
 
 def tiny_decoder(vocab: int) -> torch.nn.Module:
@@ -63,13 +64,13 @@ def run(model, variant: str, prompts: list[list[int]], new_tokens: int) -> tuple
         out = packed_concat_generate(model, prompts, new_tokens)
     else:
         sampler = Sampler(model, use_cache=variant == "static_cache")
-        out = sampler.generate(prompts, new_tokens, temperature=0.0)
+        out = sampler.generate(prompts, SamplingParams(new_tokens, temperature=0.0))
     return time.perf_counter() - start, out
 
 
 def prefill_seconds(model, prompts: list[list[int]]) -> float:
     start = time.perf_counter()
-    Sampler(model).generate(prompts, 1, temperature=0.0)
+    Sampler(model).generate(prompts, SamplingParams(1, temperature=0.0))
     return time.perf_counter() - start
 
 

@@ -28,6 +28,7 @@ from seedfast.config import load_config  # noqa: E402
 from seedfast.rollout.own_engine import Sampler  # noqa: E402
 from seedfast.rollout.prompts import Turn  # noqa: E402
 from seedfast.runtime.setup import load_policy, load_run_tokenizer, load_tasks, make_env_slots  # noqa: E402
+from seedfast.sampling_params import SamplingParams  # noqa: E402
 from seedfast.sft import run as sft  # noqa: E402
 from seedfast.sft.copy_warmup import copy_examples  # noqa: E402
 from seedfast.sft.examples import end_of_turn_id, fit_prompt  # noqa: E402
@@ -57,8 +58,8 @@ def walkthrough_accuracy(cfg, policy: torch.nn.Module, tokenizer, tasks) -> dict
                                    prompt_style(cfg), cfg.rollout.max_prompt_length)
             prompts.append(prompt.ids)
             steps.append(step)
-    answers = Sampler(policy, seed=0).generate(prompts, cfg.rollout.max_response_tokens, temperature=0.0,
-                                               stop_ids=[end_of_turn_id(tokenizer)])
+    greedy = SamplingParams(cfg.rollout.max_response_tokens, temperature=0.0, stop_ids=[end_of_turn_id(tokenizer)])
+    answers = Sampler(policy, seed=0).generate(prompts, greedy)
     out: dict[str, dict[str, float]] = {}
     for step, answer in zip(steps, answers):
         text = tokenizer.decode(answer, skip_special_tokens=True)

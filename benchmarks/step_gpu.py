@@ -123,17 +123,18 @@ def one_step(algo: str, policy, ref, optimizer, prompts: list[list[int]], batch:
     from seedfast.config import LossConfig
     from seedfast.rollout.own_engine import Sampler
     from seedfast.runtime.optim import grad_norm_and_clip
+    from seedfast.sampling_params import SamplingParams
     from seedfast.scoring import StepSample, score_reference
     from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
     n, loss_cfg = batch["trajectories"], LossConfig()
     sampler = Sampler(policy, seed=seed)
     expanded = [p for p in prompts for _ in range(n)]
-    responses = clock("rollout", lambda: sampler.generate(expanded, batch["response"]))
+    responses = clock("rollout", lambda: sampler.generate(expanded, SamplingParams(batch["response"])))
     skills = None
     if algo == "seed":  # the policy writes one skill per trajectory, from what it did
         skills = clock("analyze", lambda: sampler.generate([p + r for p, r in zip(expanded, responses)],
-                                                          batch["skill"]))
+                                                          SamplingParams(batch["skill"])))
     gen = torch.Generator().manual_seed(seed)
     rewards = (torch.rand(len(expanded), generator=gen) < 0.4).float()
     samples = []

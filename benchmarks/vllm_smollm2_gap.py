@@ -99,11 +99,12 @@ def _probe_gap(trainer: Any) -> float:
     """Largest |ℓ the policy gives - ℓ vLLM sampled with| over PROBE_TOKENS sampled tokens of each probe prompt, at
     the run's temperature, through the trainer's own scorer."""
     from seedfast.context.sample import StepSample
+    from seedfast.sampling_params import SamplingParams
     from seedfast.scoring.score import score
 
     prompts = [trainer.tokenizer.encode(text, add_special_tokens=False) for text in PROBE_TEXTS]
     temperature = trainer.cfg.rollout.temperature
-    gens = trainer.engine.engine.generate_full(prompts, PROBE_TOKENS, temperature=temperature,
+    gens = trainer.engine.engine.generate_full(prompts, SamplingParams(PROBE_TOKENS, temperature=temperature),
                                                seeds=list(range(len(prompts))))
     samples = [StepSample(prompt_ids=p, response_ids=g.token_ids) for p, g in zip(prompts, gens)]
     trainer.policy.eval()

@@ -19,6 +19,7 @@ from seedfast.rollout.actions import parse_action
 from seedfast.rollout.engine import Generation
 from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, Prompt, PromptStyle, Turn, build_prompt
 from seedfast.rollout.records import RolloutResult, RolloutStats, StepRecord
+from seedfast.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -95,27 +96,26 @@ def run_agent_loop(
     config = config or AgentLoopConfig()
     if not tasks:
         raise ValueError("tasks is empty: give at least one task to roll out")
-    stops = list(stop_token_ids(tokenizer) if stop_ids is None else stop_ids)
+    stops = stop_token_ids(tokenizer) if stop_ids is None else stop_ids
+    params = SamplingParams(config.max_new_tokens, config.temperature, config.top_p, stops)
     stats = RolloutStats()
     total = len(tasks) * config.n
     episodes: list[_Episode] = []
     for first in range(0, total, envs.n_slots):
         wave = _start(tasks, envs, range(first, min(first + envs.n_slots, total)), config.n, stats)
-        _run_wave(engine, tokenizer, envs, wave, config, stops, stats)
+        _run_wave(engine, tokenizer, envs, wave, config, params, stats)
         episodes += wave
     return _finish(episodes, config, stats)
 
 
 def _run_wave(engine, tokenizer, envs: EnvSlots, episodes: list[_Episode], config: AgentLoopConfig,
-              stops: list[int], stats: RolloutStats) -> None:
+              params: SamplingParams, stats: RolloutStats) -> None:
     for step_index in range(config.max_steps):
         live = [e for e in episodes if not e.done]
         if not live:
             break
         prompts = [_prompt(tokenizer, e, step_index, config, stats) for e in live]
-        generations = engine.generate_full(
-            [p.ids for p in prompts], config.max_new_tokens, config.temperature, config.top_p, stops
-        )
+        generations = engine.generate_full([p.ids for p in prompts], params)
         stats.generate_calls += 1
         if len(generations) != len(prompts):
             raise RuntimeError(f"the engine returned {len(generations)} completions for {len(prompts)} prompts")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,6 +26,7 @@ import torch
 
 from seedfast.rollout.engine import Generation, GenerationEngine
 from seedfast.rollout.own_engine import Sampler
+from seedfast.sampling_params import SamplingParams
 from seedfast.seeds import request_seed
 
 Bucket = Sequence[tuple[str, torch.Tensor]]
@@ -69,15 +71,12 @@ class OwnRollout:
     def close(self) -> None:
         """Nothing to release: the sampler is the policy's."""
 
-    def generate(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, stop_ids: Sequence[int] = (), *, seed: int | None = None) -> list[list[int]]:
-        return self.sampler.generate(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, seed)
+    def generate(self, prompt_token_lists: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
+        return self.sampler.generate(prompt_token_lists, params)
 
-    def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int,
-                      temperature: float = 1.0, top_p: float = 1.0, stop_ids: Sequence[int] = (), *,
-                      seed: int | None = None) -> list[Generation]:
-        """`seed`: the sampler restarts from it (as after begin_step(seed))."""
-        return self.sampler.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, seed)
+    def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        """`params.seed`: the sampler restarts from it (as after begin_step(seed))."""
+        return self.sampler.generate_full(prompt_token_lists, params)
 
 
 class VLLMRollout:
@@ -162,17 +161,14 @@ class VLLMRollout:
         if self.asleep:
             raise RuntimeError("the vLLM rollout engine is asleep: generate between before_rollout and after_rollout")
 
-    def generate(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, stop_ids: Sequence[int] = (), *, seed: int | None = None) -> list[list[int]]:
-        gens = self.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, seed=seed)
-        return [g.token_ids for g in gens]
+    def generate(self, prompt_token_lists: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
+        return [g.token_ids for g in self.generate_full(prompt_token_lists, params)]
 
-    def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], max_new_tokens: int,
-                      temperature: float = 1.0, top_p: float = 1.0, stop_ids: Sequence[int] = (), *,
-                      seed: int | None = None) -> list[Generation]:
+    def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         self._check_awake()
-        return self.engine.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids,
-                                         seeds=self._seeds(len(prompt_token_lists), seed))
+        # the engine gets the seeds per request, `params.seed` among them
+        seeds = self._seeds(len(prompt_token_lists), params.seed)
+        return self.engine.generate_full(prompt_token_lists, replace(params, seed=None), seeds=seeds)
 
 
 def build_rollout(engine: str, policy: torch.nn.Module, model_path: str | Path | None = None, *, seed: int = 0,

@@ -1,10 +1,11 @@
 """The generation-engine protocol the agent loop and the `self` analyzer talk to.
 
-Seeds: every engine is built with a seed (`Sampler(model, seed=)`, `VLLMEngine(path, seed=)`,
-`build_rollout(..., seed=)`; the RL loop's engines are reseeded per step by `begin_step(seed)`), and every
-`generate` / `generate_full` takes `seed=` (keyword): the call's draws are then a function of that seed and the
-prompts alone, as the first call after the engine was seeded with it; `seed=None` draws from the engine's own
-stream. Seeds come from seedfast/seeds.py.
+Every `generate` / `generate_full` takes the prompts and one `SamplingParams` (seedfast/sampling_params.py): the
+token budget, temperature, top-p, stop ids and the call's seed. Seeds: every engine is built with a seed
+(`Sampler(model, seed=)`, `VLLMEngine(path, seed=)`, `build_rollout(..., seed=)`; the RL loop's engines are reseeded
+per step by `begin_step(seed)`); a call with `SamplingParams(seed=s)` draws as the first call after the engine was
+seeded with s, a function of s and the prompts alone; `seed=None` draws from the engine's own stream. Seeds come from
+seedfast/seeds.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from seedfast.sampling_params import SamplingParams
 
 FINISH_REASONS = ("stop", "length")
 
@@ -30,24 +33,7 @@ class GenerationEngine(Protocol):
     """What generates: `generate` the completions' token ids, `generate_full` the completions with their sampling
     log-probs (None from an engine that has none) and finish reasons. Every engine has both."""
 
-    def generate(
-        self,
-        prompt_token_lists: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        stop_ids: Sequence[int] = (),
-        *,
-        seed: int | None = None,
-    ) -> list[list[int]]: ...
+    def generate(self, prompt_token_lists: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]: ...
 
-    def generate_full(
-        self,
-        prompt_token_lists: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        stop_ids: Sequence[int] = (),
-        *,
-        seed: int | None = None,
-    ) -> list[Generation]: ...
+    def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], params: SamplingParams
+                      ) -> list[Generation]: ...

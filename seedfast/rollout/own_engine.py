@@ -2,8 +2,9 @@
 decoders (CPU and GPU), with a KV cache.
 
     sampler = Sampler(model, seed=0)
-    ids = sampler.generate(prompts, max_new_tokens=64, temperature=1.0, top_p=1.0, stop_ids=[im_end])
-    gens = sampler.generate_full(...)            # + sampling log-probs and finish reasons
+    params = SamplingParams(max_new_tokens=64, temperature=1.0, top_p=1.0, stop_ids=[im_end])
+    ids = sampler.generate(prompts, params)
+    gens = sampler.generate_full(prompts, params)   # + sampling log-probs and finish reasons
 
 All prompts are prefilled in one packed forward (identical prompts once); then every unfinished sequence
 advances by one token per step. Greedy generation (temperature 0: the policy writing its skills) of a repeated prompt
@@ -24,7 +25,8 @@ import torch
 from seedfast.model.kv import StaticKVCache
 from seedfast.model.packing import distinct, make_cu_seqlens
 from seedfast.rollout.engine import Generation
-from seedfast.rollout.sampling import check_sampling_args, sample_next
+from seedfast.rollout.sampling import sample_next
+from seedfast.sampling_params import SamplingParams
 
 
 class Sampler:
@@ -32,7 +34,7 @@ class Sampler:
 
     `use_cache=False` re-runs the whole sequence every step (the no-cache baseline of tests and benchmarks).
     `max_batch_sequences` splits very large requests into chunks generated one after the other.
-    Sampling draws from a torch.Generator seeded with `seed`; `generate(..., seed=s)` reseeds it.
+    Sampling draws from a torch.Generator seeded with `seed`; a call with `SamplingParams(seed=s)` reseeds it.
     """
 
     def __init__(
@@ -54,40 +56,21 @@ class Sampler:
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
 
-    def generate(
-        self,
-        prompt_token_lists: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        stop_ids: Sequence[int] = (),
-        seed: int | None = None,
-    ) -> list[list[int]]:
+    def generate(self, prompt_token_lists: Sequence[Sequence[int]], params: SamplingParams) -> list[list[int]]:
         """Generated ids per prompt (the engine protocol)."""
-        gens = self.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, seed)
-        return [g.token_ids for g in gens]
+        return [g.token_ids for g in self.generate_full(prompt_token_lists, params)]
 
-    def generate_full(
-        self,
-        prompt_token_lists: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        stop_ids: Sequence[int] = (),
-        seed: int | None = None,
-    ) -> list[Generation]:
+    def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
         """Generated ids, their sampling log-probs (see sampling.sample_next) and finish reasons."""
         prompts = self._check_prompts(prompt_token_lists)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-        check_sampling_args(temperature, top_p)
-        stops = self._check_stop_ids(stop_ids)
-        if seed is not None:
-            self.generator.manual_seed(seed)
+        max_new_tokens, temperature, top_p = params.max_new_tokens, params.temperature, params.top_p
+        stops = torch.tensor(params.stop_ids, dtype=torch.long, device=self.device)
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
         if temperature == 0:  # greedy draws nothing: a repeated prompt's generation is the same, so it runs once
             first, owner = distinct(tuple(p) for p in prompts)
             if len(first) < len(prompts):
-                unique = self.generate_full([prompts[i] for i in first], max_new_tokens, temperature, top_p, stop_ids)
+                unique = self.generate_full([prompts[i] for i in first], replace(params, seed=None))
                 return [replace(unique[o], token_ids=list(unique[o].token_ids),
                                 logprobs=None if unique[o].logprobs is None else list(unique[o].logprobs))
                         for o in owner]
@@ -204,9 +187,3 @@ class Sampler:
                 raise ValueError(f"prompt {i} holds {bad!r}, not a token id in [0, vocab_size={vocab})")
             prompts.append(list(ids))
         return prompts
-
-    def _check_stop_ids(self, stop_ids: Sequence[int]) -> torch.Tensor:
-        ids = list(stop_ids) if stop_ids is not None else []
-        if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
-            raise TypeError(f"stop_ids must be ints, got {ids!r}")
-        return torch.tensor(ids, dtype=torch.long, device=self.device)

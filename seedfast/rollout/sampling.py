@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import torch
 
-
-def check_sampling_args(temperature: float, top_p: float) -> None:
-    if not isinstance(temperature, (int, float)) or temperature < 0 or temperature != temperature:
-        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
-    if not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+from seedfast.sampling_params import check_sampling_args
 
 
 def sample_next(

@@ -1,7 +1,7 @@
 """vLLM generation engine for GPU runs: the engine protocol over `vllm.LLM`, weights updated in place.
 
     engine = VLLMEngine("runs/x/hf", dtype="bf16", gpu_memory_utilization=0.5)
-    gens = engine.generate_full(prompt_ids, max_new_tokens=512, temperature=1.0, top_p=1.0, stop_ids=[eos])
+    gens = engine.generate_full(prompt_ids, SamplingParams(max_new_tokens=512, temperature=1.0, stop_ids=[eos]))
     engine.load_weights(model.state_dict())     # after each update: HF names, the trainer's tensors
     engine.push_weights(buckets)                # or bucket by bucket ([(name, tensor)] lists: weight_push.py)
 
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from seedfast.rollout.engine import Generation
-from seedfast.rollout.sampling import check_sampling_args
+from seedfast.sampling_params import SamplingParams
 from seedfast.seeds import request_seed
 
 EXTENSION = "seedfast.rollout.vllm_engine.WeightSyncExtension"
@@ -131,58 +131,36 @@ class VLLMEngine:
             self._closed = True
             core.shutdown()
 
-    def generate(
-        self,
-        prompt_token_lists: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        stop_ids: Sequence[int] = (),
-        seeds: Sequence[int] | None = None,
-        *,
-        seed: int | None = None,
-    ) -> list[list[int]]:
-        gens = self.generate_full(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids, seeds, seed=seed)
-        return [g.token_ids for g in gens]
+    def generate(self, prompt_token_lists: Sequence[Sequence[int]], params: SamplingParams, *,
+                 seeds: Sequence[int] | None = None) -> list[list[int]]:
+        return [g.token_ids for g in self.generate_full(prompt_token_lists, params, seeds=seeds)]
 
-    def generate_full(
-        self,
-        prompt_token_lists: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        stop_ids: Sequence[int] = (),
-        seeds: Sequence[int] | None = None,
-        *,
-        seed: int | None = None,
-    ) -> list[Generation]:
-        """Completions of every prompt; `seeds` (one per prompt) seeds each request's own sampler; `seed` (the
+    def generate_full(self, prompt_token_lists: Sequence[Sequence[int]], params: SamplingParams, *,
+                      seeds: Sequence[int] | None = None) -> list[Generation]:
+        """Completions of every prompt; `seeds` (one per prompt) seeds each request's own sampler; `params.seed` (the
         engine protocol's, rollout/engine.py) gives them seeds.request_seed(seed, 0, i), as the first generate call
         of a colocated step seeded with `seed` does."""
-        check_sampling_args(temperature, top_p)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         prompts = [{"prompt_token_ids": [int(t) for t in p]} for p in prompt_token_lists]
         for i, prompt in enumerate(prompts):
             if not prompt["prompt_token_ids"]:
                 raise ValueError(f"prompt {i} is empty: generation needs at least one prompt token")
         # without `seeds` no per-request seed: copies of one prompt (a GRPO group) must draw different samples; the
         # engine's generator, seeded once, keeps runs reproducible. With `seeds`, give copies different seeds.
-        if seed is not None:
+        if params.seed is not None:
             if seeds is not None:
                 raise ValueError("pass seeds (one per prompt) or seed, not both")
-            seeds = [request_seed(int(seed), 0, i) for i in range(len(prompts))]
+            seeds = [request_seed(int(params.seed), 0, i) for i in range(len(prompts))]
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds must have one entry per prompt ({len(prompts)}), got {len(seeds)}")
 
         def sampling(seed: int | None) -> Any:
             return self._vllm.SamplingParams(
-                n=1, temperature=float(temperature), top_p=float(top_p), max_tokens=max_new_tokens,
-                stop_token_ids=list(stop_ids), logprobs=0, detokenize=False, seed=seed,
+                n=1, temperature=float(params.temperature), top_p=float(params.top_p), max_tokens=params.max_new_tokens,
+                stop_token_ids=list(params.stop_ids), logprobs=0, detokenize=False, seed=seed,
             )
 
-        params = sampling(None) if seeds is None else [sampling(int(s)) for s in seeds]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        per_request = sampling(None) if seeds is None else [sampling(int(s)) for s in seeds]
+        outputs = self.llm.generate(prompts, per_request, use_tqdm=False)
         return [_generation(out.outputs[0]) for out in outputs]
 
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],

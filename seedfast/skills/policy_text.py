@@ -1,7 +1,7 @@
 """Text in, text out through the policy: chat template -> token ids -> generation engine -> text.
 
 Used where the policy itself writes (SEED's self-analysis, GRSD reflections and guidance). The engine is
-the rollout engine's protocol; nothing here imports it.
+the rollout engine's protocol; nothing here imports it (rollout imports skills), only the SamplingParams it takes.
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from seedfast.sampling_params import SamplingParams
+
 Messages = list[dict[str, str]]
 _END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 
 class GenerationEngine(Protocol):
-    def generate(self, prompt_token_lists: list[list[int]], max_new_tokens: int, temperature: float,
-                 top_p: float, stop_ids: list[int], *, seed: int | None = None) -> list[list[int]]: ...
+    def generate(self, prompt_token_lists: list[list[int]], params: SamplingParams) -> list[list[int]]: ...
 
 
 def chat_prompt_ids(tokenizer: Any, messages: Messages) -> list[int]:
@@ -63,7 +64,7 @@ def generate_completions(engine: GenerationEngine, tokenizer: Any, prompts: list
     if not prompts:
         return []
     stops = list(stop_ids) if stop_ids is not None else default_stop_ids(tokenizer)
-    outputs = engine.generate(prompts, max_new_tokens, temperature, top_p, stops)
+    outputs = engine.generate(prompts, SamplingParams(max_new_tokens, temperature, top_p, stops))
     if len(outputs) != len(prompts):
         raise RuntimeError(f"the engine returned {len(outputs)} completions for {len(prompts)} prompts")
     completions = []

@@ -24,7 +24,7 @@ from seedfast.config.loading import ALGORITHM_CHECKS
 from seedfast.context.sample import StepSample
 from seedfast.envs.trajectory import Trajectory
 from seedfast.train import privileged
-from seedfast.train.privileged import Privileged
+from seedfast.train.privileged import Privileged, WriterContext
 
 # "opd": the OPD term's, from the update's forward or the scoring pass as StepPlan decides (none when
 # loss.opd_coef=0); "scorer": always θ_old's scoring pass, before the update (GRSD measures δ there)
@@ -32,8 +32,7 @@ TeacherNeed = Literal["none", "opd", "scorer"]
 
 
 class PrivilegedWriter(Protocol):
-    def __call__(self, cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
-                 group_of: Sequence[int], judge: Any = None, analyzer: Any = None) -> Privileged: ...
+    def __call__(self, ctx: WriterContext, trajectories: Sequence[Trajectory]) -> Privileged: ...
 
 
 # (cfg, samples, scores of the scoring pass, GRPO advantages, trajectories) -> (advantages, metrics)
@@ -125,11 +124,9 @@ def algorithm_spec(name: str) -> AlgorithmSpec:
     return ALGORITHMS[name]
 
 
-def privileged_text(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
-                    group_of: Sequence[int], judge: Any = None, analyzer: Any = None) -> Privileged:
-    """The privileged text of cfg.algorithm's writer; none for an algorithm without one."""
-    write = algorithm_spec(cfg.algorithm).privileged
+def privileged_text(ctx: WriterContext, trajectories: Sequence[Trajectory]) -> Privileged:
+    """The privileged text of ctx.cfg.algorithm's writer; none for an algorithm without one."""
+    write = algorithm_spec(ctx.cfg.algorithm).privileged
     if write is None:
         return Privileged([None] * len(trajectories), [{} for _ in trajectories])
-    return write(cfg, trajectories, engine=engine, tokenizer=tokenizer, group_of=group_of, judge=judge,
-                 analyzer=analyzer)
+    return write(ctx, trajectories)

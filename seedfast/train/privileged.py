@@ -7,7 +7,7 @@
   the policy (greedy) from the success and failure reflections; the guidance is that group's privileged text.
 - grpo: none.
 A trajectory whose text failed (parse error, analyzer error) gets None: it leaves OPD, never RL (docs/algorithms.md,
-'OPD gate').
+'OPD gate'). Every writer takes `(ctx, trajectories)`: a `WriterContext` holds what any of them may read.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 from seedfast.algo import grsd as grsd_math
 from seedfast.config import Config
 from seedfast.envs.trajectory import Trajectory
+from seedfast.sampling_params import SamplingParams
 from seedfast.skills import reflection as grsd_text
 from seedfast.skills.analyzers import make_analyzer
 from seedfast.skills.chat_client import ChatClient
@@ -37,6 +38,20 @@ class Reflections:
     texts: list[str]
     valid: list[bool]  # the reflection parses as numbered key points (guidance reads only those)
     scores: list[float]  # the judge's; 0 for an empty reflection; NaN where the judge gave no score
+
+
+@dataclass(frozen=True)
+class WriterContext:
+    """What a writer may read, each taking its part: the run's config; the policy's engine and tokenizer (the `self`
+    analyzer, GRSD's reflections and guidance); each trajectory's group (GRSD's contrast groups); the judge and the
+    analyzer the run built once (None: the writer builds them from the config)."""
+
+    cfg: Config
+    engine: Any
+    tokenizer: Any
+    group_of: Sequence[int] = ()
+    judge: Any = None
+    analyzer: Any = None
 
 
 @dataclass
@@ -80,9 +95,10 @@ def sdar_analyzer(cfg: Config, engine: Any, tokenizer: Any) -> Any:
     return None if cfg.skill.library else run_analyzer(cfg, engine, tokenizer)
 
 
-def _seed_skills(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, tokenizer: Any,
-                 analyzer: Any = None) -> Privileged:
-    analyzer = analyzer or run_analyzer(cfg, engine, tokenizer)
+def seed_skills(ctx: WriterContext, trajectories: Sequence[Trajectory]) -> Privileged:
+    """SEED's writer: the hindsight skills of `ctx.analyzer` (default: the configured one, built here)."""
+    cfg = ctx.cfg
+    analyzer = ctx.analyzer or run_analyzer(cfg, ctx.engine, ctx.tokenizer)
     try:
         results = analyzer.analyze(list(trajectories))
         reasons = Counter(r.reason for r in results)
@@ -100,8 +116,11 @@ def _seed_skills(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, t
     return Privileged(episode, step, metrics)
 
 
-def _sdar_skills(cfg: Config, trajectories: Sequence[Trajectory]) -> Privileged:
-    library = SkillLibrary.from_file(cfg.skill.library)
+def sdar_skills(ctx: WriterContext, trajectories: Sequence[Trajectory]) -> Privileged:
+    """SDAR's writer, a static provider: the library file, else per-task oracle/external skills."""
+    if not ctx.cfg.skill.library:
+        return seed_skills(ctx, trajectories)
+    library = SkillLibrary.from_file(ctx.cfg.skill.library)
     episode: list[str | None] = []
     failures = 0
     for t in trajectories:
@@ -114,12 +133,15 @@ def _sdar_skills(cfg: Config, trajectories: Sequence[Trajectory]) -> Privileged:
                       {"skill/parse_rate": 1 - failures / max(len(trajectories), 1)})
 
 
-def _grsd_guidance(cfg: Config, trajectories: Sequence[Trajectory], engine: Any, tokenizer: Any,
-                   group_of: Sequence[int], judge: Any) -> Privileged:
+def grsd_guidance(ctx: WriterContext, trajectories: Sequence[Trajectory]) -> Privileged:
+    """GRSD's writer: reflections, judged, then each contrast group's guidance."""
+    cfg, engine, tokenizer, group_of = ctx.cfg, ctx.engine, ctx.tokenizer, ctx.group_of
+    judge = ctx.judge or make_judge(cfg)
     # stage A: reflections, sampled from the policy
     prompts = [chat_prompt_ids(tokenizer, grsd_text.build_reflection_messages(t)) for t in trajectories]
-    gens = engine.generate_full(prompts, cfg.grsd.max_reflection_tokens, cfg.rollout.temperature,
-                                cfg.rollout.top_p, _stop_ids(tokenizer))
+    params = SamplingParams(cfg.grsd.max_reflection_tokens, cfg.rollout.temperature, cfg.rollout.top_p,
+                            _stop_ids(tokenizer))
+    gens = engine.generate_full(prompts, params)
     texts = tokenizer.batch_decode([g.token_ids for g in gens], skip_special_tokens=True)
     parsed = [grsd_text.parse_reflection(t) for t in texts]
     valid = [p.valid for p in parsed]
@@ -187,23 +209,3 @@ def make_judge(cfg: Config) -> Any:
     if cfg.grsd.judge == "external":
         return grsd_text.ExternalJudge(_external_client(cfg))
     return grsd_text.OracleJudge()
-
-
-def seed_skills(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
-                group_of: Sequence[int], judge: Any = None, analyzer: Any = None) -> Privileged:
-    """SEED's writer: the hindsight skills of `analyzer` (default: the configured one, built here)."""
-    return _seed_skills(cfg, trajectories, engine, tokenizer, analyzer)
-
-
-def sdar_skills(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
-                group_of: Sequence[int], judge: Any = None, analyzer: Any = None) -> Privileged:
-    """SDAR's writer, a static provider: the library file, else per-task oracle/external skills."""
-    if cfg.skill.library:
-        return _sdar_skills(cfg, trajectories)
-    return _seed_skills(cfg, trajectories, engine, tokenizer, analyzer)
-
-
-def grsd_guidance(cfg: Config, trajectories: Sequence[Trajectory], *, engine: Any, tokenizer: Any,
-                  group_of: Sequence[int], judge: Any = None, analyzer: Any = None) -> Privileged:
-    """GRSD's writer: reflections, judged, then each contrast group's guidance."""
-    return _grsd_guidance(cfg, trajectories, engine, tokenizer, group_of, judge or make_judge(cfg))

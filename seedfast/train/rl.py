@@ -62,7 +62,7 @@ from seedfast.train.batch import build_samples
 from seedfast.train.correction import correction_weights, warn_if_masked
 from seedfast.train.draws import choose_tasks, seed_everything, task_pool
 from seedfast.train.evaluate import evaluate_policy, evaluation_tasks
-from seedfast.train.privileged import Privileged
+from seedfast.train.privileged import Privileged, WriterContext
 from seedfast.train.reflection import reflection_update
 from seedfast.train.staleness import (
     Produced,
@@ -272,8 +272,9 @@ class Trainer:
         if not self.plan.privileged_text:
             return None
         with timer.phase("analyze"), self._generating():
-            privileged = privileged_text(self.cfg, trajectories, engine=self.engine, tokenizer=self.tokenizer,
-                                         group_of=group_of, judge=self.judge, analyzer=self.analyzer)
+            ctx = WriterContext(self.cfg, self.engine, self.tokenizer, group_of=group_of, judge=self.judge,
+                                analyzer=self.analyzer)
+            privileged = privileged_text(ctx, trajectories)
         metrics.update(privileged.metrics)
         if self.is_main:
             record_skills(self.paths.skills, step, trajectories, privileged)

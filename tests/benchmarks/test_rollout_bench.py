@@ -12,6 +12,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import rollout  # noqa: E402
 
+from seedfast.sampling_params import SamplingParams  # noqa: E402
+
 DOCS = ROOT / "docs" / "performance.md"
 
 
@@ -34,7 +36,7 @@ def test_a_row_derives_its_throughputs_from_its_times():
 
 def test_the_recorder_returns_a_stop_and_keeps_every_prompt():
     recorder = rollout._Recorder(stop=7)
-    gens = recorder.generate_full([[1, 2], [3]], 16)
+    gens = recorder.generate_full([[1, 2], [3]], SamplingParams(16))
     assert [g.token_ids for g in gens] == [[7], [7]] and recorder.prompts == [[1, 2], [3]]
 
 

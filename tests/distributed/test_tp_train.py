@@ -22,6 +22,7 @@ from seedfast.distributed.parallelize import parallelize_decoder
 from seedfast.distributed.vocab_head import gumbel_noise, tp_sample_next
 from seedfast.model.decoder import build_decoder
 from seedfast.rollout.own_engine import Sampler
+from seedfast.sampling_params import SamplingParams
 from seedfast.scoring import score, score_reference
 
 VOCAB = 203  # odd: shards of 102 and 101 rows
@@ -53,17 +54,17 @@ def _sampler_worker(rank, world):
 
     with unsharded(model):
         # sampling at T = 1.3: the shards' draw is the whole head's draw with the same noise
-        tp = Sampler(model, seed=11).generate_full(prompts, 9, temperature=1.3)
+        tp = Sampler(model, seed=11).generate_full(prompts, SamplingParams(9, temperature=1.3))
         ref.head_ops = SimpleNamespace(sample_next=_full_head_gumbel)
-        full = Sampler(ref, seed=11).generate_full(prompts, 9, temperature=1.3)
+        full = Sampler(ref, seed=11).generate_full(prompts, SamplingParams(9, temperature=1.3))
         del ref.head_ops
         assert [g.token_ids for g in tp] == [g.token_ids for g in full]
         assert len({tuple(g.token_ids) for g in tp}) > 1  # not a constant output
         for a, b in zip(tp, full):
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), **TOL)
         # greedy: the one-process sampler itself (sample_next on the whole [B, V] logits), token for token
-        tp = Sampler(model, seed=0).generate_full(prompts, 7, temperature=0.0)
-        plain = Sampler(ref, seed=0).generate_full(prompts, 7, temperature=0.0)
+        tp = Sampler(model, seed=0).generate_full(prompts, SamplingParams(7, temperature=0.0))
+        plain = Sampler(ref, seed=0).generate_full(prompts, SamplingParams(7, temperature=0.0))
         assert [g.token_ids for g in tp] == [g.token_ids for g in plain]
         for a, b in zip(tp, plain):
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), **TOL)

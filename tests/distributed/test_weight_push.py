@@ -73,6 +73,7 @@ def _colocated_worker(rank, world, folder):
     from seedfast.rollout import vllm_engine
     from seedfast.rollout.colocated import build_rollout
     from seedfast.rollout.own_engine import Sampler
+    from seedfast.sampling_params import SamplingParams
 
     vllm_engine._require_vllm = fake_module
     policy = load_hf(folder, dtype=torch.float32, attn_backend="sdpa")
@@ -89,8 +90,8 @@ def _colocated_worker(rank, world, folder):
         assert metrics["sync/buckets"] > 1
         theirs = rollout.llm.decoder.state_dict()
         assert all(torch.equal(theirs[n], t) for n, t in reference.state_dict().items())
-        got = rollout.generate(prompts(), 5, temperature=0.0)
-        assert got == Sampler(reference).generate(prompts(), 5, temperature=0.0)
+        got = rollout.generate(prompts(), SamplingParams(5, temperature=0.0))
+        assert got == Sampler(reference).generate(prompts(), SamplingParams(5, temperature=0.0))
         rollout.after_rollout()
 
 

@@ -13,6 +13,7 @@ import torch
 from seedfast.model import load_hf
 from seedfast.rollout import vllm_engine
 from seedfast.rollout.own_engine import Sampler
+from seedfast.sampling_params import SamplingParams
 
 
 @dataclasses.dataclass
@@ -97,7 +98,8 @@ class FakeLLM:
         gens = []
         for prompt, sp in zip(ids, per_request):
             sampler = Sampler(self.decoder, seed=sp.seed if sp.seed is not None else 0)
-            gens += sampler.generate_full([prompt], sp.max_tokens, sp.temperature, sp.top_p, sp.stop_token_ids)
+            params = SamplingParams(sp.max_tokens, sp.temperature, sp.top_p, sp.stop_token_ids)
+            gens += sampler.generate_full([prompt], params)
         return [SimpleNamespace(outputs=[SimpleNamespace(
             token_ids=g.token_ids, finish_reason=g.finish_reason,
             logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(g.token_ids, g.logprobs)])]) for g in gens]

@@ -21,21 +21,20 @@ class ScriptedEngine:
     def __init__(self, tokenizer, answer):
         self.tokenizer, self.answer, self.calls, self.outputs = tokenizer, answer, 0, []
 
-    def generate(self, prompt_token_lists, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=()):
+    def generate(self, prompt_token_lists, params):
         self.calls += 1
         out = []
         for ids in prompt_token_lists:
             text = self.tokenizer.decode(ids)
             task = re.search(r"Your task: (.*)\n", text).group(1)
             step = int(re.findall(r"\[Step (\d+)\] Current observation", text)[0])
-            out.append(self.tokenizer.encode(self.answer(task, step), add_special_tokens=False) + [stop_ids[0]])
+            out.append(self.tokenizer.encode(self.answer(task, step), add_special_tokens=False) + [params.stop_ids[0]])
         self.outputs += out
         return out
 
-    def generate_full(self, prompt_token_lists, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=(), *,
-                      seed=None):
-        outputs = self.generate(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids)
-        return [Generation(ids, None, "stop" if ids and ids[-1] in stop_ids else "length") for ids in outputs]
+    def generate_full(self, prompt_token_lists, params):
+        outputs = self.generate(prompt_token_lists, params)
+        return [Generation(ids, None, "stop" if ids and ids[-1] in params.stop_ids else "length") for ids in outputs]
 
 
 def walkthrough_answer(games, n_invalid=0):

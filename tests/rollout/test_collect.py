@@ -88,12 +88,13 @@ def test_collect_rejects_an_analyzer_that_loses_trajectories(tmp_path, games, to
             return super().analyze(trajectories)[:-1]
 
     class Look:
-        def generate(self, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=()):
+        def generate(self, prompts, params):
             return [tokenizer.encode("<action>look</action>", add_special_tokens=False) for _ in prompts]
 
-        def generate_full(self, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=(), *, seed=None):
-            outputs = self.generate(prompts, max_new_tokens, temperature, top_p, stop_ids)
-            return [Generation(ids, None, "stop" if ids and ids[-1] in stop_ids else "length") for ids in outputs]
+        def generate_full(self, prompts, params):
+            outputs = self.generate(prompts, params)
+            return [Generation(ids, None, "stop" if ids and ids[-1] in params.stop_ids else "length")
+                    for ids in outputs]
 
     tasks = [Task.from_record(g) for g in games]
     with pytest.raises(RuntimeError, match="1 results for 2 trajectories"):

@@ -19,6 +19,7 @@ from seedfast.rollout.colocated import OwnRollout, RolloutEngine, VLLMRollout, b
 from seedfast.rollout.engine import GenerationEngine
 from seedfast.rollout.own_engine import Sampler
 from seedfast.rollout.vllm_engine import VLLMEngine
+from seedfast.sampling_params import SamplingParams
 from seedfast.seeds import request_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -71,7 +72,7 @@ def test_sync_order_wake_weights_push_wake_kv_generate_sleep(fake_vllm, policy_a
         llm.calls.clear()
         metrics = rollout.before_rollout(push(policy))
         assert weights_equal(llm, policy)
-        rollout.generate(prompts(), 4, temperature=0.0)
+        rollout.generate(prompts(), SamplingParams(4, temperature=0.0))
         metrics |= rollout.after_rollout()
         n_buckets = int(metrics["sync/buckets"])
         pushes = [("rpc", "seedfast_load_weights")] * n_buckets
@@ -86,7 +87,7 @@ def test_sync_order_wake_weights_push_wake_kv_generate_sleep(fake_vllm, policy_a
         update(policy, step)
         assert not weights_equal(llm, policy)
     with pytest.raises(RuntimeError, match="asleep"):
-        rollout.generate(prompts(), 2)
+        rollout.generate(prompts(), SamplingParams(2))
 
 
 def test_sleep_level_2_discards_weights_and_the_push_restores_every_one(fake_vllm, policy_and_folder):
@@ -106,7 +107,7 @@ def test_without_sleep_the_engine_stays_awake(fake_vllm, policy_and_folder):
     assert not rollout.llm.sleep_mode
     rollout.before_rollout(push(policy))
     assert rollout.after_rollout() == {}
-    rollout.generate(prompts(), 2)
+    rollout.generate(prompts(), SamplingParams(2))
     assert not any(c[0] in ("sleep", "wake_up") for c in rollout.llm.calls)
 
 
@@ -172,16 +173,17 @@ def test_stale_weights_change_generations_and_a_sync_makes_them_identical(fake_v
     live = build_rollout("own", policy)
     assert isinstance(live, OwnRollout) and live.reads_policy
     copy.before_rollout(push(policy))
-    assert copy.generate(prompts(), 6, temperature=0.0) == live.generate(prompts(), 6, temperature=0.0)
+    greedy = SamplingParams(6, temperature=0.0)
+    assert copy.generate(prompts(), greedy) == live.generate(prompts(), greedy)
 
     update(policy, 3)
-    stale = copy.generate(prompts(), 6, temperature=0.0)  # no sync
-    fresh = live.generate(prompts(), 6, temperature=0.0)
+    stale = copy.generate(prompts(), SamplingParams(6, temperature=0.0))  # no sync
+    fresh = live.generate(prompts(), SamplingParams(6, temperature=0.0))
     assert stale != fresh
     copy.before_rollout(push(policy))
-    synced = copy.generate_full(prompts(), 6, temperature=0.0)
+    synced = copy.generate_full(prompts(), SamplingParams(6, temperature=0.0))
     assert [g.token_ids for g in synced] == fresh
-    ours = live.generate_full(prompts(), 6, temperature=0.0)
+    ours = live.generate_full(prompts(), SamplingParams(6, temperature=0.0))
     for a, b in zip(synced, ours):
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
 
@@ -194,7 +196,8 @@ def test_request_seeds_come_from_the_step_and_differ_across_copies(fake_vllm, po
 
     def step(seed):
         rollout.begin_step(seed)
-        return rollout.generate(group, 8, temperature=1.0), rollout.generate(group, 8, temperature=1.0)
+        params = SamplingParams(8, temperature=1.0)
+        return rollout.generate(group, params), rollout.generate(group, params)
 
     first, second = step(7)
     assert len({tuple(g) for g in first}) > 1  # copies differ
@@ -206,20 +209,20 @@ def test_request_seeds_come_from_the_step_and_differ_across_copies(fake_vllm, po
     rollout.begin_step(7)
     calls = []
     rollout.engine.generate_full = lambda *args, seeds=None: calls.append(seeds) or []
-    rollout.generate(group, 8)
+    rollout.generate(group, SamplingParams(8))
     assert calls == [None]
     assert all(0 <= request_seed(s, c, i) < 2**31 - 1 for s in (0, 2**31 - 2) for c in (0, 9) for i in (0, 999))
 
 
-@pytest.mark.parametrize("engine", [Sampler, VLLMEngine, OwnRollout, VLLMRollout])
-def test_every_engine_takes_the_protocol_seed(engine):
-    """The engine protocol (rollout/engine.py, and RolloutEngine) names the seed the engines take: `seed=`, a
-    keyword, on generate and generate_full."""
+@pytest.mark.parametrize("engine", [Sampler, VLLMEngine, OwnRollout, VLLMRollout, GenerationEngine, RolloutEngine])
+def test_every_engine_takes_the_protocol_sampling_params(engine):
+    """The engine protocol (rollout/engine.py, and RolloutEngine) and every engine take the prompts and one
+    SamplingParams (the seed among them) on generate and generate_full; vLLM's per-request `seeds` only as a
+    keyword."""
     for method in ("generate", "generate_full"):
-        params = inspect.signature(getattr(engine, method)).parameters
-        assert "seed" in params and params["seed"].default is None, f"{engine.__name__}.{method}"
-    for protocol in (GenerationEngine, RolloutEngine):
-        assert inspect.signature(protocol.generate).parameters["seed"].kind is inspect.Parameter.KEYWORD_ONLY
+        params = list(inspect.signature(getattr(engine, method)).parameters.values())
+        assert [p.name for p in params[:3]] == ["self", "prompt_token_lists", "params"], f"{engine.__name__}.{method}"
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[3:]), f"{engine.__name__}.{method}"
 
 
 def test_a_seeded_call_draws_as_the_first_call_after_seeding(fake_vllm, policy_and_folder):
@@ -231,18 +234,18 @@ def test_a_seeded_call_draws_as_the_first_call_after_seeding(fake_vllm, policy_a
     vllm.before_rollout(push(policy))
     for rollout in (OwnRollout(policy, seed=0), vllm):
         rollout.begin_step(5)
-        first = rollout.generate(group, 8, temperature=1.0)
+        first = rollout.generate(group, SamplingParams(8, temperature=1.0))
         rollout.begin_step(9)
-        rollout.generate(group, 8, temperature=1.0)  # the stream moves on
-        assert rollout.generate(group, 8, temperature=1.0, seed=5) == first
-        assert [g.token_ids for g in rollout.generate_full(group, 8, temperature=1.0, seed=5)] == first
-        assert rollout.generate(group, 8, temperature=1.0, seed=6) != first
+        rollout.generate(group, SamplingParams(8, temperature=1.0))  # the stream moves on
+        assert rollout.generate(group, SamplingParams(8, temperature=1.0, seed=5)) == first
+        assert [g.token_ids for g in rollout.generate_full(group, SamplingParams(8, temperature=1.0, seed=5))] == first
+        assert rollout.generate(group, SamplingParams(8, temperature=1.0, seed=6)) != first
     sampler = Sampler(policy, seed=1)
-    sampler.generate(group, 8, temperature=1.0)
-    assert sampler.generate(group, 8, temperature=1.0, seed=5) == Sampler(policy, seed=5).generate(
-        group, 8, temperature=1.0)
+    sampler.generate(group, SamplingParams(8, temperature=1.0))
+    assert sampler.generate(group, SamplingParams(8, temperature=1.0, seed=5)) == Sampler(policy, seed=5).generate(
+        group, SamplingParams(8, temperature=1.0))
     with pytest.raises(ValueError, match="not both"):
-        vllm.engine.generate(group, 8, seeds=[1, 2, 3], seed=5)
+        vllm.engine.generate(group, SamplingParams(8, seed=5), seeds=[1, 2, 3])
 
 
 # ---------------------------------------------------------------- OwnRollout and the checks
@@ -258,9 +261,10 @@ def test_own_rollout_reads_the_live_weights_and_never_reads_the_buckets():
 
     rollout.begin_step(11)
     assert rollout.before_rollout(untouchable()) == {}
-    got = rollout.generate_full(prompts(), 5, temperature=1.0)
+    got = rollout.generate_full(prompts(), SamplingParams(5, temperature=1.0))
     assert rollout.after_rollout() == {}
-    want = Sampler(policy, seed=11).generate_full(prompts(), 5, temperature=1.0)  # what the trainer does per step
+    # what the trainer does per step
+    want = Sampler(policy, seed=11).generate_full(prompts(), SamplingParams(5, temperature=1.0))
     assert got == want
 
 
@@ -298,11 +302,11 @@ def test_real_vllm_rollout_generates_syncs_and_verifies(tmp_path):
     folder = save_hf(policy, tmp_path / "hf")
     rollout = build_rollout("vllm", policy, folder, dtype="bf16", gpu_memory_utilization=0.2, max_model_len=256,
                             enforce_eager=True)
-    want = lambda: Sampler(policy).generate(prompts(), 4, temperature=0.0)  # noqa: E731
+    want = lambda: Sampler(policy).generate(prompts(), SamplingParams(4, temperature=0.0))  # noqa: E731
     rollout.begin_step(0)
     metrics = rollout.before_rollout(push(policy, 1 << 20))  # verifies checksums
     assert metrics["sync/buckets"] > 1
-    before = rollout.generate(prompts(), 4, temperature=0.0)
+    before = rollout.generate(prompts(), SamplingParams(4, temperature=0.0))
     assert [b[:2] for b in before] == [w[:2] for w in want()]
     assert "sync/sleep_seconds" in rollout.after_rollout()
 
@@ -312,9 +316,9 @@ def test_real_vllm_rollout_generates_syncs_and_verifies(tmp_path):
         policy.model.norm.weight.mul_(1.5)
     rollout.begin_step(1)
     rollout.before_rollout(push(policy, 1 << 20))  # wakes weights, pushes, verifies, wakes the KV cache
-    after = rollout.generate(prompts(), 4, temperature=0.0)
+    after = rollout.generate(prompts(), SamplingParams(4, temperature=0.0))
     assert after != before
     assert [a[:2] for a in after] == [w[:2] for w in want()]
-    sampled = rollout.generate([prompts()[0]] * 4, 8, temperature=1.0)
+    sampled = rollout.generate([prompts()[0]] * 4, SamplingParams(8, temperature=1.0))
     assert len({tuple(s) for s in sampled}) > 1  # per-request seeds differ across copies of one prompt
     rollout.after_rollout()

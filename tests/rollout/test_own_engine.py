@@ -6,6 +6,7 @@ import torch
 from seedfast.model import DecoderConfig, build_decoder, make_cu_seqlens
 from seedfast.model.kv import StaticKVCache
 from seedfast.rollout.own_engine import Sampler
+from seedfast.sampling_params import SamplingParams
 
 VOCAB = 300
 
@@ -61,9 +62,9 @@ def test_sampled_logprobs_equal_the_full_forward_at_every_position(model_type, t
     prompts = random_prompts(5, seed=12) + [[4]]
     prompts += prompts[:2]
     temperature = 1.3
-    gens = Sampler(model, seed=13).generate_full(prompts, 8, temperature=temperature, stop_ids=[5, 17, 60])
-    uncached = Sampler(model, seed=13, use_cache=False).generate_full(prompts, 8, temperature=temperature,
-                                                                     stop_ids=[5, 17, 60])
+    params = SamplingParams(8, temperature=temperature, stop_ids=[5, 17, 60])
+    gens = Sampler(model, seed=13).generate_full(prompts, params)
+    uncached = Sampler(model, seed=13, use_cache=False).generate_full(prompts, params)
     assert [g.token_ids for g in gens] == [g.token_ids for g in uncached]
     for prompt, gen in zip(prompts, gens):
         logits = full_logits(model, prompt + gen.token_ids)[len(prompt) - 1 : -1]
@@ -98,8 +99,8 @@ def test_kv_cache_select_keeps_rows_and_rejects_overflow(model):
 def test_greedy_with_cache_equals_without_cache_and_reference(model):
     prompts = random_prompts(9, seed=2) + [[3]]
     stop_ids = [11, 42, 97, 150, 222]  # some sequences stop early, so finished rows get dropped mid-batch
-    cached = Sampler(model).generate(prompts, 12, temperature=0.0, stop_ids=stop_ids)
-    uncached = Sampler(model, use_cache=False).generate(prompts, 12, temperature=0.0, stop_ids=stop_ids)
+    cached = Sampler(model).generate(prompts, SamplingParams(12, temperature=0.0, stop_ids=stop_ids))
+    uncached = Sampler(model, use_cache=False).generate(prompts, SamplingParams(12, temperature=0.0, stop_ids=stop_ids))
     expected = reference_greedy(model, prompts, 12, stop_ids)
     assert cached == expected
     assert uncached == expected
@@ -109,9 +110,9 @@ def test_greedy_with_cache_equals_without_cache_and_reference(model):
 
 def test_finish_reason_and_stop_token_kept(model):
     prompts = random_prompts(6, seed=3)
-    free = Sampler(model).generate_full(prompts, 5, temperature=0.0)
+    free = Sampler(model).generate_full(prompts, SamplingParams(5, temperature=0.0))
     stop = free[0].token_ids[2]
-    gens = Sampler(model).generate_full(prompts, 5, temperature=0.0, stop_ids=[stop])
+    gens = Sampler(model).generate_full(prompts, SamplingParams(5, temperature=0.0, stop_ids=[stop]))
     for f, g in zip(free, gens):
         if stop in f.token_ids:
             cut = f.token_ids.index(stop) + 1
@@ -124,7 +125,7 @@ def test_finish_reason_and_stop_token_kept(model):
 def test_returned_logprobs_are_temperature_scaled_logprobs(model):
     prompts = random_prompts(4, seed=4)
     temperature = 0.7
-    gens = Sampler(model, seed=5).generate_full(prompts, 4, temperature=temperature)
+    gens = Sampler(model, seed=5).generate_full(prompts, SamplingParams(4, temperature=temperature))
     for prompt, gen in zip(prompts, gens):
         for t, (token, logprob) in enumerate(zip(gen.token_ids, gen.logprobs)):
             logits = last_logits(model, [prompt + gen.token_ids[:t]])[0]
@@ -134,37 +135,38 @@ def test_returned_logprobs_are_temperature_scaled_logprobs(model):
 
 def test_temperature_zero_is_deterministic_whatever_the_seed(model):
     prompts = random_prompts(5, seed=6)
-    a = Sampler(model, seed=1).generate(prompts, 8, temperature=0.0)
-    b = Sampler(model, seed=2).generate(prompts, 8, temperature=0.0, top_p=0.5)
+    a = Sampler(model, seed=1).generate(prompts, SamplingParams(8, temperature=0.0))
+    b = Sampler(model, seed=2).generate(prompts, SamplingParams(8, temperature=0.0, top_p=0.5))
     assert a == b
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent(model):
     prompts = random_prompts(6, seed=7)
     sampler = Sampler(model, seed=3)
-    first = sampler.generate(prompts, 10, temperature=1.5)
-    assert Sampler(model, seed=3).generate(prompts, 10, temperature=1.5) == first
-    assert sampler.generate(prompts, 10, temperature=1.5, seed=3) == first  # reseeding per call
-    assert Sampler(model, seed=4).generate(prompts, 10, temperature=1.5) != first
+    first = sampler.generate(prompts, SamplingParams(10, temperature=1.5))
+    assert Sampler(model, seed=3).generate(prompts, SamplingParams(10, temperature=1.5)) == first
+    assert sampler.generate(prompts, SamplingParams(10, temperature=1.5, seed=3)) == first  # reseeding per call
+    assert Sampler(model, seed=4).generate(prompts, SamplingParams(10, temperature=1.5)) != first
     # the cache does not change what is sampled: the same random draws meet the same distributions
-    assert Sampler(model, seed=3, use_cache=False).generate(prompts, 10, temperature=1.5) == first
+    assert Sampler(model, seed=3, use_cache=False).generate(prompts, SamplingParams(10, temperature=1.5)) == first
 
 
 def test_tiny_top_p_is_greedy(model):
     prompts = random_prompts(5, seed=8)
-    greedy = Sampler(model).generate(prompts, 6, temperature=0.0)
-    assert Sampler(model, seed=9).generate(prompts, 6, temperature=1.0, top_p=1e-6) == greedy
+    greedy = Sampler(model).generate(prompts, SamplingParams(6, temperature=0.0))
+    assert Sampler(model, seed=9).generate(prompts, SamplingParams(6, temperature=1.0, top_p=1e-6)) == greedy
 
 
 def test_chunked_batches_give_the_same_tokens(model):
     prompts = random_prompts(7, seed=9)
-    whole = Sampler(model).generate(prompts, 6, temperature=0.0, stop_ids=[5])
-    assert Sampler(model, max_batch_sequences=3).generate(prompts, 6, temperature=0.0, stop_ids=[5]) == whole
+    params = SamplingParams(6, temperature=0.0, stop_ids=[5])
+    whole = Sampler(model).generate(prompts, params)
+    assert Sampler(model, max_batch_sequences=3).generate(prompts, params) == whole
 
 
 def test_model_mode_is_restored(model):
     model.train()
-    Sampler(model).generate([[1, 2]], 2, temperature=0.0)
+    Sampler(model).generate([[1, 2]], SamplingParams(2, temperature=0.0))
     assert model.training
     model.eval()
 
@@ -181,26 +183,27 @@ def test_model_mode_is_restored(model):
     ],
 )
 def test_bad_input_is_named(model, args, kwargs, match):
+    prompts, max_new_tokens = args
     with pytest.raises(ValueError, match=match):
-        Sampler(model).generate(*args, **kwargs)
+        Sampler(model).generate(prompts, SamplingParams(max_new_tokens, **kwargs))
 
 
 def test_bad_types_are_named(model):
     with pytest.raises(TypeError, match="prompt_token_lists"):
-        Sampler(model).generate("hello", 4)
+        Sampler(model).generate("hello", SamplingParams(4))
     with pytest.raises(TypeError, match="stop_ids"):
-        Sampler(model).generate([[1]], 4, stop_ids=["<|im_end|>"])
+        Sampler(model).generate([[1]], SamplingParams(4, stop_ids=["<|im_end|>"]))
     with pytest.raises(TypeError, match="lm_head_weight"):
         Sampler(torch.nn.Linear(2, 2))
 
 
 def test_identical_prompts_share_prefill_but_sample_independently(model):
     prompts = random_prompts(2, seed=10) * 4  # a GRPO group: the same prompt N times
-    greedy = Sampler(model).generate(prompts, 6, temperature=0.0, stop_ids=[5])
+    greedy = Sampler(model).generate(prompts, SamplingParams(6, temperature=0.0, stop_ids=[5]))
     assert greedy == reference_greedy(model, prompts, 6, [5])
-    sampled = Sampler(model, seed=11).generate(prompts, 6, temperature=2.0)
+    sampled = Sampler(model, seed=11).generate(prompts, SamplingParams(6, temperature=2.0))
     assert len({tuple(s) for s in sampled[0::2]}) > 1
-    assert Sampler(model, seed=11, use_cache=False).generate(prompts, 6, temperature=2.0) == sampled
+    assert Sampler(model, seed=11, use_cache=False).generate(prompts, SamplingParams(6, temperature=2.0)) == sampled
 
 
 def test_greedy_generation_of_a_repeated_prompt_runs_once(model, monkeypatch):
@@ -213,12 +216,13 @@ def test_greedy_generation_of_a_repeated_prompt_runs_once(model, monkeypatch):
         return decode(ids, cache)
 
     monkeypatch.setattr(model, "decode", counting_decode)
-    gens = Sampler(model).generate_full(prompts, 5, temperature=0.0)
+    gens = Sampler(model).generate_full(prompts, SamplingParams(5, temperature=0.0))
     assert [g.token_ids for g in gens] == reference_greedy(model, prompts, 5, [])
     assert rows and max(rows) == 3  # the three distinct prompts, not nine rows
     assert [g.logprobs for g in gens[3:6]] == [g.logprobs for g in gens[:3]]
     gens[0].token_ids.append(-1)  # each copy is its own list
     assert gens[3].token_ids[-1] != -1
     monkeypatch.undo()
-    sampled = Sampler(model, seed=3).generate(prompts, 5, temperature=1.5)  # sampling still draws every row
+    # sampling still draws every row
+    sampled = Sampler(model, seed=3).generate(prompts, SamplingParams(5, temperature=1.5))
     assert len({tuple(s) for s in sampled[0::3]}) > 1

@@ -5,6 +5,7 @@ import torch
 
 from seedfast.model import DecoderConfig, build_decoder, save_hf
 from seedfast.rollout.own_engine import Sampler
+from seedfast.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +37,8 @@ def prompts():
 @pytest.mark.gpu
 def test_greedy_tokens_and_logprobs_match_the_own_sampler(setup):
     model, engine = setup
-    ours = Sampler(model).generate_full(prompts(), 8, temperature=0.0)
-    theirs = engine.generate_full(prompts(), 8, temperature=0.0)
+    ours = Sampler(model).generate_full(prompts(), SamplingParams(8, temperature=0.0))
+    theirs = engine.generate_full(prompts(), SamplingParams(8, temperature=0.0))
     for a, b in zip(ours, theirs):
         assert b.token_ids[:4] == a.token_ids[:4]
         assert b.logprobs is not None and len(b.logprobs) == len(b.token_ids)
@@ -47,9 +48,9 @@ def test_greedy_tokens_and_logprobs_match_the_own_sampler(setup):
 @pytest.mark.gpu
 def test_stop_ids_end_completions_and_are_kept(setup):
     _, engine = setup
-    free = engine.generate(prompts(), 6, temperature=0.0)
+    free = engine.generate(prompts(), SamplingParams(6, temperature=0.0))
     stop = free[0][1]
-    for f, g in zip(free, engine.generate_full(prompts(), 6, temperature=0.0, stop_ids=[stop])):
+    for f, g in zip(free, engine.generate_full(prompts(), SamplingParams(6, temperature=0.0, stop_ids=[stop]))):
         cut = f.index(stop) + 1 if stop in f else len(f)
         assert g.token_ids == f[:cut]
         assert g.finish_reason == ("stop" if stop in f else "length")
@@ -58,15 +59,16 @@ def test_stop_ids_end_completions_and_are_kept(setup):
 @pytest.mark.gpu
 def test_load_weights_updates_generation_in_place(setup):
     model, engine = setup
-    before = engine.generate(prompts(), 4, temperature=0.0)
+    before = engine.generate(prompts(), SamplingParams(4, temperature=0.0))
     with torch.no_grad():
         model.lm_head_weight.copy_(model.lm_head_weight[torch.randperm(512, generator=torch.Generator().manual_seed(1))
                                    .to(model.lm_head_weight.device)])
         model.model.norm.weight.mul_(1.5)
     engine.load_weights(model.state_dict())  # verifies a read-back checksum
-    after = engine.generate(prompts(), 4, temperature=0.0)
+    after = engine.generate(prompts(), SamplingParams(4, temperature=0.0))
     assert after != before
-    assert [a[:2] for a in after] == [o[:2] for o in Sampler(model).generate(prompts(), 4, temperature=0.0)]
+    ours = Sampler(model).generate(prompts(), SamplingParams(4, temperature=0.0))
+    assert [a[:2] for a in after] == [o[:2] for o in ours]
 
 
 def test_missing_vllm_gives_one_clear_error(monkeypatch):

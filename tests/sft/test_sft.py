@@ -19,6 +19,7 @@ from seedfast.rollout.own_engine import Sampler
 from seedfast.rollout.prompts import PromptStyle
 from seedfast.runtime.optim import lr_at
 from seedfast.runtime.precision import MasterWeights
+from seedfast.sampling_params import SamplingParams
 from seedfast.sft import run as sft
 from seedfast.sft.examples import SFTExample, action_response_ids, bc_examples, make_example
 from seedfast.sft.loop import evaluate_loss, pack, plan_batches, token_logprobs, train_sft
@@ -226,7 +227,7 @@ def test_short_sft_memorizes_the_walkthroughs(tok, bc, replays):
     sampler = Sampler(model)
     stops = stop_token_ids(tok)
     for ex, prompt, step in zip(bc, prompts, steps):
-        out = sampler.generate([prompt], max_new_tokens=16, temperature=0.0, stop_ids=stops)[0]
+        out = sampler.generate([prompt], SamplingParams(max_new_tokens=16, temperature=0.0, stop_ids=stops))[0]
         assert parse_action(tok.decode(out, skip_special_tokens=True)) == step.action, ex.source
         assert out == action_response_ids(tok, step.action), ex.source  # the whole answer, end of turn included
 

@@ -74,7 +74,7 @@ class WalkthroughEngine:
             self.plans[env.reset().task] = task.walkthrough
             env.close()
 
-    def generate(self, prompt_token_lists, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=()):
+    def generate(self, prompt_token_lists, params):
         out = []
         for ids in prompt_token_lists:
             text = self.tok.decode(ids)
@@ -84,10 +84,9 @@ class WalkthroughEngine:
             out.append(self.tok.encode(f"<action>{action}</action><|im_end|>", add_special_tokens=False))
         return out
 
-    def generate_full(self, prompt_token_lists, max_new_tokens, temperature=1.0, top_p=1.0, stop_ids=(), *,
-                      seed=None):
-        outputs = self.generate(prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids)
-        return [Generation(ids, None, "stop" if ids and ids[-1] in stop_ids else "length") for ids in outputs]
+    def generate_full(self, prompt_token_lists, params):
+        outputs = self.generate(prompt_token_lists, params)
+        return [Generation(ids, None, "stop" if ids and ids[-1] in params.stop_ids else "length") for ids in outputs]
 
 
 @pytest.mark.parametrize("limit", [None, "tight"])

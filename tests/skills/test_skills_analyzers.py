@@ -99,9 +99,10 @@ class ScriptedEngine:
         self.tokenizer, self.texts, self.extra = tokenizer, list(texts), extra_after_stop
         self.calls = []
 
-    def generate(self, prompt_token_lists, max_new_tokens, temperature, top_p, stop_ids):
-        self.calls.append(dict(prompts=prompt_token_lists, max_new_tokens=max_new_tokens, temperature=temperature,
-                               top_p=top_p, stop_ids=stop_ids))
+    def generate(self, prompt_token_lists, params):
+        stop_ids = list(params.stop_ids)
+        self.calls.append(dict(prompts=prompt_token_lists, max_new_tokens=params.max_new_tokens,
+                               temperature=params.temperature, top_p=params.top_p, stop_ids=stop_ids))
         out = []
         for _ in prompt_token_lists:
             ids = self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False)
@@ -187,11 +188,11 @@ def test_self_analyzer_samples_at_the_temperature_it_is_given(tokenizer):
 
 def test_the_seed_skills_of_a_run_use_skill_analysis_temperature(tokenizer):
     from seedfast.config import load_config
-    from seedfast.train.privileged import _seed_skills
+    from seedfast.train.privileged import WriterContext, seed_skills
 
     cfg = load_config(None, ["skill.analyzer=self", "skill.analysis_temperature=0.6"])
     engine = ScriptedEngine(tokenizer, [GOOD])
-    privileged = _seed_skills(cfg, [trajectory(["go south"], won=True)], engine, tokenizer)
+    privileged = seed_skills(WriterContext(cfg, engine, tokenizer), [trajectory(["go south"], won=True)])
     assert engine.calls[0]["temperature"] == 0.6 and privileged.metrics["skill/parse_rate"] == 1.0
 
 

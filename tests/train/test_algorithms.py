@@ -58,8 +58,8 @@ def test_a_spec_that_cannot_work_is_refused():
 def test_the_plan_and_the_privileged_text_read_the_spec(monkeypatch):
     calls = []
 
-    def writer(cfg, trajectories, *, engine, tokenizer, group_of, judge=None, analyzer=None):
-        calls.append((len(trajectories), list(group_of), judge, analyzer))
+    def writer(ctx, trajectories):
+        calls.append((len(trajectories), list(ctx.group_of), ctx.judge, ctx.analyzer))
         return privileged.Privileged(["skill"] * len(trajectories))
 
     monkeypatch.setitem(ALGORITHMS, "grpo", AlgorithmSpec("grpo", privileged=writer, teacher="scorer",
@@ -68,14 +68,15 @@ def test_the_plan_and_the_privileged_text_read_the_spec(monkeypatch):
     plan = plan_step(cfg)
     assert (plan.privileged_text, plan.teacher, plan.score_pass, plan.opd, plan.reflection_update) == (
         True, "scorer", True, False, True)
-    out = algorithms.privileged_text(cfg, [object(), object()], engine=None, tokenizer=None, group_of=[0, 0],
-                                     judge="j", analyzer="a")
+    ctx = privileged.WriterContext(cfg, engine=None, tokenizer=None, group_of=[0, 0], judge="j", analyzer="a")
+    out = algorithms.privileged_text(ctx, [object(), object()])
     assert out.episode == ["skill", "skill"] and calls == [(2, [0, 0], "j", "a")]
 
 
 def test_an_algorithm_without_a_writer_has_no_privileged_text():
     cfg = load_config(None, ["algorithm=grpo"])
-    out = algorithms.privileged_text(cfg, [object()] * 3, engine=None, tokenizer=None, group_of=[0, 0, 0])
+    ctx = privileged.WriterContext(cfg, engine=None, tokenizer=None, group_of=[0, 0, 0])
+    out = algorithms.privileged_text(ctx, [object()] * 3)
     assert out.episode == [None] * 3 and out.step == [{}] * 3
 
 

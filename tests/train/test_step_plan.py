@@ -56,5 +56,5 @@ def test_rl_external_analyzer_caps_its_answer_at_max_analysis_tokens(monkeypatch
     cfg = load_config(None, ["skill.analyzer=external", "skill.external.endpoint=http://127.0.0.1:9/v1",
                              "skill.external.model=m", "skill.max_analysis_tokens=77"])
     with pytest.raises(Built):
-        privileged._seed_skills(cfg, [], engine=None, tokenizer=None)
+        privileged.seed_skills(privileged.WriterContext(cfg, engine=None, tokenizer=None), [])
     assert built["kind"] == "external" and built["client"].max_tokens == 77

@@ -18,6 +18,7 @@ BATCH, PROMPT, NEW_TOKENS = 32, 200, 4
 
 def test_a_seeded_batch_beyond_the_cpu_step_budget_completes_and_repeats(tmp_path):
     from seedfast.rollout.vllm_engine import VLLMEngine
+    from seedfast.sampling_params import SamplingParams
 
     tiny_policy("qwen3", tmp_path)
     engine_env()
@@ -26,8 +27,8 @@ def test_a_seeded_batch_beyond_the_cpu_step_budget_completes_and_repeats(tmp_pat
         gen = torch.Generator().manual_seed(1)
         prompts = [torch.randint(0, VOCAB, (PROMPT,), generator=gen).tolist() for _ in range(BATCH)]
         assert BATCH * PROMPT > 4096  # more than one step of vLLM's CPU default budget
-        first = engine.generate_full(prompts, NEW_TOKENS, temperature=1.0, seed=7)
-        again = engine.generate_full(prompts, NEW_TOKENS, temperature=1.0, seed=7)
+        first = engine.generate_full(prompts, SamplingParams(NEW_TOKENS, temperature=1.0, seed=7))
+        again = engine.generate_full(prompts, SamplingParams(NEW_TOKENS, temperature=1.0, seed=7))
     finally:
         engine.close()
     assert [len(g.token_ids) for g in first] == [NEW_TOKENS] * BATCH

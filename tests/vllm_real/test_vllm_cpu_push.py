@@ -18,6 +18,7 @@ from vllm_helpers import make_engine, prompts, tiny_policy, update  # noqa: E402
 
 from seedfast.distributed.weight_push import buckets, hf_named_tensors  # noqa: E402
 from seedfast.rollout.own_engine import Sampler  # noqa: E402
+from seedfast.sampling_params import SamplingParams  # noqa: E402
 
 NEW_TOKENS = 8
 
@@ -35,8 +36,8 @@ def setup(request, tmp_path_factory):
 
 def _same_as_own(engine, policy) -> list[float]:
     """vLLM's greedy completions equal the own sampler's on `policy`, tokens and log-probs; returns the log-probs."""
-    ours = Sampler(policy).generate_full(prompts(), NEW_TOKENS, temperature=0.0)
-    theirs = engine.generate_full(prompts(), NEW_TOKENS, temperature=0.0)
+    ours = Sampler(policy).generate_full(prompts(), SamplingParams(NEW_TOKENS, temperature=0.0))
+    theirs = engine.generate_full(prompts(), SamplingParams(NEW_TOKENS, temperature=0.0))
     for a, b in zip(ours, theirs):
         assert b.token_ids == a.token_ids
         assert b.logprobs is not None and len(b.logprobs) == len(b.token_ids)
@@ -77,8 +78,8 @@ def test_a_stale_packed_lm_head_fails_the_verify(setup):
     engine.llm.reset_prefix_cache()
     with pytest.raises(RuntimeError, match=r"model\.embed_tokens\.weight#probe sums to"):
         engine._verify(expected)
-    stale = engine.generate_full(prompts(), NEW_TOKENS, temperature=0.0)  # the logits of the old head
-    fresh = Sampler(policy).generate_full(prompts(), NEW_TOKENS, temperature=0.0)
+    stale = engine.generate_full(prompts(), SamplingParams(NEW_TOKENS, temperature=0.0))  # the logits of the old head
+    fresh = Sampler(policy).generate_full(prompts(), SamplingParams(NEW_TOKENS, temperature=0.0))
     assert any(a.token_ids != b.token_ids or max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) > 0.05
                for a, b in zip(stale, fresh))
     engine.push_weights(buckets(hf_named_tensors(policy), 64 << 10))  # a whole push puts it right

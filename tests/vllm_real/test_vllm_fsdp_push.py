@@ -21,6 +21,7 @@ from seedfast.distributed.parallelize import apply_fsdp  # noqa: E402
 from seedfast.distributed.weight_push import buckets, hf_named_tensors  # noqa: E402
 from seedfast.model import load_hf  # noqa: E402
 from seedfast.rollout.own_engine import Sampler  # noqa: E402
+from seedfast.sampling_params import SamplingParams  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 from dist_helpers import run_on_ranks  # noqa: E402
@@ -57,14 +58,14 @@ def _worker(rank: int, world: int, folder: str) -> None:
     rollout = build_rollout("vllm", policy, folder, dtype="fp32", seed=0, enforce_eager=True, max_num_seqs=8,
                             max_model_len=256)
     assert rollout.engine.in_process and rollout.engine.layerwise
-    stale = Sampler(reference).generate_full(prompts(), NEW_TOKENS, temperature=0.0)  # what vLLM loaded
+    stale = Sampler(reference).generate_full(prompts(), SamplingParams(NEW_TOKENS, temperature=0.0))  # what vLLM loaded
     for step in range(2):
         _update_both(policy, reference, 10 + step)
         rollout.begin_step(step)
         metrics = rollout.before_rollout(buckets(hf_named_tensors(policy), 64 << 10))  # verifies
         assert metrics["sync/buckets"] > 1
-        ours = Sampler(reference).generate_full(prompts(), NEW_TOKENS, temperature=0.0)
-        theirs = rollout.generate_full(prompts(), NEW_TOKENS, temperature=0.0)
+        ours = Sampler(reference).generate_full(prompts(), SamplingParams(NEW_TOKENS, temperature=0.0))
+        theirs = rollout.generate_full(prompts(), SamplingParams(NEW_TOKENS, temperature=0.0))
         for a, b in zip(ours, theirs):
             assert b.token_ids == a.token_ids, (rank, step)
             torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-3, rtol=0)

@@ -20,6 +20,7 @@ from seedfast.distributed.weight_push import buckets, hf_named_tensors  # noqa: 
 from seedfast.model import load_hf  # noqa: E402
 from seedfast.model.packing import make_cu_seqlens  # noqa: E402
 from seedfast.rollout.own_engine import Sampler  # noqa: E402
+from seedfast.sampling_params import SamplingParams  # noqa: E402
 
 MODEL = Path(__file__).resolve().parents[2] / ".cache" / "models" / "smollm2-135m-instruct"
 TEXTS = ["You are in a kitchen. There is a fridge and a table. What do you do next?",
@@ -63,10 +64,10 @@ def test_smollm2_rollout_gap_through_real_vllm_beside_the_own_engine(setup):
     policy, engine, prompts = setup
     rows = {}
     start = time.perf_counter()
-    theirs = engine.generate_full(prompts, NEW_TOKENS, temperature=1.0, seeds=list(range(len(prompts))))
+    theirs = engine.generate_full(prompts, SamplingParams(NEW_TOKENS, temperature=1.0), seeds=list(range(len(prompts))))
     rows["vllm"] = _gap(policy, prompts, theirs) + (time.perf_counter() - start,)
     start = time.perf_counter()
-    ours = Sampler(policy, seed=0).generate_full(prompts, NEW_TOKENS, temperature=1.0)
+    ours = Sampler(policy, seed=0).generate_full(prompts, SamplingParams(NEW_TOKENS, temperature=1.0))
     rows["own"] = _gap(policy, prompts, ours) + (time.perf_counter() - start,)
     # an update, pushed: the gap after it is the engine's on the new weights
     gen = torch.Generator().manual_seed(0)
@@ -74,9 +75,9 @@ def test_smollm2_rollout_gap_through_real_vllm_beside_the_own_engine(setup):
         for p in policy.parameters():
             p.mul_(1 + 0.01 * torch.randn(p.shape, generator=gen))
     stats = engine.push_weights(buckets(hf_named_tensors(policy), 64 << 20))
-    theirs = engine.generate_full(prompts, NEW_TOKENS, temperature=1.0, seeds=list(range(len(prompts))))
+    theirs = engine.generate_full(prompts, SamplingParams(NEW_TOKENS, temperature=1.0), seeds=list(range(len(prompts))))
     rows["vllm after push"] = _gap(policy, prompts, theirs) + (stats["seconds"],)
-    ours = Sampler(policy, seed=0).generate_full(prompts, NEW_TOKENS, temperature=1.0)
+    ours = Sampler(policy, seed=0).generate_full(prompts, SamplingParams(NEW_TOKENS, temperature=1.0))
     rows["own after update"] = _gap(policy, prompts, ours) + (0.0,)
     print(f"\nSmolLM2-135M fp32, {len(prompts)} prompts x {NEW_TOKENS} tokens, temperature 1, CPU "
           f"({torch.get_num_threads()} threads): train-vs-rollout log-prob gap")
