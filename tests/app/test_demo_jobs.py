@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from lane_jobs import fail_first_else_hang, where
 
 from seedfast.app.demo_jobs import CONTROL, SFT_EVAL, job_names, run_jobs
 from seedfast.config import load_config
+from tests.app.lane_jobs import fail_first_else_hang, where
 
 
 def test_job_names_put_the_longest_first():

@@ -2,14 +2,12 @@
 holds each update's success and the staleness, the plot is drawn)."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from tests._bench import import_benchmark
 
-import async_rollout  # noqa: E402
+async_rollout = import_benchmark("async_rollout")
 
 
 def test_summary_by_hand():

@@ -2,15 +2,14 @@
 (transformers model, materialized logits, teacher re-forward, the loss of docs/algorithms.md written out again) and
 seedfast's update path give the same loss, the same clipped gradients and the same updated weights (fp32)."""
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from tests._bench import import_benchmark
 
-import peers  # noqa: E402
+peers = import_benchmark("peers")
 
 BATCH = dict(tasks=2, trajectories=4, prompt=64, skill=8, response=6)
 TOL = 1e-4

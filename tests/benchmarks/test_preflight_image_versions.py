@@ -1,12 +1,9 @@
 """benchmarks/preflight_image_versions.py's bookkeeping without installing anything: what it counts from a JUnit file
 (a failing or erroring test is named, a missing file is an error, never a pass), and the image's lock it installs."""
 
-import sys
-from pathlib import Path
+from tests._bench import import_benchmark
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import preflight_image_versions as pf  # noqa: E402
+pf = import_benchmark("preflight_image_versions")
 
 JUNIT = """<testsuites><testsuite name="pytest">
 <testcase classname="tests.a" name="test_ok"/>

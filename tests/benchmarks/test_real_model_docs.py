@@ -2,13 +2,12 @@
 results/real_model_sparse_*.json generate (rerun a run, or edit a digit, and this fails until
 `python benchmarks/real_model.py --markdown` is pasted)."""
 
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from tests._bench import import_benchmark
 
-import real_model  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+real_model = import_benchmark("real_model")
 
 
 def test_an_episode_oscillates_when_two_moves_repeat_as_abab():

@@ -2,15 +2,14 @@
 docs/performance.md ('Rollout engines, measured'), which is the one the committed JSON generates (or, before the
 benchmark has run, says it has not)."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from tests._bench import import_benchmark
 
-import rollout  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+rollout = import_benchmark("rollout")
 
 from seedfast.sampling_params import SamplingParams  # noqa: E402
 

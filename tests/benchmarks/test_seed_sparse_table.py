@@ -3,15 +3,14 @@ the one the committed JSONs generate, table and prose (rerun an arm, or edit a d
 `python benchmarks/seed_sparse.py report --markdown` regenerates it)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from tests._bench import import_benchmark
 
-import seed_sparse  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+seed_sparse = import_benchmark("seed_sparse")
 
 
 def test_summary_reads_the_windows_the_docs_name():

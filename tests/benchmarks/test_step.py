@@ -2,11 +2,10 @@
 GRPO's (it once broke unnoticed: SEED's learn wrote its skills into a run folder only Trainer.run makes)."""
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from tests._bench import import_benchmark
 
-import step  # noqa: E402
+step = import_benchmark("step")
 
 
 def test_step_benchmark_reports_every_algorithm_against_grpo(tmp_path, monkeypatch):

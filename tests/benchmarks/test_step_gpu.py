@@ -3,14 +3,12 @@ the tokens of each phase from the batch, and its FLOP count is the hand arithmet
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from tests._bench import import_benchmark
 
-import step_gpu  # noqa: E402
+step_gpu = import_benchmark("step_gpu")
 
 
 def test_tiny_cpu_run_writes_both_algorithms(tmp_path):

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import traceback
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -18,9 +16,7 @@ from torch.utils._pytree import tree_flatten
 
 from seedfast.context.sample import StepSample
 from seedfast.distributed.mesh import end_process_group
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scoring"))
-from scoring_helpers import make_config, random_samples  # noqa: E402
+from tests.scoring.scoring_helpers import make_config, random_samples
 
 
 def _free_port() -> int:

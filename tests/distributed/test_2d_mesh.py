@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-from dist_helpers import grouped_samples, make_config, run_on_ranks
 from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.config import LossConfig
@@ -17,6 +16,7 @@ from seedfast.distributed.parallelize import parallelize_decoder
 from seedfast.model.decoder import build_decoder
 from seedfast.runtime.optim import adamw, grad_norm_and_clip
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
+from tests.distributed.dist_helpers import grouped_samples, make_config, run_on_ranks
 
 LOSS = LossConfig(opd_coef=0.0, entropy_coef=0.01, kl_coef=0.0)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from dist_helpers import run_on_ranks
 
 from seedfast.context.sample import StepSample
 from seedfast.distributed.data import DataParallel, assign_groups, balance_samples, split_whole_groups
+from tests.distributed.dist_helpers import run_on_ranks
 
 
 def test_assign_groups_balances_whole_groups_by_hand():

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_helpers import run_on_ranks
 
 from seedfast.config import CorrectionConfig
 from seedfast.context.sample import StepSample
 from seedfast.distributed.data import DataParallel, balance_samples
 from seedfast.train.correction import CorrectionTally, correction_weights
+from tests.distributed.dist_helpers import run_on_ranks
 
 CORRECTION = CorrectionConfig(mode="token_tis", token_clip=1.3)
 

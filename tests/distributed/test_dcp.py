@@ -11,7 +11,6 @@ import json
 import pytest
 import torch
 import transformers
-from dist_helpers import grouped_samples, make_config, run_on_ranks
 from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.config import LossConfig
@@ -23,6 +22,7 @@ from seedfast.runtime.checkpoint import latest_checkpoint, load_checkpoint, save
 from seedfast.runtime.optim import adamw, grad_norm_and_clip
 from seedfast.scoring.packing import pack_single
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
+from tests.distributed.dist_helpers import grouped_samples, make_config, run_on_ranks
 
 LOSS = LossConfig(opd_coef=0.0, entropy_coef=0.01, kl_coef=0.0)
 

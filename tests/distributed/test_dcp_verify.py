@@ -8,13 +8,13 @@ import json
 import warnings
 
 import torch
-from dist_helpers import make_config, run_on_ranks
 from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.distributed.parallelize import apply_fsdp
 from seedfast.model.decoder import build_decoder
 from seedfast.runtime.checkpoint import resume_latest, save_checkpoint
 from seedfast.runtime.optim import adamw
+from tests.distributed.dist_helpers import make_config, run_on_ranks
 
 
 def _sharded(world):

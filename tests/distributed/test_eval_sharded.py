@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from dist_helpers import run_on_ranks
 
 from seedfast.config import load_config
 from seedfast.distributed.data import DataParallel
 from seedfast.runtime.setup import load_policy, load_run_tokenizer, load_tasks
 from seedfast.train.evaluate import evaluate
+from tests.distributed.dist_helpers import run_on_ranks
 
 GAMES_REPEAT, CHUNK, TEMPERATURE = 5, 3, 1.0  # 10 games in 4 chunks (3, 3, 3, 1); sampled, so seeds matter
 ACTING = ["rollout.max_response_tokens=16"]  # room for a whole <action>...</action>

@@ -10,13 +10,13 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-from dist_helpers import grouped_samples, make_config, run_on_ranks
 
 from seedfast.config import LossConfig, load_config
 from seedfast.distributed.data import split_whole_groups
 from seedfast.model.decoder import build_decoder
 from seedfast.runtime.setup import shard_policy
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
+from tests.distributed.dist_helpers import grouped_samples, make_config, run_on_ranks
 
 LOSS = LossConfig(opd_coef=0.0, entropy_coef=0.0, kl_coef=0.0)
 

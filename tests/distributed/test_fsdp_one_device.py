@@ -13,13 +13,13 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-from dist_helpers import grouped_samples, make_config
-from test_fsdp_update import CASES, _full, _update
 from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.distributed.data import DataParallel
 from seedfast.distributed.parallelize import apply_fsdp, fsdp_modules
 from seedfast.model.decoder import build_decoder
+from tests.distributed.dist_helpers import grouped_samples, make_config
+from tests.distributed.test_fsdp_update import CASES, _full, _update
 
 CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEVICES = [pytest.param("cpu", id="cpu-gloo"), pytest.param("cuda", id="cuda-nccl", marks=CUDA)]

@@ -9,7 +9,6 @@ import copy
 
 import pytest
 import torch
-from dist_helpers import grouped_samples, make_config, run_on_ranks
 from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.config import LossConfig
@@ -18,6 +17,7 @@ from seedfast.distributed.parallelize import apply_fsdp, fsdp_modules, unsharded
 from seedfast.model.decoder import build_decoder
 from seedfast.runtime.optim import adamw, grad_norm_and_clip
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
+from tests.distributed.dist_helpers import grouped_samples, make_config, run_on_ranks
 
 CASES = {
     # GRPO, on-policy (ℓold from the update's own forward)

@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-from dist_helpers import make_config, run_on_ranks
 from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.config import load_config
@@ -19,6 +18,7 @@ from seedfast.model.decoder import build_decoder
 from seedfast.runtime.optim import adamw
 from seedfast.train.privileged import Reflections
 from seedfast.train.reflection import reflection_update
+from tests.distributed.dist_helpers import make_config, run_on_ranks
 
 CFG = load_config(None, ["grsd.reflection_coef=0.5", "optim.grad_clip=1.0", "trainer.micro_batch_tokens=4096",
                          "rollout.max_prompt_length=16", "rollout.max_response_tokens=16",

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import run_on_ranks
 
 from seedfast.config import load_config
 from seedfast.context.sample import StepSample
@@ -24,6 +23,7 @@ from seedfast.runtime.checkpoint import latest_checkpoint, load_checkpoint, save
 from seedfast.runtime.optim import grad_norm_and_clip
 from seedfast.runtime.setup import load_trainable_policy, rl_optimizer, shard_policy, watch_precision
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
+from tests.distributed.dist_helpers import run_on_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "smollm2-135m_textworld_cpu.yaml"

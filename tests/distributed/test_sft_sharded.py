@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from dist_helpers import make_config, run_on_ranks
 
 from seedfast.config import SFTConfig, load_config
 from seedfast.model.decoder import build_decoder
 from seedfast.sft.copy_warmup import copy_warmup
 from seedfast.sft.examples import SFTExample
 from seedfast.sft.loop import train_sft
+from tests.distributed.dist_helpers import make_config, run_on_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 

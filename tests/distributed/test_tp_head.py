@@ -9,7 +9,6 @@ import os
 
 import pytest
 import torch
-from dist_helpers import LargestTensor, grouped_samples, make_config, run_on_ranks
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -21,6 +20,7 @@ from seedfast.model.decoder import build_decoder
 from seedfast.ops import LossOptions, fused_loss, linear_logprob, tiles
 from seedfast.scoring.packing import pack_single
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
+from tests.distributed.dist_helpers import LargestTensor, grouped_samples, make_config, run_on_ranks
 
 LOSS = LossConfig(opd_coef=0.0, entropy_coef=0.01, kl_coef=0.0)
 

@@ -11,8 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from dist_helpers import LargestTensor, grouped_samples, make_config, run_on_ranks
-from test_fsdp_update import CASES, _full, _update
 from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.distributed import vocab_head
@@ -24,6 +22,8 @@ from seedfast.model.decoder import build_decoder
 from seedfast.rollout.own_engine import Sampler
 from seedfast.sampling_params import SamplingParams
 from seedfast.scoring import score, score_reference
+from tests.distributed.dist_helpers import LargestTensor, grouped_samples, make_config, run_on_ranks
+from tests.distributed.test_fsdp_update import CASES, _full, _update
 
 VOCAB = 203  # odd: shards of 102 and 101 rows
 TOL = dict(rtol=1e-5, atol=1e-5)

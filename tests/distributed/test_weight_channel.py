@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
-import sys
-from pathlib import Path
 
 import torch
 
@@ -21,11 +19,8 @@ from seedfast.distributed.weight_channel import (
     loaded_fingerprint,
 )
 from seedfast.distributed.weight_push import hf_named_tensors
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scoring"))
-from scoring_helpers import make_config  # noqa: E402
-
-from seedfast.model.decoder import build_decoder  # noqa: E402
+from seedfast.model.decoder import build_decoder
+from tests.scoring.scoring_helpers import make_config
 
 BUCKET = 8 << 10  # several buckets for the tiny decoder
 

@@ -5,13 +5,10 @@ with one bucket alive at a time."""
 from __future__ import annotations
 
 import gc
-import sys
 import weakref
-from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import make_config, run_on_ranks
 from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.config import ConfigError
@@ -20,8 +17,7 @@ from seedfast.distributed.parallelize import apply_fsdp, parallelize_decoder
 from seedfast.distributed.weight_push import buckets, check_colocated, hf_named_tensors
 from seedfast.model import load_hf
 from seedfast.model.decoder import build_decoder
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+from tests.distributed.dist_helpers import make_config, run_on_ranks
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -68,12 +64,11 @@ def _tp_worker(rank, world):
 
 def _colocated_worker(rank, world, folder):
     """The RL loop's sync on every rank: its own (fake) vLLM engine, fed by the rank's gathers of the sharded policy."""
-    from fake_vllm import fake_module, prompts, update
-
     from seedfast.rollout import vllm_engine
     from seedfast.rollout.colocated import build_rollout
     from seedfast.rollout.own_engine import Sampler
     from seedfast.sampling_params import SamplingParams
+    from tests.rollout.fake_vllm import fake_module, prompts, update
 
     vllm_engine._require_vllm = fake_module
     policy = load_hf(folder, dtype=torch.float32, attn_backend="sdpa")

@@ -5,11 +5,10 @@ make_env_slots builds when the key is set."""
 import pickle
 import time
 
-from fake_envs import ProcessBoundEnv
-
 from seedfast.config import load_config
 from seedfast.envs.delayed import DelayedEnv, DelayedFactory
 from seedfast.runtime.setup import make_env_slots
+from tests.envs.fake_envs import ProcessBoundEnv
 
 
 def test_steps_take_the_delay_and_answers_pass_through():

@@ -1,10 +1,9 @@
 """Env slots count what their environments went through (worker restarts, replays, failures by kind) with the same
 keys in a worker pool and in-process, so a rollout reports them as metrics instead of dropping them."""
 
-from fake_envs import CRASH, ProcessBoundEnv
-
 from seedfast.envs import EnvPool
 from seedfast.envs.slots import COUNTER_KEYS, LocalEnvSlots, PoolEnvSlots, counter_delta, counters_of
+from tests.envs.fake_envs import CRASH, ProcessBoundEnv
 
 
 def test_a_crash_in_a_pool_shows_in_the_rollout_metrics():

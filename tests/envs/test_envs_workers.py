@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-from fake_envs import BREAK_IMPORT, CRASH, CrashingEnv, ProcessBoundEnv
 
 from seedfast.envs import EnvPool, Transition
 from seedfast.envs.textworld_env import TextWorldEnv
+from tests.envs.fake_envs import BREAK_IMPORT, CRASH, CrashingEnv, ProcessBoundEnv
 
 STEP_TIMEOUT = 3.0
 

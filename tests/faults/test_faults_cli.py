@@ -15,7 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_helpers import (
+from safetensors.torch import load_file
+
+from seedfast.app import failures
+from seedfast.runtime import checkpoint_files
+from seedfast.runtime.checkpoint import list_checkpoints
+from tests.faults.fault_helpers import (
     assert_clean,
     children,
     copy_games,
@@ -26,11 +31,6 @@ from fault_helpers import (
     snapshot,
     train_args,
 )
-from safetensors.torch import load_file
-
-from seedfast.app import failures
-from seedfast.runtime import checkpoint_files
-from seedfast.runtime.checkpoint import list_checkpoints
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from triton_reference import INTERPRETER
+
+from tests.kernels.triton_reference import INTERPRETER
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,10 +7,10 @@ meets a candidate this test has not run."""
 
 import pytest
 import torch
-from triton_reference import TOL, assert_close, reference_grads, reference_logprob
 
 from seedfast.kernels import configs
 from seedfast.ops import triton_backend as tb
+from tests.kernels.triton_reference import TOL, assert_close, reference_grads, reference_logprob
 
 CUDA = torch.cuda.is_available()
 ARCH = configs.arch_key(10 * torch.cuda.get_device_capability()[0] + torch.cuda.get_device_capability()[1]) \

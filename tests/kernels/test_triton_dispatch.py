@@ -3,10 +3,10 @@ honours the backend protocol of seedfast.ops (autograd through linear_logprob, f
 
 import pytest
 import torch
-from triton_reference import INTERPRETER, assert_close
 
 from seedfast.ops import LossOptions, fused_loss, get_backend, linear_logprob
 from seedfast.ops import triton_backend as tb
+from tests.kernels.triton_reference import INTERPRETER, assert_close
 
 pytestmark = INTERPRETER
 N, D, V = 40, 24, 150

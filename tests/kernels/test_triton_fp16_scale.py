@@ -6,11 +6,11 @@ seconds; the control with the scale forced to 1 shows that the test sees the und
 
 import pytest
 import torch
-from triton_reference import INTERPRETER, assert_close
 
 from seedfast.kernels import configs
 from seedfast.ops import LossOptions
 from seedfast.ops import triton_backend as tb
+from tests.kernels.triton_reference import INTERPRETER, assert_close
 
 pytestmark = INTERPRETER
 

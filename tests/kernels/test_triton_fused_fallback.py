@@ -5,11 +5,11 @@ two-pass result (itself checked against fp64 in test_triton_logprob_backward.py)
 
 import pytest
 import torch
-from kernel_cases import random_case
-from triton_reference import INTERPRETER
 
 from seedfast.ops import LossOptions
 from seedfast.ops import triton_backend as tb
+from tests.kernels.kernel_cases import random_case
+from tests.kernels.triton_reference import INTERPRETER
 
 pytestmark = INTERPRETER
 

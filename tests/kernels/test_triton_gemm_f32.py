@@ -6,9 +6,9 @@ must have the fp32-output addmm: without it the single pass silently never runs.
 
 import pytest
 import torch
-from triton_reference import GPU, assert_close
 
 from seedfast.ops import triton_backend as tb
+from tests.kernels.triton_reference import GPU, assert_close
 
 
 def _case(device):

@@ -3,7 +3,8 @@ benchmarks/gpu_check.sh; skipped without CUDA."""
 
 import pytest
 import torch
-from triton_reference import GPU, assert_close
+
+from tests.kernels.triton_reference import GPU, assert_close
 
 pytestmark = GPU
 

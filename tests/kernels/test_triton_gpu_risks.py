@@ -6,10 +6,10 @@
 
 import pytest
 import torch
-from triton_reference import GPU
 
 from seedfast.ops import LossOptions
 from seedfast.ops import triton_backend as tb
+from tests.kernels.triton_reference import GPU
 
 pytestmark = GPU
 

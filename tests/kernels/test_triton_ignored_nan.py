@@ -6,11 +6,18 @@ ignored rows' contents replaced by zeros (which they must not influence)."""
 
 import pytest
 import torch
-from kernel_cases import D, N, V, random_case
-from triton_reference import INTERPRETER, TOL, assert_close, reference_grads, reference_logprob, reference_token_loss
 
 from seedfast.ops import LossOptions, chunked
 from seedfast.ops import triton_backend as tb
+from tests.kernels.kernel_cases import D, N, V, random_case
+from tests.kernels.triton_reference import (
+    INTERPRETER,
+    TOL,
+    assert_close,
+    reference_grads,
+    reference_logprob,
+    reference_token_loss,
+)
 
 pytestmark = INTERPRETER
 OPTIONS = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coef=0.1, kl_kind="low_var_kl", entropy_coef=0.03,

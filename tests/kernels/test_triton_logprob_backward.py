@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from triton_reference import INTERPRETER, TOL, assert_close, reference_grads
 
 from seedfast.kernels import configs
 from seedfast.ops import triton_backend as tb
+from tests.kernels.triton_reference import INTERPRETER, TOL, assert_close, reference_grads
 
 pytestmark = INTERPRETER
 

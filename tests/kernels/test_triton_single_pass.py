@@ -6,8 +6,11 @@ bf16 (with the interpreter patch of conftest.py), several row blocks (the last o
 
 import pytest
 import torch
-from kernel_cases import D, N, V, all_negative_case, huge_case, random_case
-from triton_reference import (
+
+from seedfast.ops import LossOptions, fused_loss
+from seedfast.ops import triton_backend as tb
+from tests.kernels.kernel_cases import D, N, V, all_negative_case, huge_case, random_case
+from tests.kernels.triton_reference import (
     INTERPRETER,
     TOL,
     assert_close,
@@ -15,9 +18,6 @@ from triton_reference import (
     reference_logprob,
     reference_token_loss,
 )
-
-from seedfast.ops import LossOptions, fused_loss
-from seedfast.ops import triton_backend as tb
 
 pytestmark = INTERPRETER
 

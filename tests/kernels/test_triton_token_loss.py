@@ -5,10 +5,10 @@ import math
 
 import pytest
 import torch
-from triton_reference import INTERPRETER, assert_close, reference_token_loss
 
 from seedfast.ops import LossOptions, chunked
 from seedfast.ops import triton_backend as tb
+from tests.kernels.triton_reference import INTERPRETER, assert_close, reference_token_loss
 
 pytestmark = INTERPRETER
 

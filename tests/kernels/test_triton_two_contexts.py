@@ -5,10 +5,10 @@ the adversarial inputs of kernel_cases.py: values of both contexts and the stude
 
 import pytest
 import torch
-from kernel_cases import D, N, V, all_negative_case, huge_case, random_case
-from triton_reference import INTERPRETER, TOL, assert_close, reference_grads, reference_logprob
 
 from seedfast.ops import linear_logprob
+from tests.kernels.kernel_cases import D, N, V, all_negative_case, huge_case, random_case
+from tests.kernels.triton_reference import INTERPRETER, TOL, assert_close, reference_grads, reference_logprob
 
 pytestmark = INTERPRETER
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from triton_reference import assert_close, reference_grads, reference_logprob
 
 from seedfast.ops.vocab_parallel import shard_range, vocab_parallel_logprob
+from tests.kernels.triton_reference import assert_close, reference_grads, reference_logprob
 
 N, D, V = 29, 16, 37  # shards of 19 and 18 rows
 CASES = [

@@ -4,9 +4,9 @@ import json
 
 import pytest
 import transformers
-from model_helpers import FAMILIES, LLAMA3_ROPE, TINY, hf_config
 
 from seedfast.model import DecoderConfig
+from tests.model.model_helpers import FAMILIES, LLAMA3_ROPE, TINY, hf_config
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

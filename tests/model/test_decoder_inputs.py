@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from model_helpers import random_packed, tiny_decoder
 
 from seedfast.model import Decoder, DecoderConfig, PackedKV, make_cu_seqlens
 from seedfast.model.packing import distinct
+from tests.model.model_helpers import random_packed, tiny_decoder
 
 
 @pytest.fixture(scope="module")

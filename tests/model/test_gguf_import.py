@@ -6,8 +6,9 @@ import json
 
 import pytest
 import torch
-from gguf_helpers import SPECIALS, reference_encode, train_vocab, write_tiny_gguf
 from safetensors import safe_open
+
+from tests.model.gguf_helpers import SPECIALS, reference_encode, train_vocab, write_tiny_gguf
 
 pytest.importorskip("gguf", reason="the `real` extra (pip install -e '.[real]') brings gguf")
 pytest.importorskip("accelerate", reason="transformers loads a GGUF only with accelerate (the `real` extra)")

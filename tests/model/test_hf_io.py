@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 import transformers
-from model_helpers import hf_and_ours, random_packed, randomize_, tiny_decoder
 from safetensors.torch import load_file, save_file
 
 from seedfast.model import Decoder, DecoderConfig, build_decoder, load_hf, parameter_count, save_hf
+from tests.model.model_helpers import hf_and_ours, random_packed, randomize_, tiny_decoder
 
 
 def assert_same_weights(a: Decoder, b: Decoder):

@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from model_helpers import FAMILIES, hf_and_ours, random_packed
+
+from tests.model.model_helpers import FAMILIES, hf_and_ours, random_packed
 
 LENGTHS = [7, 33, 1, 20]  # 33 > original_max_position_embeddings of the llama3 rope config
 

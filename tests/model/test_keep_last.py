@@ -4,9 +4,9 @@ without a past, under gradient checkpointing too; a count that does not fit its 
 
 import pytest
 import torch
-from model_helpers import FAMILIES, random_packed, tiny_decoder
 
 from seedfast.model import make_cu_seqlens
+from tests.model.model_helpers import FAMILIES, random_packed, tiny_decoder
 
 ATOL = 2e-5
 LENGTHS = [9, 1, 0, 23, 4]

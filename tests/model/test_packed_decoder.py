@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from model_helpers import random_packed, tiny_decoder
 
 from seedfast.model import PackedKV, make_cu_seqlens
 from seedfast.model.packing import positions_in_sequence
+from tests.model.model_helpers import random_packed, tiny_decoder
 
 ATOL = 2e-5
 

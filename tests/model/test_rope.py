@@ -4,11 +4,11 @@ import math
 
 import pytest
 import torch
-from model_helpers import hf_config
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from seedfast.model import DecoderConfig
 from seedfast.model.layers import apply_rope, rope_cos_sin, rope_inv_freq
+from tests.model.model_helpers import hf_config
 
 
 @pytest.mark.parametrize("family", ["llama-untied-llama3rope", "qwen3-tied"])

@@ -5,9 +5,9 @@ owners are one clear error."""
 
 import pytest
 import torch
-from model_helpers import FAMILIES, random_packed, tiny_decoder
 
 from seedfast.model import attention_shared_past, make_cu_seqlens
+from tests.model.model_helpers import FAMILIES, random_packed, tiny_decoder
 
 PASTS = [6, 0, 11]  # an empty past included
 LENGTHS = [4, 1, 0, 7, 3, 5]  # an empty sequence included

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_helpers import reference_encode
 
 from seedfast.app.models import DEFAULT_DIR, MODELS
 from seedfast.model import load_hf, make_cu_seqlens
 from seedfast.model.tokenizer import load_tokenizer
 from seedfast.rollout.prompts import build_prompt
+from tests.model.gguf_helpers import reference_encode
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / DEFAULT_DIR / MODELS["smollm2-135m"].folder

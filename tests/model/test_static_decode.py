@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from model_helpers import FAMILIES, random_packed, tiny_decoder
 
 from seedfast.model import make_cu_seqlens
 from seedfast.model.kv import StaticKVCache
+from tests.model.model_helpers import FAMILIES, random_packed, tiny_decoder
 
 ATOL = 2e-5
 PROMPTS = [9, 1, 17, 4]  # ragged, one single-token prompt

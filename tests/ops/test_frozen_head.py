@@ -12,10 +12,10 @@ import types
 
 import pytest
 import torch
-from ops_reference import fp64_leaves, materialized_logprob, max_rel_err, random_problem
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from seedfast.ops import LossOptions, chunked, fused_loss, linear_logprob, validate
+from tests.ops.ops_reference import fp64_leaves, materialized_logprob, max_rel_err, random_problem
 
 # The Triton cases run under the interpreter where no GPU exists. As in tests/kernels/conftest.py the variable
 # is set at import (collection), before anything imports triton: torch._dynamo does, lazily, and triton's own

@@ -9,10 +9,10 @@ import types
 
 import pytest
 import torch
-from ops_reference import max_rel_err, random_problem
 
 from seedfast.algo import losses
 from seedfast.ops import LossOptions, chunked, fused_loss, linear_logprob, tiles
+from tests.ops.ops_reference import max_rel_err, random_problem
 
 B, T, D, V = 3, 13, 16, 101
 N = B * T

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from ops_reference import fp64_leaves, materialized_logprob, max_rel_err, random_problem
 
 from seedfast.ops import linear_logprob, tiles
+from tests.ops.ops_reference import fp64_leaves, materialized_logprob, max_rel_err, random_problem
 
 N, D, V = 37, 24, 101  # V is not a multiple of any tile width used here
 

@@ -2,16 +2,14 @@
 gradients, and its memory probe sees what the process allocates."""
 
 import contextlib
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from tests._bench import import_benchmark
 
-import logprob_cpu  # noqa: E402
-from _common import PeakRSS  # noqa: E402
+logprob_cpu = import_benchmark("logprob_cpu")
+PeakRSS = import_benchmark("_common").PeakRSS
 
 
 @pytest.mark.parametrize("kind", ["logprob", "loss_grpo", "loss_seed"])

@@ -2,11 +2,11 @@
 O(N + tile) memory)."""
 
 import torch
-from ops_reference import materialized_logprob, random_problem
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from seedfast.ops import LossOptions, fused_loss, linear_logprob, tiles
+from tests.ops.ops_reference import materialized_logprob, random_problem
 
 N, D, V = 256, 8, 2048
 

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from ops_reference import random_problem
 
 from seedfast.ops import LossOptions, fused_loss, linear_logprob
+from tests.ops.ops_reference import random_problem
 
 N, D, V = 6, 4, 11
 

@@ -5,9 +5,9 @@ import weakref
 
 import pytest
 import torch
-from ops_reference import random_problem
 
 from seedfast.ops import LossOptions, fused_loss, linear_logprob, tiles
+from tests.ops.ops_reference import random_problem
 
 N, D, V = 40, 6, 96  # D differs from every tile dimension
 

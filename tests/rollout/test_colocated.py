@@ -6,8 +6,6 @@ reset_prefix_cache. A real vLLM engine is checked by the gpu test at the end."""
 from __future__ import annotations
 
 import inspect
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,9 +19,7 @@ from seedfast.rollout.own_engine import Sampler
 from seedfast.rollout.vllm_engine import VLLMEngine
 from seedfast.sampling_params import SamplingParams
 from seedfast.seeds import request_seed
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fake_vllm import install_fake_vllm, prompts, update  # noqa: E402
+from tests.rollout.fake_vllm import install_fake_vllm, prompts, update
 
 VOCAB = 97  # fake_vllm.prompts' default vocabulary
 

@@ -4,7 +4,6 @@ weights (the control) do not, and the run says so. The master-weight mechanics a
 
 from __future__ import annotations
 
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,9 +18,7 @@ from seedfast.runtime.optim import grad_norm_and_clip
 from seedfast.runtime.precision import MasterWeights, trained_parameters
 from seedfast.runtime.setup import load_trainable_policy, rl_optimizer, shard_policy, watch_precision
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-from dist_helpers import grouped_samples, make_config  # noqa: E402
+from tests.distributed.dist_helpers import grouped_samples, make_config
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_RECIPES = sorted((ROOT / "configs").glob("qwen*.yaml"))

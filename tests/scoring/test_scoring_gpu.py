@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from scoring_helpers import hf_twin, make_config, random_samples, reference_scores
 
 from seedfast.model.attention_flash import usable as flash_usable
 from seedfast.model.decoder import build_decoder
 from seedfast.scoring import score, score_reference
+from tests.scoring.scoring_helpers import hf_twin, make_config, random_samples, reference_scores
 
 pytestmark = [
     pytest.mark.gpu,

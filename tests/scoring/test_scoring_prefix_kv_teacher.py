@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-from scoring_helpers import hf_twin, make_config, random_samples, reference_scores
 
 from seedfast.context import StepSample
 from seedfast.model.decoder import build_decoder
 from seedfast.scoring import shared_prefix_length, teacher_logprob_with_prefix
 from seedfast.scoring.packing import pack_prefixes, pack_single
+from tests.scoring.scoring_helpers import hf_twin, make_config, random_samples, reference_scores
 
 
 @pytest.fixture(scope="module")

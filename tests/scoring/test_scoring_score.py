@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from scoring_helpers import VOCAB, hf_twin, make_config, random_samples, reference_scores
 
 from seedfast.model.decoder import build_decoder
 from seedfast.scoring import StepSample, score, score_reference
+from tests.scoring.scoring_helpers import VOCAB, hf_twin, make_config, random_samples, reference_scores
 
 _MODELS: dict[str, tuple] = {}
 

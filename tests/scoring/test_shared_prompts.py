@@ -4,7 +4,6 @@ prompt once."""
 
 import pytest
 import torch
-from scoring_helpers import hf_twin, make_config, random_samples, reference_scores
 
 from seedfast.config import LossConfig
 from seedfast.model import PackedKV, make_cu_seqlens
@@ -13,6 +12,7 @@ from seedfast.scoring import StepSample, score, score_reference, shared_prompts
 from seedfast.scoring.packing import distinct_prefixes, pack, prompt_order
 from seedfast.scoring.shared_prompts import response_rows, sharing_pays
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
+from tests.scoring.scoring_helpers import hf_twin, make_config, random_samples, reference_scores
 
 
 def _copy(base: StepSample, response: torch.Tensor, sample_id: int) -> StepSample:

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-from skills_helpers import make_chat_tokenizer, trajectory
 
 from seedfast.skills import (
     ExternalAnalyzer,
@@ -15,6 +14,7 @@ from seedfast.skills import (
 )
 from seedfast.skills.analyzers import on_walkthrough_path
 from seedfast.skills.policy_text import chat_prompt_ids, default_stop_ids, generate_completions
+from tests.skills.skills_helpers import make_chat_tokenizer, trajectory
 
 GOOD = json.dumps({"episode_summary": "Went south, took the passkey.",
                    "episode_skill": "Follow each direction of the objective in order, then take the object."})

@@ -5,9 +5,9 @@ import socket
 import time
 
 import pytest
-from skills_helpers import ChatServer, trajectory
 
 from seedfast.skills import ChatClient, ChatError, ExternalAnalyzer, ExternalJudge, build_analyzer_messages
+from tests.skills.skills_helpers import ChatServer, trajectory
 
 SKILL = "Follow each direction of the objective in order, then take the named object."
 GOOD = json.dumps({"episode_summary": "Went south and took it.", "episode_skill": SKILL})

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from skills_helpers import trajectory
 
 from seedfast.skills import DEFAULT_LIBRARY, SkillLibrary, task_type_of
+from tests.skills.skills_helpers import trajectory
 
 
 def test_yaml_and_json_files(tmp_path):

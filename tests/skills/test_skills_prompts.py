@@ -3,7 +3,6 @@
 import json
 
 import pytest
-from skills_helpers import TASK, trajectory
 
 from seedfast.skills import (
     SkillResult,
@@ -12,6 +11,7 @@ from seedfast.skills import (
     canonical_answer,
     parse_skill_response,
 )
+from tests.skills.skills_helpers import TASK, trajectory
 
 
 def user_text(messages):

@@ -1,7 +1,6 @@
 """GRSD text: reflection prompt and parser, judge score parsing, oracle judge, guidance prompt and validator."""
 
 import pytest
-from skills_helpers import TASK, trajectory
 
 from seedfast.skills import (
     AVOID_HEADING,
@@ -14,6 +13,7 @@ from seedfast.skills import (
     parse_reflection,
     validate_guidance,
 )
+from tests.skills.skills_helpers import TASK, trajectory
 
 REFLECTION = ("1. At step 0 I did go north, away from the chamber.\n"
               "2. The objective said to head south first.\n"

@@ -4,26 +4,22 @@ log-softmax, the term written out by hand), mode none changes nothing, missing b
 counted, and a run that masks more than rollout.correction.warn_masked_share says so."""
 
 import math
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scoring"))
-from scoring_helpers import make_config, random_samples  # noqa: E402
-
-from seedfast.config import CorrectionConfig, LossConfig, load_config  # noqa: E402
-from seedfast.model.decoder import build_decoder  # noqa: E402
-from seedfast.scoring import score  # noqa: E402
-from seedfast.scoring.shared_prompts import response_rows  # noqa: E402
-from seedfast.train.correction import (  # noqa: E402
+from seedfast.config import CorrectionConfig, LossConfig, load_config
+from seedfast.model.decoder import build_decoder
+from seedfast.scoring import score
+from seedfast.scoring.shared_prompts import response_rows
+from seedfast.train.correction import (
     MaskedShareWarning,
     correction_weights,
     warn_if_masked,
 )
-from seedfast.train.update import UpdateBatch, minibatch_loss_backward  # noqa: E402
+from seedfast.train.update import UpdateBatch, minibatch_loss_backward
+from tests.scoring.scoring_helpers import make_config, random_samples
 
 LOSS = LossConfig(kl_coef=0.0, entropy_coef=0.0, opd_coef=0.0)
 TEMPERATURE = 1.3

@@ -2,22 +2,18 @@
 off-policy update (2 epochs × 2 mini-batches) ℓskill is the current θ's, equal to a from-scratch fp64 forward of
 the spliced teacher context by transformers' own model under the same weights."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scoring"))
-import transformers  # noqa: E402
-from scoring_helpers import make_config, random_samples, reference_scores  # noqa: E402
-
-import seedfast.train.update as update  # noqa: E402
-from seedfast.config import LossConfig, load_config  # noqa: E402
-from seedfast.model.decoder import build_decoder  # noqa: E402
-from seedfast.scoring import score  # noqa: E402
-from seedfast.train.step_plan import plan_step  # noqa: E402
-from seedfast.train.update import UpdateBatch, minibatch_loss_backward  # noqa: E402
+import seedfast.train.update as update
+from seedfast.config import LossConfig, load_config
+from seedfast.model.decoder import build_decoder
+from seedfast.scoring import score
+from seedfast.train.step_plan import plan_step
+from seedfast.train.update import UpdateBatch, minibatch_loss_backward
+from tests.scoring.scoring_helpers import make_config, random_samples, reference_scores
 
 TEMPERATURE = 1.3
 

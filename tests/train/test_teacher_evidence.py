@@ -1,21 +1,17 @@
 """The teacher's evidence metrics (train/teacher_evidence.py) on hand-built samples and through the update."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scoring"))
-from scoring_helpers import make_config, random_samples  # noqa: E402
-
-from seedfast.algo.losses import LossOptions  # noqa: E402
-from seedfast.config import LossConfig  # noqa: E402
-from seedfast.context.sample import StepSample  # noqa: E402
-from seedfast.model.decoder import build_decoder  # noqa: E402
-from seedfast.scoring import score  # noqa: E402
-from seedfast.train.teacher_evidence import TeacherEvidence, policy_gradient_weight  # noqa: E402
-from seedfast.train.update import UpdateBatch, minibatch_loss_backward  # noqa: E402
+from seedfast.algo.losses import LossOptions
+from seedfast.config import LossConfig
+from seedfast.context.sample import StepSample
+from seedfast.model.decoder import build_decoder
+from seedfast.scoring import score
+from seedfast.train.teacher_evidence import TeacherEvidence, policy_gradient_weight
+from seedfast.train.update import UpdateBatch, minibatch_loss_backward
+from tests.scoring.scoring_helpers import make_config, random_samples
 
 
 def test_contrast_and_raised_shares_split_winners_and_losers_over_teacher_valid_tokens():

@@ -1,18 +1,14 @@
 """The policy update: ℓskill from the update's own forward equals ℓskill from the separate scoring pass."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scoring"))
-from scoring_helpers import make_config, random_samples  # noqa: E402
-
-from seedfast.config import LossConfig  # noqa: E402
-from seedfast.model.decoder import build_decoder  # noqa: E402
-from seedfast.scoring import score  # noqa: E402
-from seedfast.train.update import UpdateBatch, minibatch_loss_backward  # noqa: E402
+from seedfast.config import LossConfig
+from seedfast.model.decoder import build_decoder
+from seedfast.scoring import score
+from seedfast.train.update import UpdateBatch, minibatch_loss_backward
+from tests.scoring.scoring_helpers import make_config, random_samples
 
 LOSS = LossConfig(opd_coef=0.5, opd_beta=2.0, entropy_coef=0.0)
 

@@ -6,17 +6,12 @@ the first update: the metric that shows a broken sync (docs/pitfalls.md, 'Weight
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from seedfast.config import load_config
 from seedfast.rollout.colocated import VLLMRollout
 from seedfast.train.rl import Trainer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
-from fake_vllm import FakeModel, install_fake_vllm  # noqa: E402
+from tests.rollout.fake_vllm import FakeModel, install_fake_vllm
 
 
 def _train(overrides, tiny_policy, train_games, tmp_path, *extra):

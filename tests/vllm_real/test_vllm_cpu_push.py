@@ -14,11 +14,10 @@ import torch
 
 pytest.importorskip("vllm")
 
-from vllm_helpers import make_engine, prompts, tiny_policy, update  # noqa: E402
-
 from seedfast.distributed.weight_push import buckets, hf_named_tensors  # noqa: E402
 from seedfast.rollout.own_engine import Sampler  # noqa: E402
 from seedfast.sampling_params import SamplingParams  # noqa: E402
+from tests.vllm_real.vllm_helpers import make_engine, prompts, tiny_policy, update  # noqa: E402
 
 NEW_TOKENS = 8
 

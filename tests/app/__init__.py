@@ -1,0 +1,1 @@
+"""Tests of seedfast.app: the commands, the demo and its lanes."""

@@ -1,0 +1,1 @@
+"""Tests of seedfast.context: step samples, segments and the teacher context."""

@@ -1,0 +1,1 @@
+"""Tests of seedfast.envs: TextWorld games, environments and their worker processes."""

@@ -1,0 +1,1 @@
+"""Tests of seedfast.kernels: the Triton kernels (interpreter on CPU, GPU where there is one)."""

@@ -1,0 +1,1 @@
+"""Tests of seedfast.runtime: optimizer, checkpoints, precision and progress."""

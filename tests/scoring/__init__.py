@@ -1,0 +1,1 @@
+"""Tests of seedfast.scoring: student and teacher scores of step samples."""

@@ -1,0 +1,1 @@
+"""Tests of seedfast.sft: the SFT data and loop."""

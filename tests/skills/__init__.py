@@ -1,0 +1,1 @@
+"""Tests of seedfast.skills: analyzers, the skill library and reflection prompts."""

@@ -1,0 +1,1 @@
+"""Tests of seedfast.train: the RL update, its steps, evaluation and resume."""
