@@ -20,13 +20,11 @@ Writes results/vllm_correction.json; tests/vllm_real/test_vllm_correction.py run
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,37 +47,15 @@ SHAPE = [
     "rollout.tasks_per_batch=1", "rollout.task_pool=null", "rollout.max_response_tokens=16",
     "rollout.sync_bucket_mb=64", "rollout.engine=vllm", "trainer.mini_batches=1", "trainer.checkpoint_every=0",
     "trainer.eval_games=1", "trainer.eval_every=0", "log.progress=false", "log.tensorboard=false",
+    # the engine in bf16 beside the fp32 trainer, eager and a few sequences at a time for 2 cores
+    f"rollout.vllm_dtype={ENGINE_DTYPE}", "rollout.vllm_enforce_eager=true", "rollout.vllm_max_num_seqs=8",
+    "rollout.vllm_max_model_len=2048",
 ]
 DIAGNOSTICS = ("rollout/logprob_gap_mean", "rollout/logprob_gap_max", "rollout_corr/k3_kl", "rollout_corr/training_ppl",
                "rollout_corr/rollout_ppl", "rollout_corr/weight_mean", "rollout_corr/token_masked_share",
                "rollout_corr/seq_masked_share", "rollout_corr/token_truncated_share",
                "rollout_corr/seq_truncated_share", "rollout_corr/masked_share_warning", "train/advantage_zero_frac",
                "loss/total", "optim/grad_norm")
-
-
-@contextlib.contextmanager
-def bf16_vllm_engine() -> Iterator[None]:
-    """The Trainer's vLLM engine in bf16 (the trainer stays in fp32: the config has one dtype for both, so the class
-    build_rollout imports at call time is swapped), eager and a few sequences at a time for 2 cores."""
-    from seedfast.rollout import vllm_engine
-
-    base = vllm_engine.VLLMEngine
-
-    class Bf16VLLMEngine(base):
-        def __init__(self, model_path: str, **kwargs: Any) -> None:
-            kwargs["dtype"] = ENGINE_DTYPE
-            kwargs.setdefault("enforce_eager", True)
-            kwargs.setdefault("max_num_seqs", 8)
-            kwargs.setdefault("max_model_len", 2048)
-            super().__init__(model_path, **kwargs)
-
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    vllm_engine.VLLMEngine = Bf16VLLMEngine
-    try:
-        yield
-    finally:
-        vllm_engine.VLLMEngine = base
 
 
 def make_trainer(folder: Path, steps: int) -> Any:
@@ -91,8 +67,9 @@ def make_trainer(folder: Path, steps: int) -> Any:
     make_games(games, GAME_TYPE, LEVELS, N_TRAIN, N_EVAL, seed=0, workers=1)
     cfg = load_config(str(CONFIG), [*SHAPE, f"model.path={MODEL}", f"env.games_dir={games}",
                                     f"run.out_dir={folder / 'runs'}", f"trainer.steps={steps}"], command="train")
-    with bf16_vllm_engine():
-        return Trainer(cfg, policy_dir=MODEL)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    return Trainer(cfg, policy_dir=MODEL)
 
 
 def run_modes(trainer: Any, steps: int) -> dict[str, list[dict[str, float]]]:

@@ -341,6 +341,10 @@ def validate(cfg: Config, command: str | None = None) -> Config:
             raise ConfigError("rollout.engine=vllm needs an HF model folder in model.path; "
                               "the tiny decoder runs on rollout.engine=own")
 
+    if cfg.rollout.vllm_dtype is not None and cfg.rollout.engine != "vllm":
+        raise ConfigError(f"rollout.vllm_dtype={cfg.rollout.vllm_dtype} is for rollout.engine=vllm; the own engine "
+                          "samples the trained policy in model.dtype")
+
     env = cfg.env
     allowed = TEXTWORLD_GAME_TYPES if env.kind == "textworld" else ALFWORLD_TASK_TYPES
     if env.game_type not in allowed:

@@ -179,6 +179,9 @@ class RolloutConfig:
     vllm_enforce_eager: bool = opt(False, "vLLM only: run the model eagerly (no torch.compile, no CUDA graphs): a "
                                           "faster start, slower decoding (on a small CPU the compile alone takes "
                                           "minutes)")
+    vllm_dtype: Literal["fp32", "bf16", "fp16"] | None = opt(
+        None, "vLLM only: the engine's compute dtype, and the dtype of the weights pushed to it; null = model.dtype. "
+              "bf16 beside an fp32 trainer is the mismatch rollout.correction corrects")
     vllm_max_num_seqs: int | None = opt(None, "vLLM only: most sequences the engine schedules at once; null = "
                                               "vLLM's default", ge=1)
     vllm_max_model_len: int | None = opt(None, "vLLM only: longest prompt + completion the engine holds (sizes its "

@@ -233,10 +233,16 @@ def build_engine(cfg: Config, path: Path, device: torch.device) -> Any:
     if cfg.rollout.engine == "vllm":
         from seedfast.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(str(path), dtype=cfg.model.dtype, seed=cfg.run.seed, **vllm_options(cfg))
+        return VLLMEngine(str(path), dtype=engine_dtype(cfg), seed=cfg.run.seed, **vllm_options(cfg))
     from seedfast.rollout.own_engine import Sampler
 
     return Sampler(load_policy(cfg, path, device, trainable=False), seed=cfg.run.seed)
+
+
+def engine_dtype(cfg: Config) -> str:
+    """The dtype the rollout engine computes in: rollout.vllm_dtype for vLLM when set, else model.dtype (the update's
+    forward's, runtime/precision.py)."""
+    return cfg.rollout.vllm_dtype or cfg.model.dtype
 
 
 def vllm_options(cfg: Config) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from seedfast.runtime.resume import resume_run
 from seedfast.runtime.setup import (
     agent_config,
     device_of,
+    engine_dtype,
     env_slot_count,
     hf_folder_key,
     load_policy,
@@ -179,8 +180,7 @@ class Trainer:
         self.judge = make_judge(cfg) if make_judge is not None else None
         if cfg.rollout.engine == "vllm":  # one engine per rank, on the rank's GPU, fed the policy's weights
             check_colocated(self.dp.world if self.dp is not None else 1, cfg.rollout.tensor_parallel)
-        # the engine computes in the dtype the update's forward does: model.dtype (runtime/precision.py)
-        self.rollout_dtype = cfg.model.dtype
+        self.rollout_dtype = engine_dtype(cfg)
         self.engine = build_rollout(cfg.rollout.engine, self.policy, start, seed=cfg.run.seed, dtype=self.rollout_dtype,
                                     sleep=cfg.rollout.vllm_sleep, **vllm_options(cfg))
         # asynchronous RL (train/async_rollout.py): a producer process rolls out ahead, at most max_staleness updates

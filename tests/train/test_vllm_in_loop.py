@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from seedfast.config import load_config
+from seedfast.config import ConfigError, load_config
 from seedfast.rollout.colocated import VLLMRollout
 from seedfast.train.rl import Trainer
 from tests.rollout.fake_vllm import FakeModel, install_fake_vllm
@@ -91,3 +91,25 @@ def test_the_rollout_options_reach_vllm_llm(monkeypatch, overrides, tiny_policy,
                                   "rollout.engine=vllm", "skill.collect_analyzer=oracle"], command="collect")
     got = build_engine(defaults, tiny_policy, torch.device("cpu")).llm.kwargs
     assert got["enforce_eager"] is False and got["max_model_len"] is None and "max_num_seqs" not in got
+    engine = build_engine(defaults, tiny_policy, torch.device("cpu"))
+    assert next(engine.llm.decoder.parameters()).dtype == torch.float32  # rollout.vllm_dtype null: model.dtype's
+
+
+def test_the_engine_dtype_is_vllm_dtype_beside_a_trainer_in_model_dtype(monkeypatch, overrides, tiny_policy,
+                                                                         train_games, tmp_path):
+    """rollout.vllm_dtype=bf16: vLLM computes in bf16 and receives bf16 weights while the update stays in fp32 (the
+    mismatch benchmarks/vllm_correction.py corrects); the own engine refuses the key."""
+    import torch
+
+    install_fake_vllm(monkeypatch)
+    cfg = load_config(None, [*overrides(train_games, tmp_path), f"model.path={tiny_policy}", "rollout.engine=vllm",
+                             "algorithm=grpo", "rollout.vllm_dtype=bf16"], command="train")
+    trainer = Trainer(cfg, policy_dir=tiny_policy)
+    try:
+        assert next(trainer.engine.llm.decoder.parameters()).dtype == torch.bfloat16
+        assert trainer.rollout_dtype == "bf16"  # the pushed weights' dtype too
+        assert next(trainer.policy.parameters()).dtype == torch.float32
+    finally:
+        trainer.close()
+    with pytest.raises(ConfigError, match="rollout.vllm_dtype=bf16 is for rollout.engine=vllm"):
+        load_config(None, [*overrides(train_games, tmp_path), "rollout.vllm_dtype=bf16"], command="train")
