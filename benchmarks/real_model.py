@@ -143,7 +143,7 @@ def sparse_docs_section(results: dict[str, dict]) -> str:
              "SFT start is weak, and SEED with the sparse study's arm A settings (λ_opd 0.3, β 5, the θ_old "
              "teacher; the recipe ships the release's 0.01). Every run starts from one SFT policy (made by the first "
              "run's demo, then copied), on the same games and draws, so runs with the same lr share their GRPO and "
-             "control lanes: the same computation twice."]
+             "control lanes: the same computation twice." + _recipe_since(results)]
     for result in results.values():
         for seed, r in result["runs"].items():
             means, after, ev, curves = r["means"], r["after"], r["seed_metrics"], r["lane_curves"]
@@ -167,6 +167,18 @@ def sparse_docs_section(results: dict[str, dict]) -> str:
     parts.append(_sparse_reading(results))
     parts.append(_sparse_fix(results))
     return "\n\n".join(wrap_paragraph(p) for p in parts) + "\n"
+
+
+def _recipe_since(results: dict[str, dict]) -> str:
+    """Which runs the recipe's lr of today would not repeat (their lr was the recipe's then, not an override)."""
+    today = f"{load_config(ROOT / next(iter(results.values()))['config']).optim.lr:g}"
+    older = [run for run, r in results.items() if not any(o.startswith("optim.lr=") for o in r["overrides"])
+             and _setting(r, "optim.lr") != today]
+    if not older:
+        return ""
+    lrs = sorted({_setting(results[run], "optim.lr") for run in older})
+    return (f" The {' and '.join(older)} runs were made at the recipe's lr of the time ({', '.join(lrs)}); to repeat "
+            f"them add `optim.lr={lrs[0]}`.")
 
 
 def _lr_runs(results: dict[str, dict]) -> tuple[dict[str, dict], dict[str, dict]]:
