@@ -16,10 +16,14 @@ of each of 128 games still moves a change by ~0.06 from sampling alone: the demo
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from seedfast.app.demo_jobs import CONTROL, SFT_EVAL, JobResult, run_jobs
 from seedfast.app.report import EVIDENCE, curve_means, write_json, write_report
@@ -30,6 +34,29 @@ from seedfast.runtime.paths import RunPaths
 from seedfast.runtime.setup import load_tasks
 from seedfast.sft import run as sft
 from seedfast.train.evaluate import evaluation_tasks
+
+T = TypeVar("T")
+
+
+# The held-out games are made during SFT, which leaves part of a core idle on a 2-core CPU (its tiny ops use a
+# second thread poorly, app/demo_jobs.py): at niceness 19 they take what SFT leaves, and SFT runs as fast as alone
+# (docs/demo.md, "Where the time goes").
+HELD_OUT_NICE = 19
+
+
+def _beside(fn: Callable[[], T]) -> Future[T]:
+    """`fn()` on a daemon thread: a later phase that fails does not wait for it (the game workers it starts die
+    with this process, envs/lifeline.py)."""
+    future: Future[T] = Future()
+
+    def work() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as err:  # handed to whoever waits on the future
+            future.set_exception(err)
+
+    threading.Thread(target=work, name="held-out games", daemon=True).start()
+    return future
 
 
 def plays(repeats: int) -> str:
@@ -66,16 +93,22 @@ def main(cfg: Config, **_: Any) -> int:
 
     t = time.perf_counter()
     e = cfg.env
-    games = make_games(e.games_dir, e.game_type, e.levels, e.n_train, e.n_eval, seed=e.games_seed,
-                       workers=e.workers or os.cpu_count() or 1)
+    make = functools.partial(make_games, e.games_dir, e.game_type, e.levels, seed=e.games_seed)
+    games = make(e.n_train, 0, workers=e.workers or os.cpu_count() or 1)
     timings["games"] = time.perf_counter() - t
-    _say(f"{len(games)} TextWorld games ({e.game_type}, levels {e.levels}) in {timings['games']:.0f} s")
+    _say(f"{len(games)} training TextWorld games ({e.game_type}, levels {e.levels}) in {timings['games']:.0f} s; "
+         "the held-out games are made beside SFT")
 
     t = time.perf_counter()
+    held_out = _beside(functools.partial(make, 0, e.n_eval, workers=1, nice=HELD_OUT_NICE))
     sft.main(cfg)
     timings["sft"] = time.perf_counter() - t
     sft_dir = paths.sft
     _say(f"SFT done in {timings['sft']:.0f} s -> {sft_dir}")
+    t = time.perf_counter()
+    n_held_out = len(held_out.result())
+    timings["held_out_games"] = time.perf_counter() - t  # what SFT's spare CPU did not cover
+    _say(f"{n_held_out} held-out games ready {timings['held_out_games']:.0f} s after SFT")
 
     t, t_epoch = time.perf_counter(), time.time()
     eval_games = evaluation_tasks(cfg, "eval")
@@ -111,6 +144,7 @@ def main(cfg: Config, **_: Any) -> int:
     write_json(paths.demo_summary, {
         "before": before, "after": after, "random_floor": floor, "timings": timings, "job_seconds": job_seconds,
         "job_start_s": job_start_s, "lanes": min(cfg.demo.lanes, len(jobs)), "setup": setup,
+        "held_out": {"games": len(eval_games), "plays": cfg.trainer.eval_repeats},
         "seed": cfg.run.seed, "pool_success": curves, "groups_with_signal": signal,
         "means": {name: curve_means(c) for name, c in curves.items()},
         "seed_metrics": {name: {k: sum(r.get(k, 0.0) for r in h) / len(h) for k in EVIDENCE if any(k in r for r in h)}
