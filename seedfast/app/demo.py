@@ -39,8 +39,8 @@ T = TypeVar("T")
 
 
 # The held-out games are made during SFT, which leaves part of a core idle on a 2-core CPU (its tiny ops use a
-# second thread poorly, app/demo_jobs.py): at niceness 19 they take what SFT leaves, and SFT runs as fast as alone
-# (docs/demo.md, "Where the time goes").
+# second thread poorly, app/demo_jobs.py): at niceness 19 they take what SFT leaves, SFT runs as fast as alone, and
+# the games left when SFT ends get the whole CPU (docs/demo.md, "Where the time goes").
 HELD_OUT_NICE = 19
 
 
@@ -93,14 +93,15 @@ def main(cfg: Config, **_: Any) -> int:
 
     t = time.perf_counter()
     e = cfg.env
-    make = functools.partial(make_games, e.games_dir, e.game_type, e.levels, seed=e.games_seed)
-    games = make(e.n_train, 0, workers=e.workers or os.cpu_count() or 1)
+    make = functools.partial(make_games, e.games_dir, e.game_type, e.levels, seed=e.games_seed,
+                             workers=e.workers or os.cpu_count() or 1)
+    games = make(e.n_train, 0)
     timings["games"] = time.perf_counter() - t
     _say(f"{len(games)} training TextWorld games ({e.game_type}, levels {e.levels}) in {timings['games']:.0f} s; "
          "the held-out games are made beside SFT")
 
     t = time.perf_counter()
-    held_out = _beside(functools.partial(make, 0, e.n_eval, workers=1, nice=HELD_OUT_NICE))
+    held_out = _beside(functools.partial(make, 0, e.n_eval, nice=HELD_OUT_NICE))
     sft.main(cfg)
     timings["sft"] = time.perf_counter() - t
     sft_dir = paths.sft
