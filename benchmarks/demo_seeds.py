@@ -213,8 +213,7 @@ def markdown(seeds: dict, fresh: dict) -> str:
     parts.append(
         f"`make demo` on a fresh clone at seed 0 (`benchmarks/results/{FRESH}.json`, {fresh['machine']['cpu']}, "
         f"{fresh['machine']['cpu_count']} cores, commit {fresh['git_commit'][:7]}): {fresh_run['wall_s'] / 60:.1f} "
-        f"min in all: the training games {timings['games']:.0f} s, SFT {timings['sft']:.0f} s (the held-out games "
-        f"made beside it, ready {timings['held_out_games']:.0f} s after it), the jobs after SFT "
+        f"min in all: games {timings['games']:.0f} s, SFT {timings['sft']:.0f} s, the jobs after SFT "
         f"{timings['after_sft']:.0f} s (each in its lane: "
         + ", ".join(f"{k} {v:.0f} s" for k, v in jobs.items()) + ").")
     return "\n\n".join([DOCS_BEGIN, *(wrap_paragraph(p) for p in parts), DOCS_END])

@@ -9,21 +9,17 @@ report.md + report.png.
 Held-out success before and after is the evaluation every command shares (train/evaluate.py evaluate_policy:
 each held-out game trainer.eval_repeats times, the same seed for every policy): the SFT start's is run here,
 each algorithm's is its trainer's end-of-run evaluation, so `seedfast eval` on an exported policy gives the number
-the report prints. 32 games played 4 times each showed a held-out fall that 96 more games did not, and one play
-of each of 128 games still moves a change by ~0.06 from sampling alone: the demo plays 128 games 4 times
-(docs/demo.md, benchmarks/results/generalization_probe.json).
+the report prints. The demo plays its 64 held-out games 4 times each (a held-out change's sampling error is in
+docs/demo.md's results; 32 games once showed a fall that 96 more did not, benchmarks/results/
+generalization_probe.json).
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from seedfast.app.demo_jobs import CONTROL, SFT_EVAL, JobResult, run_jobs
 from seedfast.app.report import EVIDENCE, curve_means, write_json, write_report
@@ -34,29 +30,6 @@ from seedfast.runtime.paths import RunPaths
 from seedfast.runtime.setup import load_tasks
 from seedfast.sft import run as sft
 from seedfast.train.evaluate import evaluation_tasks
-
-T = TypeVar("T")
-
-
-# The held-out games are made during SFT, which leaves part of a core idle on a 2-core CPU (its tiny ops use a
-# second thread poorly, app/demo_jobs.py): at niceness 19 they take what SFT leaves, SFT runs as fast as alone, and
-# the games left when SFT ends get the whole CPU (docs/demo.md, "Where the time goes").
-HELD_OUT_NICE = 19
-
-
-def _beside(fn: Callable[[], T]) -> Future[T]:
-    """`fn()` on a daemon thread: a later phase that fails does not wait for it (the game workers it starts die
-    with this process, envs/lifeline.py)."""
-    future: Future[T] = Future()
-
-    def work() -> None:
-        try:
-            future.set_result(fn())
-        except BaseException as err:  # handed to whoever waits on the future
-            future.set_exception(err)
-
-    threading.Thread(target=work, name="held-out games", daemon=True).start()
-    return future
 
 
 def plays(repeats: int) -> str:
@@ -93,23 +66,16 @@ def main(cfg: Config, **_: Any) -> int:
 
     t = time.perf_counter()
     e = cfg.env
-    make = functools.partial(make_games, e.games_dir, e.game_type, e.levels, seed=e.games_seed,
-                             workers=e.workers or os.cpu_count() or 1)
-    games = make(e.n_train, 0)
+    games = make_games(e.games_dir, e.game_type, e.levels, e.n_train, e.n_eval, seed=e.games_seed,
+                       workers=e.workers or os.cpu_count() or 1)
     timings["games"] = time.perf_counter() - t
-    _say(f"{len(games)} training TextWorld games ({e.game_type}, levels {e.levels}) in {timings['games']:.0f} s; "
-         "the held-out games are made beside SFT")
+    _say(f"{len(games)} TextWorld games ({e.game_type}, levels {e.levels}) in {timings['games']:.0f} s")
 
     t = time.perf_counter()
-    held_out = _beside(functools.partial(make, 0, e.n_eval, nice=HELD_OUT_NICE))
     sft.main(cfg)
     timings["sft"] = time.perf_counter() - t
     sft_dir = paths.sft
     _say(f"SFT done in {timings['sft']:.0f} s -> {sft_dir}")
-    t = time.perf_counter()
-    n_held_out = len(held_out.result())
-    timings["held_out_games"] = time.perf_counter() - t  # what SFT's spare CPU did not cover
-    _say(f"{n_held_out} held-out games ready {timings['held_out_games']:.0f} s after SFT")
 
     t, t_epoch = time.perf_counter(), time.time()
     eval_games = evaluation_tasks(cfg, "eval")

@@ -102,11 +102,8 @@ def parse_levels(text: str) -> list[int]:
 
 
 def make_games(out_dir: str | os.PathLike, game_type: str, levels: Iterable[int] | str, n_train: int,
-               n_eval: int, seed: int = 0, workers: int = 2, nice: int = 0) -> list[GameRecord]:
+               n_eval: int, seed: int = 0, workers: int = 2) -> list[GameRecord]:
     """Make (or find in the cache) `n_train` train and `n_eval` eval games for each level.
-
-    With `nice` > 0 the games are made in `workers` processes at that niceness (never in this process): beside
-    another job they take only the CPU it leaves (the demo makes its held-out games during SFT, app/demo.py).
 
     Returns the records of the requested games, train before eval, each split ordered by level then seed.
     Concurrent calls on the same `out_dir` are serialized by a lock file.
@@ -126,8 +123,6 @@ def make_games(out_dir: str | os.PathLike, game_type: str, levels: Iterable[int]
         raise ValueError(f"seed must be an int in [0, 2**31), got {seed!r}")
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be a positive int, got {workers!r}")
-    if not isinstance(nice, int) or not 0 <= nice <= 19:
-        raise ValueError(f"nice must be an int in [0, 19], got {nice!r}")
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     with _locked(out / ".make_games.lock"):
@@ -141,7 +136,7 @@ def make_games(out_dir: str | os.PathLike, game_type: str, levels: Iterable[int]
                   for level in levels}
         max_skips = 16 + sum(wanted.values())
         n_skipped = 0
-        with _Generator(out, workers, nice) as generator:
+        with _Generator(out, workers) as generator:
             while jobs := _missing_jobs(manifest, game_type, wanted, seed):
                 for job, result in zip(jobs, generator.run(jobs)):
                     if isinstance(result, str):
@@ -283,11 +278,10 @@ def _record(folder: Path, entry: dict) -> GameRecord:
 
 
 class _Generator:
-    """Runs `_generate_one` in `workers` processes at niceness `nice` (in this process when workers == 1 or
-    there is one job, unless `nice` asks for lower priority)."""
+    """Runs `_generate_one` in `workers` processes (in this process when workers == 1)."""
 
-    def __init__(self, out: Path, workers: int, nice: int = 0):
-        self.out, self.workers, self.nice, self._pool = out, workers, nice, None
+    def __init__(self, out: Path, workers: int):
+        self.out, self.workers, self._pool = out, workers, None
 
     def __enter__(self) -> _Generator:
         return self
@@ -297,11 +291,10 @@ class _Generator:
             self._pool.shutdown(wait=exc_type is None, cancel_futures=True)
 
     def run(self, jobs: list[dict]) -> list[dict | str]:
-        if not self.nice and (self.workers == 1 or len(jobs) == 1):
+        if self.workers == 1 or len(jobs) == 1:
             return [_generate_one(str(self.out), job) for job in jobs]
         if self._pool is None:
-            self._pool = OwnedProcessPool(self.workers, initializer=os.nice if self.nice else None,
-                                          initargs=(self.nice,) if self.nice else ())
+            self._pool = OwnedProcessPool(self.workers)
         return list(self._pool.map(_generate_one, [str(self.out)] * len(jobs), jobs))
 
 

@@ -169,25 +169,3 @@ def test_knowledge_bases_parsed_once_make_the_same_games(tmp_path, monkeypatch):
     for entry in own:
         game_json = entry["path"][: -len(".z8")] + ".json"
         assert (tmp_path / "shared" / game_json).read_bytes() == (tmp_path / "own" / game_json).read_bytes()
-
-
-def test_games_made_at_a_niceness_are_the_same_games_made_by_a_worker_at_it(tmp_path, games_dir, games):
-    """app/demo.py makes its held-out games at niceness 19 beside SFT: they are the games a plain call makes, and
-    they are made in a worker process at that niceness, never in the caller's."""
-    import os
-
-    from seedfast.envs import textworld_games
-
-    make_games(tmp_path, "treasure_hunter", [3], 1, 0, seed=0, nice=5)
-
-    def entries(folder):
-        manifest = json.loads((folder / MANIFEST_NAME).read_text())
-        return {e["id"]: e for e in manifest["games"] if e["split"] == "train" and e["level"] == 3}
-
-    niced = entries(tmp_path)
-    assert len(niced) == 1 and niced.items() <= entries(games_dir).items()
-    with textworld_games._Generator(tmp_path, 1, nice=5) as generator:
-        assert generator.run([]) == []
-        assert generator._pool.submit(os.nice, 0).result() == os.nice(0) + 5
-    with pytest.raises(ValueError, match="nice"):
-        make_games(tmp_path, "treasure_hunter", [3], 1, 0, nice=20)
