@@ -305,7 +305,8 @@ def docs_section(data: dict) -> str:
         "(`benchmarks/teacher_probe.py`, `teacher_probe_loser_path_s*.json`).",
         "",
         "**The arms** (`python benchmarks/seed_sparse.py run --seed S --arm ARM`: 16 updates of 8 games × 8 "
-        "trajectories, the demo's recipe otherwise; `benchmarks/results/seed_sparse.json`, `seed_sparse.png`): GRPO; "
+        "trajectories from a pool of 64, the demo's recipe of the time otherwise (`AS_STUDIED`); "
+        "`benchmarks/results/seed_sparse.json`, `seed_sparse.png`): GRPO; "
         "A, SEED with the oracle analyzer (`teacher_params: old`, the θ_old teacher of the release and the default; "
         "the current teacher beside it); B, A with β = 0 (g ≡ ½: self-imitation at "
         "the same weight, no teacher); C, the self analyzer; the no-learning control; E, the same on the demo's "
