@@ -10,7 +10,7 @@ Held-out success before and after is the evaluation every command shares (train/
 each held-out game trainer.eval_repeats times, the same seed for every policy): the SFT start's is run here,
 each algorithm's is its trainer's end-of-run evaluation, so `seedfast eval` on an exported policy gives the number
 the report prints. The demo plays its 64 held-out games 4 times each (a held-out change's sampling error is in
-docs/demo.md's results; 32 games once showed a fall that 96 more did not, benchmarks/results/
+docs/demo.md, "Results"; 32 games once showed a fall that 96 more did not, benchmarks/results/
 generalization_probe.json).
 """
 
