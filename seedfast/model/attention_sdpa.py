@@ -58,7 +58,7 @@ def padding(cu: list[int], length: int, device: torch.device) -> tuple[torch.Ten
 
 def pad(x: torch.Tensor, gather: torch.Tensor, batch: int, length: int) -> torch.Tensor:
     """[T, heads, hd] -> [B, heads, length, hd] with zero rows where a sequence is shorter."""
-    x = torch.cat([x, x.new_zeros(1, *x.shape[1:])])[gather]
+    x = torch.cat([x, x.new_zeros(1, *x.shape[1:])]).index_select(0, gather)
     return x.view(batch, length, *x.shape[1:]).transpose(1, 2)
 
 
@@ -71,4 +71,4 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: SdpaState, scal
         kp, vp = kp.repeat_interleave(groups, dim=1), vp.repeat_interleave(groups, dim=1)
     kwargs = {"enable_gqa": True} if groups > 1 and _HAS_ENABLE_GQA else {}
     out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=s.mask, is_causal=s.is_causal, scale=scale, **kwargs)
-    return out.transpose(1, 2).reshape(s.batch * s.max_q, *q.shape[1:])[s.q_valid]
+    return out.transpose(1, 2).reshape(s.batch * s.max_q, *q.shape[1:]).index_select(0, s.q_valid)

@@ -28,6 +28,7 @@ def test_the_demo_reports_what_seedfast_eval_measures(overrides, train_games, tm
     paths = RunPaths.of(cfg)
     summary = json.loads(paths.demo_summary.read_text())
     assert "1 held-out (each played 2 times per evaluation)" in summary["setup"]["games"]
+    assert summary["held_out"] == {"games": 1, "plays": 2}
     # the wall time by phase and the lanes' schedule: every job's start (after the jobs phase began) and length
     jobs = {"grpo", "control", "eval_sft"}
     assert set(summary["job_seconds"]) == set(summary["job_start_s"]) == jobs
