@@ -130,11 +130,6 @@ def change_standard_error(p: float, games: int, plays: int) -> float:
     return math.sqrt(2 * p * (1 - p) / (games * plays))
 
 
-def _signal(run: dict, name: str) -> float:
-    values = [v for v in run["groups_with_signal"][name] if v is not None]
-    return sum(values) / len(values)
-
-
 def _signed(values: list[float]) -> str:
     """'+0.094, −0.051; mean +0.021': each seed's value, then the mean, signed with the docs' minus sign."""
     text = ", ".join(f"{v:+.3f}" for v in values) + f"; mean {sum(values) / len(values):+.3f}"
@@ -158,9 +153,10 @@ def seeds_table(result: dict) -> str:
     for seed, run in runs.items():
         pools = " / ".join(f"{run['means'][c]['first_quarter']:.3f} → {run['means'][c]['last_half']:.3f}"
                            for c in ["control", *algorithms])
+        signal = " / ".join(f"{run['seed_metrics'][a]['train/groups_with_signal']:.2f}" for a in algorithms)
         lines.append(f"| {seed} | {run['random_floor']:.3f} | {run['before']['eval/success_rate']:.3f} | "
                      + " | ".join(f"{run['after'][a]['eval/success_rate']:.3f}" for a in algorithms)
-                     + f" | {pools} | {' / '.join(f'{_signal(run, a):.2f}' for a in algorithms)} | "
+                     + f" | {pools} | {signal} | "
                      f"{run['wall_s'] / 60:.1f} min |")
     return "\n".join(lines)
 
