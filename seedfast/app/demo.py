@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seedfast.app.demo_jobs import CONTROL, SFT_EVAL, JobResult, run_jobs
+from seedfast.app.demo_jobs import CONTROL, SFT_EVAL, JobResult, run_jobs, start_lanes
 from seedfast.app.report import EVIDENCE, curve_means, write_json, write_report
 from seedfast.config import Config
 from seedfast.envs.textworld_games import make_games
@@ -71,17 +71,22 @@ def main(cfg: Config, **_: Any) -> int:
     timings["games"] = time.perf_counter() - t
     _say(f"{len(games)} TextWorld games ({e.game_type}, levels {e.levels}) in {timings['games']:.0f} s")
 
-    t = time.perf_counter()
-    sft.main(cfg)
-    timings["sft"] = time.perf_counter() - t
-    sft_dir = paths.sft
-    _say(f"SFT done in {timings['sft']:.0f} s -> {sft_dir}")
+    lanes = start_lanes(cfg, os.cpu_count() or 1)  # they start during SFT's data phase (app/demo_jobs.py)
+    try:
+        t = time.perf_counter()
+        sft.main(cfg)
+        timings["sft"] = time.perf_counter() - t
+        sft_dir = paths.sft
+        _say(f"SFT done in {timings['sft']:.0f} s -> {sft_dir}")
 
-    t, t_epoch = time.perf_counter(), time.time()
-    eval_games = evaluation_tasks(cfg, "eval")
-    eval_games = eval_games[: len(eval_games) // cfg.trainer.eval_repeats]  # the list is the games, repeated
-    jobs = run_jobs(cfg, sft_dir, os.cpu_count() or 1,
-                    on_done=lambda r: _say(f"{r.name}: {_done_line(r)} in {r.wall_s:.0f} s"))
+        t, t_epoch = time.perf_counter(), time.time()
+        eval_games = evaluation_tasks(cfg, "eval")
+        eval_games = eval_games[: len(eval_games) // cfg.trainer.eval_repeats]  # the list is the games, repeated
+        jobs = run_jobs(cfg, sft_dir, os.cpu_count() or 1,
+                        on_done=lambda r: _say(f"{r.name}: {_done_line(r)} in {r.wall_s:.0f} s"), lanes=lanes)
+    except BaseException:
+        lanes.shutdown(wait=False, cancel_futures=True)  # an error before run_jobs took them: they end now
+        raise
     timings["after_sft"] = time.perf_counter() - t
     job_seconds = {name: result.wall_s for name, result in jobs.items()}  # each in its lane: they overlap
     job_start_s = {name: result.started_at - t_epoch for name, result in jobs.items()}  # the lanes' schedule

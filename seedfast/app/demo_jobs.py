@@ -46,14 +46,29 @@ def job_names(cfg: Config) -> list[str]:
     return [*cfg.demo.algorithms, CONTROL, SFT_EVAL]
 
 
-def run_jobs(cfg: Config, sft_dir: Path, cpus: int, on_done: Callable[[JobResult], None] | None = None,
-             job: Callable[[Config, str, Path], JobResult] | None = None) -> dict[str, JobResult]:
-    """Every job of `job_names(cfg)` (`job`, default `run_job`) on `cfg.demo.lanes` child processes, each with
-    `cpus // lanes` torch threads; `on_done(result)` is called in this process as each job ends. A job that fails
-    raises here, and the lanes still running end with it."""
-    names = job_names(cfg)
-    lanes = min(cfg.demo.lanes, len(names))
+def start_lanes(cfg: Config, cpus: int) -> OwnedProcessPool:
+    """The lanes of run_jobs, their processes started now, each with `cpus // lanes` torch threads. A spawned lane
+    imports torch and seedfast before its first job (~6 s on the 2-core Xeon): the demo starts them before SFT,
+    whose data phase is single-threaded and leaves a CPU to them (docs/demo.md, "Where the time goes")."""
+    lanes = min(cfg.demo.lanes, len(job_names(cfg)))
     pool = OwnedProcessPool(lanes, initializer=torch.set_num_threads, initargs=(max(1, cpus // lanes),))
+    for _ in range(lanes):  # a process per submit while none is idle
+        pool.submit(_imported)
+    return pool
+
+
+def _imported() -> None:
+    """Nothing: a lane unpickles it, which imports this module and everything its jobs need."""
+
+
+def run_jobs(cfg: Config, sft_dir: Path, cpus: int, on_done: Callable[[JobResult], None] | None = None,
+             job: Callable[[Config, str, Path], JobResult] | None = None,
+             lanes: OwnedProcessPool | None = None) -> dict[str, JobResult]:
+    """Every job of `job_names(cfg)` (`job`, default `run_job`) on `lanes` (default: start_lanes(cfg, cpus)),
+    which it shuts down; `on_done(result)` is called in this process as each job ends. A job that fails raises
+    here, and the lanes still running end with it."""
+    names = job_names(cfg)
+    pool = lanes if lanes is not None else start_lanes(cfg, cpus)
     results: dict[str, JobResult] = {}
     try:
         futures = [pool.submit(job or run_job, cfg, name, sft_dir) for name in names]

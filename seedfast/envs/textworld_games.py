@@ -24,6 +24,8 @@ import functools
 import hashlib
 import json
 import os
+import shlex
+import shutil
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -312,6 +314,60 @@ def _parse_knowledge_bases_once() -> None:
         KnowledgeBase.load = classmethod(cached)
 
 
+INFORM_FOLDER = ".inform7"  # in the games folder: Inform 7 with its index off (_inform_home_without_index)
+
+
+def _real_inform_home() -> Path:
+    """Where TextWorld finds Inform 7: $INFORM_HOME, else the copy it ships."""
+    from textworld.generator.inform7.world2inform7 import I7_DEFAULT_PATH
+
+    return Path(os.environ.get("INFORM_HOME", I7_DEFAULT_PATH))
+
+
+def _inform_home_without_index(out: Path) -> Path:
+    """An INFORM_HOME under `out` whose `ni` is the real one run with -noindex, for TextWorld's compile_game.
+
+    Inform 7 writes an index of every story it compiles (an IDE's help pages, never read here): 0.17 of its 0.85 s
+    per game on the 2-core Xeon, the game's compile being most of making one. Without it the game files are the
+    same bytes (tests/envs/test_envs_textworld_games.py). TextWorld runs `$INFORM_HOME/share/inform7/Compilers/ni`
+    with fixed options, so this folder holds a two-line `ni` that adds the option, and links to the real inform6
+    and Internal folder. Made once per real Inform (its path's hash names it), atomically: a folder of a name is
+    whole."""
+    real = _real_inform_home() / "share" / "inform7"
+    home = out / INFORM_FOLDER / hashlib.sha256(str(real).encode()).hexdigest()[:12]
+    if home.is_dir():
+        return home
+    home.parent.mkdir(parents=True, exist_ok=True)
+    tmp = home.parent / f".{home.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    compilers = tmp / "share" / "inform7" / "Compilers"
+    compilers.mkdir(parents=True)
+    (tmp / "share" / "inform7" / "Internal").symlink_to(real / "Internal", target_is_directory=True)
+    (compilers / "inform6").symlink_to(real / "Compilers" / "inform6")
+    ni = compilers / "ni"
+    ni.write_text(f'#!/bin/sh\nexec {shlex.quote(str(real / "Compilers" / "ni"))} "$@" -noindex\n')
+    ni.chmod(0o755)
+    try:
+        tmp.rename(home)
+    except OSError:  # another process made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return home
+
+
+@contextlib.contextmanager
+def _inform_home(home: Path):
+    """INFORM_HOME=home for what runs inside (TextWorld reads it when it compiles), restored after."""
+    before = os.environ.get("INFORM_HOME")
+    os.environ["INFORM_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["INFORM_HOME"]
+        else:
+            os.environ["INFORM_HOME"] = before
+
+
 def _generate_one(out_dir: str, job: dict) -> dict | str:
     """Make, compile and verify one game; returns its manifest entry, or why the seed was skipped."""
     import textworld
@@ -336,7 +392,8 @@ def _generate_one(out_dir: str, job: dict) -> dict | str:
             game = make(settings=settings, options=options)
         except QuestGenerationError as err:
             return f"QuestGenerationError: {err}"
-        path = compile_game(game, options)
+        with _inform_home(_inform_home_without_index(Path(out_dir))):
+            path = compile_game(game, options)
     walkthrough = list(game.metadata.get("walkthrough") or [])
     env = TextWorldEnv(path)
     try:

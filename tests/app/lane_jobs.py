@@ -27,7 +27,9 @@ def where(cfg, name: str, out: Path) -> JobResult:
 def fail_first_else_hang(cfg, name: str, out: Path) -> JobResult:
     """The first job fails once the others have started; the others record their process and hang."""
     if name != job_names(cfg)[0]:
-        (out / f"{name}.pid").write_text(str(os.getpid()))
+        tmp = out / f".{name}.pid.tmp"  # renamed whole: the failing job may end this lane as soon as it sees the file
+        tmp.write_text(str(os.getpid()))
+        tmp.rename(out / f"{name}.pid")
         time.sleep(600)
     while not list(out.glob("*.pid")):
         time.sleep(0.05)

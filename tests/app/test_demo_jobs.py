@@ -4,13 +4,14 @@ dies with the demo, whatever ended it, with its environment workers: tests/envs/
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from pathlib import Path
 
 import pytest
 
-from seedfast.app.demo_jobs import CONTROL, SFT_EVAL, job_names, run_jobs
+from seedfast.app.demo_jobs import CONTROL, SFT_EVAL, job_names, run_jobs, start_lanes
 from seedfast.config import load_config
 from tests.app.lane_jobs import fail_first_else_hang, where
 
@@ -29,6 +30,20 @@ def test_jobs_run_on_the_lanes_with_their_share_of_the_cpus(tmp_path, lanes, thr
     pids = {r.evaluation["pid"] for r in results.values()}
     assert os.getpid() not in pids and len(pids) == min(lanes, len(results))
     assert {r.evaluation["threads"] for r in results.values()} == {threads}
+
+
+
+def test_lanes_started_before_sft_run_the_jobs(tmp_path):
+    """The demo starts the lanes' processes before SFT (start_lanes): they exist before any job, and they are the
+    processes that run the jobs."""
+    cfg = load_config(None, ["demo.lanes=2"])
+    before = {p.pid for p in multiprocessing.active_children()}
+    lanes = start_lanes(cfg, cpus=2)
+    started = {p.pid for p in multiprocessing.active_children()} - before
+    assert len(started) == 2
+    results = run_jobs(cfg, tmp_path, cpus=2, job=where, lanes=lanes)
+    assert {int(r.evaluation["pid"]) for r in results.values()} == started
+    assert {r.evaluation["threads"] for r in results.values()} == {1}
 
 
 def _gone(pid: int) -> bool:

@@ -1,6 +1,8 @@
 """Offline game generation: manifest, disjoint split seeds, cache, CLI, argument errors."""
 
 import json
+import os
+import subprocess
 
 import pytest
 
@@ -169,3 +171,42 @@ def test_knowledge_bases_parsed_once_make_the_same_games(tmp_path, monkeypatch):
     for entry in own:
         game_json = entry["path"][: -len(".z8")] + ".json"
         assert (tmp_path / "shared" / game_json).read_bytes() == (tmp_path / "own" / game_json).read_bytes()
+
+
+def _z8_without_serial(path):
+    """A .z8's bytes less its header's serial number (bytes 0x12-0x17: Inform writes the compile date there)."""
+    data = bytearray(path.read_bytes())
+    data[0x12:0x18] = b"000000"
+    return bytes(data)
+
+
+def test_inform7_without_its_index_makes_the_same_games(tmp_path, monkeypatch):
+    """Games compile through the INFORM_HOME whose ni runs with -noindex (textworld_games._inform_home_without_index):
+    TextWorld runs that ni, and the game files are the bytes TextWorld's own Inform 7 makes; INFORM_HOME is as it
+    was after."""
+    from seedfast.envs import textworld_games
+
+    ran: list[str] = []
+    check_output = subprocess.check_output
+
+    def recorded(cmd, *args, **kwargs):
+        ran.append(cmd[0])
+        return check_output(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "check_output", recorded)
+    monkeypatch.delenv("INFORM_HOME", raising=False)
+    job = {"type": "treasure_hunter", "level": 4, "split": "train", "seed": 11}
+    fast = textworld_games._generate_one(str(tmp_path / "fast"), job)
+    (home,) = (tmp_path / "fast" / textworld_games.INFORM_FOLDER).iterdir()
+    assert ran[0] == str(home / "share" / "inform7" / "Compilers" / "ni") and "-noindex" in (
+        home / "share" / "inform7" / "Compilers" / "ni").read_text()
+    assert "INFORM_HOME" not in os.environ
+    monkeypatch.setattr(textworld_games, "_inform_home_without_index", lambda out: textworld_games._real_inform_home())
+    ran.clear()
+    own = textworld_games._generate_one(str(tmp_path / "own"), job)
+    assert ran[0] == str(textworld_games._real_inform_home() / "share" / "inform7" / "Compilers" / "ni")
+    assert fast == own and isinstance(own, dict)
+    game = own["path"]
+    assert _z8_without_serial(tmp_path / "fast" / game) == _z8_without_serial(tmp_path / "own" / game)
+    json_file = game[: -len(".z8")] + ".json"
+    assert (tmp_path / "fast" / json_file).read_bytes() == (tmp_path / "own" / json_file).read_bytes()
