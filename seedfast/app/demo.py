@@ -16,6 +16,7 @@ generalization_probe.json).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -51,6 +52,20 @@ def _done_line(result: JobResult) -> str:
     if result.name == CONTROL:
         return f"{len(result.history)} rollouts"
     return f"{len(result.history)} updates, held-out success {result.evaluation['eval/success_rate']:.3f}"
+
+
+def sft_phases(log: Path) -> dict[str, float]:
+    """SFT's wall time by phase, from its log: the data (replays, tokenizer, examples), the copy warm-up (a fixed
+    number of steps of fixed shapes: across runs, a gauge of the machine's speed at the time) and the steps."""
+    events = {}
+    with open(log) as f:
+        for line in f:
+            row = json.loads(line)
+            if "event" in row:
+                events[row["event"]] = row
+    warmup = events.get("copy_warmup", {"wall_s": 0.0, "steps": 0})
+    return {"data": events["data"]["wall_s"], "copy_warmup": warmup["wall_s"], "copy_warmup_steps": warmup["steps"],
+            "steps": events["done"]["elapsed_s"]}
 
 
 def _say(msg: str) -> None:
@@ -117,6 +132,8 @@ def main(cfg: Config, **_: Any) -> int:
         "before": before, "after": after, "random_floor": floor, "timings": timings, "job_seconds": job_seconds,
         "job_start_s": job_start_s, "lanes": min(cfg.demo.lanes, len(jobs)), "setup": setup,
         "held_out": {"games": len(eval_games), "plays": cfg.trainer.eval_repeats},
+        "temperatures": {"held_out": cfg.rollout.eval_temperature, "pool": cfg.rollout.temperature},
+        "sft_phases": sft_phases(paths.sft_metrics),
         "seed": cfg.run.seed, "pool_success": curves, "groups_with_signal": signal,
         "means": {name: curve_means(c) for name, c in curves.items()},
         "seed_metrics": {name: {k: sum(r.get(k, 0.0) for r in h) / len(h) for k in EVIDENCE if any(k in r for r in h)}

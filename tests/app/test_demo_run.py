@@ -29,6 +29,12 @@ def test_the_demo_reports_what_seedfast_eval_measures(overrides, train_games, tm
     summary = json.loads(paths.demo_summary.read_text())
     assert "1 held-out (each played 2 times per evaluation)" in summary["setup"]["games"]
     assert summary["held_out"] == {"games": 1, "plays": 2}
+    assert summary["temperatures"] == {"held_out": 1.0, "pool": cfg.rollout.temperature}
+    sft_log = [json.loads(line) for line in paths.sft_metrics.read_text().splitlines()]
+    phases = summary["sft_phases"]  # SFT's own log's phases: no copy warm-up here
+    assert phases["data"] == sft_log[0]["wall_s"] and phases["steps"] == sft_log[-1]["elapsed_s"]
+    assert phases["copy_warmup"] == phases["copy_warmup_steps"] == 0
+    assert phases["data"] + phases["steps"] <= summary["timings"]["sft"]
     # the wall time by phase and the lanes' schedule: every job's start (after the jobs phase began) and length
     jobs = {"grpo", "control", "eval_sft"}
     assert set(summary["job_seconds"]) == set(summary["job_start_s"]) == jobs
