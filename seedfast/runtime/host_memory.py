@@ -3,11 +3,9 @@ OS and faulting it in again.
 
 By default glibc serves an allocation above a threshold (128 KiB, raised as such blocks are freed, up to 32 MiB)
 with its own mmap, unmapped when freed, and gives the top of its heap back once more than twice that threshold is
-free. A trainer's step allocates and frees the same activations every step, each a fresh mapping the kernel must
-zero page by page: the demo's SFT (packed batches, a different shape every step) took 1.91M page faults on the 2-core
-Xeon, against 0.30M with the settings below, which made it 1.25x faster at the same losses
-(benchmarks/results/host_memory.json; docs/performance.md, "Host memory"). A process keeps up to
-MALLOC_TRIM_THRESHOLD_ of freed memory.
+free. A trainer's step allocates and frees the same activations every step, each time in fresh pages the kernel
+must map and zero one by one (docs/performance.md, "Host memory"; benchmarks/host_memory.py measures the demo's SFT
+both ways). A process keeps up to MALLOC_TRIM_THRESHOLD_ of freed memory at its heap's top.
 """
 
 from __future__ import annotations
