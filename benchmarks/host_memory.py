@@ -1,4 +1,4 @@
-"""The demo's SFT with glibc's malloc as it comes and with seedfast's settings (runtime/host_memory.py), side by side.
+"""The demo's SFT with glibc's malloc as it comes and with seedfast's settings (app/host_memory.py), side by side.
 
     python benchmarks/host_memory.py [--config configs/demo_cpu.yaml] [--rounds 1]
 
@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results  # noqa: E402
 
-from seedfast.runtime.host_memory import SETTINGS, keep_freed_memory  # noqa: E402
+from seedfast.app.host_memory import SETTINGS, keep_freed_memory  # noqa: E402
 
 MODES = ("glibc_default", "kept")
 

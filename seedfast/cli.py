@@ -23,8 +23,8 @@ from typing import Any
 
 from seedfast import __version__
 from seedfast.app import end_command
+from seedfast.app.host_memory import keep_freed_memory
 from seedfast.config import Config, ConfigError, load_config, options_help
-from seedfast.runtime.host_memory import keep_freed_memory
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ def _run_command(name: str, cfg: Config, flags: dict[str, Any], argv: list[str])
     from seedfast.app import failures
 
     debug = bool(flags.pop("debug", False))
-    keep_freed_memory()  # before the command's first tensor (runtime/host_memory.py)
+    keep_freed_memory()  # before the command's first tensor (app/host_memory.py)
     command = COMMANDS[name]
     run = getattr(importlib.import_module(command.module), command.attr)  # a broken install raises as it is
     completed = False

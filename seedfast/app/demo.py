@@ -54,7 +54,7 @@ def _done_line(result: JobResult) -> str:
     return f"{len(result.history)} updates, held-out success {result.evaluation['eval/success_rate']:.3f}"
 
 
-def sft_phases(log: Path) -> dict[str, float]:
+def sft_phases(log: Path) -> dict[str, float | int]:
     """SFT's wall time by phase, from its log: the data (replays, tokenizer, examples), the copy warm-up (a fixed
     number of steps of fixed shapes: across runs, a gauge of the machine's speed at the time) and the steps."""
     events = {}

@@ -327,8 +327,8 @@ def _real_inform_home() -> Path:
 def _inform_home_without_index(out: Path) -> Path:
     """An INFORM_HOME under `out` whose `ni` is the real one run with -noindex, for TextWorld's compile_game.
 
-    Inform 7 writes an index of every story it compiles (an IDE's help pages, never read here): 0.17 of its 0.85 s
-    per game on the 2-core Xeon, the game's compile being most of making one. Without it the game files are the
+    Inform 7 writes an index of every story it compiles (an IDE's help pages, never read here): about a fifth of a
+    compile, which is most of making a game (docs/demo.md, "Where the time goes"). Without it the game files are the
     same bytes (tests/envs/test_envs_textworld_games.py). TextWorld runs `$INFORM_HOME/share/inform7/Compilers/ni`
     with fixed options, so this folder holds a two-line `ni` that adds the option, and links to the real inform6
     and Internal folder. Made once per real Inform (its path's hash names it), atomically: a folder of a name is

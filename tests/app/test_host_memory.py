@@ -1,4 +1,4 @@
-"""runtime/host_memory.py: with glibc's malloc set to keep freed memory, a step that allocates and frees the same
+"""app/host_memory.py: with glibc's malloc set to keep freed memory, a step that allocates and frees the same
 activations again stops faulting their pages in every time; the settings reach the processes a command starts."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from seedfast.runtime.host_memory import SETTINGS
+from seedfast.app.host_memory import SETTINGS
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux")
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 # under any setting.
 _STEPS = """
 import ctypes, resource, sys
-from seedfast.runtime.host_memory import keep_freed_memory
+from seedfast.app.host_memory import keep_freed_memory
 if sys.argv[1] == "kept":
     assert keep_freed_memory()
 libc = ctypes.CDLL(None)
@@ -57,7 +57,7 @@ def test_freed_memory_is_reused_without_page_faults():
 
 def test_settings_reach_child_processes_and_a_users_value_wins():
     code = ("import os, subprocess, sys\n"
-            "from seedfast.runtime.host_memory import keep_freed_memory\n"
+            "from seedfast.app.host_memory import keep_freed_memory\n"
             "assert keep_freed_memory()\n"
             "subprocess.run([sys.executable, '-c', \"import os; print(os.environ['MALLOC_TRIM_THRESHOLD_'], "
             "os.environ['MALLOC_TOP_PAD_'])\"], check=True)\n")
