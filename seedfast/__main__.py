@@ -1,6 +1,6 @@
 """`python -m seedfast ...` (also what `torchrun -m seedfast ...` runs)."""
 
-from seedfast.cli import main
+from seedfast.cli import entry
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry())

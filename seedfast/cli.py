@@ -160,6 +160,14 @@ def _resolve(name: str, args: argparse.Namespace) -> tuple[Config, dict[str, Any
     return cfg, flags
 
 
+def entry() -> int:
+    """The `seedfast` program (its console script, `python -m seedfast`, `torchrun -m seedfast`): the process is
+    seedfast's own, so glibc's malloc is set to keep what it frees first (app/host_memory.py), then main() runs.
+    main() called from another program leaves that program's malloc as it was."""
+    keep_freed_memory()
+    return main()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     top = _top_parser()
@@ -198,7 +206,6 @@ def _run_command(name: str, cfg: Config, flags: dict[str, Any], argv: list[str])
     from seedfast.app import failures
 
     debug = bool(flags.pop("debug", False))
-    keep_freed_memory()  # before the command's first tensor (app/host_memory.py)
     command = COMMANDS[name]
     run = getattr(importlib.import_module(command.module), command.attr)  # a broken install raises as it is
     completed = False

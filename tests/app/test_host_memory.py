@@ -1,5 +1,6 @@
 """app/host_memory.py: with glibc's malloc set to keep freed memory, a step that allocates and frees the same
-activations again stops faulting their pages in every time; the settings reach the processes a command starts."""
+activations again stops faulting their pages in every time; the settings reach the processes a command starts; the
+`seedfast` program sets them, cli.main called from another program does not."""
 
 from __future__ import annotations
 
@@ -64,3 +65,17 @@ def test_settings_reach_child_processes_and_a_users_value_wins():
     env = {**_clean_env(), "MALLOC_TOP_PAD_": str(1 << 20)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(SETTINGS["MALLOC_TRIM_THRESHOLD_"]), str(1 << 20)]
+
+
+@pytest.mark.parametrize("call,kept", [("entry()", True), ("main(['config'])", False)])
+def test_the_seedfast_program_keeps_freed_memory_and_main_alone_does_not(call, kept):
+    """`seedfast` and `python -m seedfast` run cli.entry, which sets the process's malloc; cli.main called from another
+    program (a test, a notebook) leaves that program's malloc and environment as they were."""
+    code = ("import contextlib, io, os, sys\n"
+            "from seedfast import cli\n"
+            "sys.argv = ['seedfast', 'config']\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    assert cli.{call} == 0\n"
+            "print('MALLOC_TRIM_THRESHOLD_' in os.environ)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=_clean_env(), capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == str(kept)
