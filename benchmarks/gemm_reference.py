@@ -2,7 +2,7 @@
 same run as the kernels (benchmarks/gpu_check.sh runs it first): cuBLAS bf16 GEMMs at the model's own shapes, the
 single pass's row passes, a device copy.
 
-    python3 benchmarks/gemm_reference.py OUT.json [--n 16384 --d 4096 --v 152064]
+    python3 -m benchmarks.gemm_reference OUT.json [--n 16384 --d 4096 --v 152064]
 
 Measured, each under the key the model (benchmarks/kernels.py, design_phases) prices a phase with:
     logits, dw, dh          the whole-shape GEMMs of the loss at N tokens: Z = h·Wᵀ, dW = Gᵀ·h, dH = G·W (K = V),
@@ -26,8 +26,6 @@ import json
 import math
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _ms(torch, fn, reps: int = 5) -> float:

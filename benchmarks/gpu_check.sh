@@ -170,10 +170,10 @@ REST_FILES=$(gpu_files tests | grep -vE "^tests/(kernels|ops|vllm_real|rollout)/
   plan | sed 's/^/  /'
 } > "$SUMMARY"
 
-step_gemm() { run_step gemm "$PY" benchmarks/gemm_reference.py "$OUT/gemm_reference.json"
+step_gemm() { run_step gemm "$PY" -m benchmarks.gemm_reference "$OUT/gemm_reference.json"
   echo "  gemm reference: $(tr -d '\n' < "$OUT/gemm_reference.json" 2>/dev/null | cut -c1-900)" >> "$SUMMARY"; }
 
-step_kernels() { run_step kernels env SEEDFAST_AUTOTUNE_ONE=1 "$PY" benchmarks/kernels.py --n 16384 --d 4096 \
+step_kernels() { run_step kernels env SEEDFAST_AUTOTUNE_ONE=1 "$PY" -m benchmarks.kernels --n 16384 --d 4096 \
   --v 152064 --no-compile --reps 3 --out "$OUT/kernels.json" --gemm-ref "$OUT/gemm_reference.json"; }
 
 step_tests() { run_step tests env SEEDFAST_AUTOTUNE_ONE=1 bash -c 'pytest_files "$@"' _ $KERNEL_FILES
@@ -182,7 +182,7 @@ step_tests() { run_step tests env SEEDFAST_AUTOTUNE_ONE=1 bash -c 'pytest_files 
 
 step_fsdp() { run_step fsdp bash -c 'pytest_files "$@"' _ $FSDP_FILE; }
 
-step_step() { run_step step env SEEDFAST_AUTOTUNE_ONE=1 "$PY" benchmarks/step_gpu.py --shape qwen1.5b --layers 8 \
+step_step() { run_step step env SEEDFAST_AUTOTUNE_ONE=1 "$PY" -m benchmarks.step_gpu --shape qwen1.5b --layers 8 \
   --reps 1 --device cuda --dtype bf16 --attn sdpa --commit "$COMMIT" --out "$OUT/step_gpu.json"
   grep -E "^(grpo|seed) " "$LOG" | sed 's/^/  /' >> "$SUMMARY"; }
 

@@ -1,6 +1,6 @@
 """The demo's SFT with glibc's malloc as it comes and with seedfast's settings (app/host_memory.py), side by side.
 
-    python benchmarks/host_memory.py [--config configs/demo_cpu.yaml] [--rounds 1]
+    python -m benchmarks.host_memory [--config configs/demo_cpu.yaml] [--rounds 1]
 
 Each round runs `seedfast sft`'s main in a fresh process once per setting, alternating which goes first: glibc's
 defaults (the process is started without the MALLOC_* variables and never calls keep_freed_memory), then the
@@ -21,10 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
-
-from seedfast.app.host_memory import SETTINGS, keep_freed_memory  # noqa: E402
+from benchmarks.common import ROOT, write_results
+from seedfast.app.host_memory import SETTINGS, keep_freed_memory
 
 MODES = ("glibc_default", "kept")
 
@@ -71,8 +69,8 @@ def main() -> None:
     for round_ in range(args.rounds):
         for mode in (MODES if round_ % 2 == 0 else MODES[::-1]):
             with tempfile.TemporaryDirectory() as out:
-                done = subprocess.run([sys.executable, __file__, "--config", args.config, "--child", mode,
-                                       "--out", out], env=env, capture_output=True, text=True)
+                done = subprocess.run([sys.executable, "-m", __spec__.name, "--config", args.config, "--child", mode,
+                                       "--out", out], env=env, capture_output=True, text=True, cwd=ROOT)
             if done.returncode:
                 raise SystemExit(f"{mode}: exit {done.returncode}\n{done.stderr[-3000:]}")
             runs.append({"round": round_, **json.loads(done.stdout.strip().splitlines()[-1])})

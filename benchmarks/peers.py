@@ -1,9 +1,9 @@
 """One RL update side by side: seedfast vs the reference recipe (and Liger-Kernel), time by phase and peak memory.
 
-    python benchmarks/peers.py --shape tiny          # the demo's tiny model at the demo's batch
-    python benchmarks/peers.py --shape qwen0.5b      # Qwen2.5-0.5B shape, random init (--layers N to cut depth)
-    python benchmarks/peers.py --shape qwen0.5b --algos seed --legs reference seedfast --checkpointing
-    python benchmarks/peers.py --shape qwen7b --device cuda --dtype bf16 --out OUT/peers_cuda.json   # on a GPU
+    python -m benchmarks.peers --shape tiny          # the demo's tiny model at the demo's batch
+    python -m benchmarks.peers --shape qwen0.5b      # Qwen2.5-0.5B shape, random init (--layers N to cut depth)
+    python -m benchmarks.peers --shape qwen0.5b --algos seed --legs reference seedfast --checkpointing
+    python -m benchmarks.peers --shape qwen7b --device cuda --dtype bf16 --out OUT/peers_cuda.json   # on a GPU
 
 The same step samples (prompt, insertion point, skill, response, reward, group), the same weights (one HF folder
 written by seedfast.model.save_hf) and the same hyper-parameters (the defaults of seedfast.config's LossConfig and
@@ -17,7 +17,7 @@ OptimConfig) go to three recipes, each in its own fresh process, for one SEED up
   forward's own prefix KV), grad_norm_and_clip, AdamW.
 The first update of each process (from the same start weights) is checked: loss, clipped gradients and updated
 weights against the reference. Its peak memory is measured: CPU = the process's peak resident set above the level
-before the update (VmHWM after clear_refs, benchmarks/_common.py PeakRSS; glibc's mmap threshold pinned so freed
+before the update (VmHWM after clear_refs, benchmarks/common.py PeakRSS; glibc's mmap threshold pinned so freed
 blocks go back to the OS); CUDA = torch.cuda.max_memory_allocated above the allocated level before. Before it, each
 process runs one update on two short samples (imports, thread pools, first touch) and goes back to the start weights;
 Adam's moments exist before the update (zeros: the state AdamW creates lazily), as in every update after the first.
@@ -36,11 +36,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import (  # noqa: E402
+from benchmarks.common import (
     RESULTS_DIR,
     PeakRSS,
+    command_line,
     git_commit,
     machine_info,
     median,
@@ -270,7 +269,7 @@ def make_optimizer(model, hp: dict, leg: str):
 def make_update(leg: str, algo: str, policy, ref, optimizer, samples: list[dict], hp: dict, device: str
                 ) -> Callable[[Phases], float]:
     """A closure running one update of `leg` for `algo` on `samples`; it returns the loss."""
-    import peers_reference as reference
+    from benchmarks import peers_reference as reference
 
     use_opd = algo == "seed"
     if leg == "seedfast":
@@ -400,7 +399,8 @@ def liger_version() -> str | None:
 
 
 def run_leg(args: argparse.Namespace, leg: str, algo: str, ckpt: Path, dump: Path) -> dict:
-    argv = [__file__, "--worker", leg, algo, "--shape", args.shape, "--ckpt", str(ckpt), "--device", args.device,
+    argv = ["-m", __spec__.name, "--worker", leg, algo, "--shape", args.shape, "--ckpt", str(ckpt),
+            "--device", args.device,
             "--dtype", args.dtype, "--insertion", args.insertion, "--reps", str(args.reps), "--dump", str(dump)]
     for flag, value in (("--layers", args.layers), ("--threads", args.threads)):
         if value:
@@ -502,7 +502,7 @@ def save(args: argparse.Namespace, shape_result: dict) -> Path:
     record.update(**run, hyper_params=hyper_params())
     record["shapes"][result_key(args)] = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **run,
-        "command": " ".join(["python", *sys.argv]),
+        "command": command_line(),
         "model": cfg, "layers_reduced_from": SHAPES[args.shape]["model"]["num_hidden_layers"] if args.layers else None,
         "batch": batch, "samples": batch["tasks"] * batch["trajectories"], "insertion": args.insertion,
         "device": args.device, "dtype": args.dtype, "reps": args.reps, "threads": args.threads,

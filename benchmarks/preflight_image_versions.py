@@ -2,7 +2,7 @@
 (requirements/lock-gpu-image.txt) in a venv of their own, and the CPU suite's subsets that touch them, so that version
 skew shows here, not in the 15-minute GPU window.
 
-    python3 benchmarks/preflight_image_versions.py          # or: make preflight
+    python3 -m benchmarks.preflight_image_versions          # or: make preflight
         [--venv .venv-image] [--out benchmarks/results/preflight_image_versions.json] [--subsets kernels hf ...]
 
 Makes the venv when missing (torch from the PyTorch CPU index as 2.11.0+cpu where reachable, else PyPI's default

@@ -1,7 +1,7 @@
 """Generation throughput of the own sampler on CPU: static KV cache vs growing a PackedKV vs no cache.
 
-    python benchmarks/sampler.py                      # the demo's tiny decoder, batches 8/32/64
-    python benchmarks/sampler.py --batches 64 --new-tokens 64 --threads 2
+    python -m benchmarks.sampler                      # the demo's tiny decoder, batches 8/32/64
+    python -m benchmarks.sampler --batches 64 --new-tokens 64 --threads 2
 
 Variants (greedy, no stop ids, so every sequence generates exactly --new-tokens tokens):
   static_cache  seedfast.rollout.Sampler: prefill, then one token per step into a preallocated cache
@@ -17,18 +17,14 @@ Prints a table and writes benchmarks/results/sampler_cpu.json (machine, versions
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_results  # noqa: E402
-
-from seedfast.model import DecoderConfig, build_decoder, make_cu_seqlens  # noqa: E402
-from seedfast.rollout.own_engine import Sampler  # noqa: E402
-from seedfast.sampling_params import SamplingParams  # noqa: E402
+from benchmarks.common import print_table, write_results
+from seedfast.model import DecoderConfig, build_decoder, make_cu_seqlens
+from seedfast.rollout.own_engine import Sampler
+from seedfast.sampling_params import SamplingParams
 
 
 def tiny_decoder(vocab: int) -> torch.nn.Module:

@@ -1,7 +1,7 @@
 """CPU benchmark of the shared-prefix dual-context scorer against full forwards with materialized logits.
 
-    python benchmarks/scoring.py             # P=1536, S=96, A=128, 2 samples, sweep: table + results JSON
-    python benchmarks/scoring.py --quick     # smaller model, 1 sample, no sweep: a quick look
+    python -m benchmarks.scoring             # P=1536, S=96, A=128, 2 samples, sweep: table + results JSON
+    python -m benchmarks.scoring --quick     # smaller model, 1 sample, no sweep: a quick look
 
 Baselines, each one packed varlen forward over all samples (no padding, like the scorer):
 - naive        full forward, logits on every row (as verl/HF recompute log-probs), log_softmax, gather
@@ -19,21 +19,16 @@ with before_response; whole ≤ 0.6). Timings interleave the variants; ratios us
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import machine_info, median, print_table, write_results  # noqa: E402
-
-from seedfast.context import Segment, StepSample, build_step_sample  # noqa: E402
-from seedfast.model.config import DecoderConfig  # noqa: E402
-from seedfast.model.decoder import build_decoder  # noqa: E402
-from seedfast.scoring import score, teacher_logprob_with_prefix  # noqa: E402
-from seedfast.scoring.packing import pack, pack_prefixes, shared_prefix_length  # noqa: E402
+from benchmarks.common import machine_info, median, print_table, write_results
+from seedfast.context import Segment, StepSample, build_step_sample
+from seedfast.model.config import DecoderConfig
+from seedfast.model.decoder import build_decoder
+from seedfast.scoring import score, teacher_logprob_with_prefix
+from seedfast.scoring.packing import pack, pack_prefixes, shared_prefix_length
 
 MODES = ("prepend", "after_task", "before_response")
 

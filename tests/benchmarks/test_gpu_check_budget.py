@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 ORDER = ["gemm", "kernels", "tests", "fsdp", "step", "rest"]
 
-# Records each call; writes the files a real run would (--out X, --junitxml=X, gemm_reference.py's OUT); `-c` probes
+# Records each call; writes the files a real run would (--out X, --junitxml=X, gemm_reference's OUT); `-c` probes
 # succeed; `-` (the JUnit merge, stdlib only) runs on the real interpreter. A pytest call on a file matching $CRASH
 # exits 134 (an illegal memory access kills the process); a call matching $HANG ignores SIGTERM and sleeps.
 FAKE_PYTHON = r"""#!/usr/bin/env bash
@@ -30,7 +30,7 @@ for a in "$@"; do
   case "$a" in --junitxml=*) printf '<testsuite name="%s"><testcase classname="c" name="t"/></testsuite>' \
     "$(basename "${a#--junitxml=}")" > "${a#--junitxml=}" ;; esac
   [ "$prev" = --out ] && echo '{}' > "$a"
-  [ "${prev##*/}" = gemm_reference.py ] && echo '{"gemm_tflops": 1.0}' > "$a"
+  [ "$prev" = benchmarks.gemm_reference ] && echo '{"gemm_tflops": 1.0}' > "$a"
   prev=$a
 done
 if [ -n "${CRASH:-}" ] && [[ "$*" == *"$CRASH"* ]]; then echo "CUDA error: an illegal memory access"; exit 134; fi
@@ -114,14 +114,14 @@ def test_all_steps_in_order_with_python3_and_at_most_8_files(tmp_path):
     def first(pattern):
         return next(i for i, line in enumerate(lines) if re.search(pattern, line))
 
-    order = [first(r"gemm_reference\.py"), first(r"kernels\.py --n 16384 --d 4096 --v 152064"),
+    order = [first(r"-m benchmarks\.gemm_reference "), first(r"-m benchmarks\.kernels --n 16384 --d 4096 --v 152064"),
              first(r"-m pytest -m gpu tests/kernels/"), first(r"-m pytest -m gpu tests/distributed/test_fsdp_one"),
-             first(r"step_gpu\.py .*--attn sdpa --commit 0123abc"), first(r"-m pytest -m gpu tests/model/")]
+             first(r"-m benchmarks\.step_gpu .*--attn sdpa --commit 0123abc"), first(r"-m pytest -m gpu tests/model/")]
     assert order == sorted(order), calls
     pytest_calls = [line for line in lines if "-m pytest" in line]
     assert all(len(re.findall(r" tests/\S+\.py", line)) == 1 for line in pytest_calls), pytest_calls  # one file each
     assert all("--timeout=60" in line and "--junitxml=" in line for line in pytest_calls)
-    assert not any("peers.py" in line or "tests/rollout/" in line or "vllm_real" in line for line in lines)
+    assert not any("benchmarks.peers" in line or "tests/rollout/" in line or "vllm_real" in line for line in lines)
     files = list(out.iterdir())
     assert all(f.is_file() for f in files) and len(files) <= 8, sorted(f.name for f in files)
     assert {f.name for f in files} == {"summary.txt", "window.log", "gemm_reference.json", "kernels.json",
@@ -144,7 +144,7 @@ def test_a_crashing_test_file_costs_that_file_only(tmp_path):
 def test_a_step_that_ignores_sigterm_is_killed_and_the_budget_holds(tmp_path):
     # limits 2 + 2 + 3 + 7 s, each with 1 s of kill grace: 18 s, the whole budget
     p, took, summary, steps, calls, out = _run(tmp_path, BUDGET_S="18", STEPS="gemm kernels step rest",
-                                               LIMITS="gemm=2 kernels=2 step=3 rest=7", HANG="step_gpu.py")
+                                               LIMITS="gemm=2 kernels=2 step=3 rest=7", HANG="benchmarks.step_gpu")
     codes = {name: int(rc) for name, rc, _, _ in steps}
     assert codes["gemm"] == codes["kernels"] == 0, summary
     assert codes["step"] == 137, summary  # SIGKILL, KILL_S after the SIGTERM it ignored
@@ -157,7 +157,7 @@ def test_a_step_that_ignores_sigterm_is_killed_and_the_budget_holds(tmp_path):
 def test_a_step_with_no_budget_left_is_skipped_and_reported(tmp_path):
     # a plan that fits on paper, but the time is gone (a slow start): what is left goes by, nothing runs past it
     p, took, summary, steps, calls, out = _run(tmp_path, BUDGET_S="7", STEPS="gemm step rest", MIN_STEP_S="4",
-                                               LIMITS="gemm=1 step=2 rest=1", HANG="step_gpu.py")
+                                               LIMITS="gemm=1 step=2 rest=1", HANG="benchmarks.step_gpu")
     codes = {name: int(rc) for name, rc, _, _ in steps}
     assert codes["step"] == 137 and codes["rest"] == 125, summary  # 125: skipped, budget
     assert p.returncode != 0 and took < 7 + 3

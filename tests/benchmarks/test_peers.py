@@ -7,9 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests._bench import import_benchmark
-
-peers = import_benchmark("peers")
+from benchmarks import peers
 
 BATCH = dict(tasks=2, trajectories=4, prompt=64, skill=8, response=6)
 TOL = 1e-4

@@ -1,9 +1,8 @@
 """benchmarks/preflight_image_versions.py's bookkeeping without installing anything: what it counts from a JUnit file
 (a failing or erroring test is named, a missing file is an error, never a pass), and the image's lock it installs."""
 
-from tests._bench import import_benchmark
 
-pf = import_benchmark("preflight_image_versions")
+from benchmarks import preflight_image_versions as pf
 
 JUNIT = """<testsuites><testsuite name="pytest">
 <testcase classname="tests.a" name="test_ok"/>

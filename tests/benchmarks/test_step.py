@@ -3,9 +3,7 @@ GRPO's (it once broke unnoticed: SEED's learn wrote its skills into a run folder
 
 import sys
 
-from tests._bench import import_benchmark
-
-step = import_benchmark("step")
+from benchmarks import step
 
 
 def test_step_benchmark_reports_every_algorithm_against_grpo(tmp_path, monkeypatch):

@@ -6,9 +6,7 @@ import math
 
 import pytest
 
-from tests._bench import import_benchmark
-
-step_gpu = import_benchmark("step_gpu")
+from benchmarks import step_gpu
 
 
 def test_tiny_cpu_run_writes_both_algorithms(tmp_path):

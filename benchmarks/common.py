@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -78,6 +79,13 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def command_line() -> str:
+    """How this process was started, as a user would type it: `python -m benchmarks.step --reps 7`."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    script = ["-m", spec.name] if spec is not None else sys.argv[:1]
+    return " ".join([Path(sys.executable).name, *script, *sys.argv[1:]])
+
+
 def write_results(name: str, payload: dict, packages: Sequence[str] = ("torch", "triton", "seedfast"),
                   directory: Path = RESULTS_DIR) -> Path:
     """Write <directory>/<name>.json (default: results/, the committed one) with the payload plus machine, versions,
@@ -86,7 +94,7 @@ def write_results(name: str, payload: dict, packages: Sequence[str] = ("torch", 
     record = {
         "benchmark": name,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
         "git_commit": git_commit(),
         "machine": machine_info(),
         "versions": versions(*packages),
@@ -174,8 +182,9 @@ def _status_bytes(field: str) -> int:
 
 
 def run_worker(argv: Sequence[str], timeout: float = 1800, env: dict | None = None) -> dict:
-    """Run `python argv...` in a fresh process; its last stdout line must be a JSON object."""
-    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout,
+    """Run `python argv...` (`-m benchmarks.NAME ...`) from the repository's root in a fresh process; its last stdout
+    line must be a JSON object."""
+    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         raise RuntimeError(f"worker {' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")

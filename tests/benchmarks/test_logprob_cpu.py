@@ -6,10 +6,8 @@ import contextlib
 import pytest
 import torch
 
-from tests._bench import import_benchmark
-
-logprob_cpu = import_benchmark("logprob_cpu")
-PeakRSS = import_benchmark("_common").PeakRSS
+from benchmarks import logprob_cpu
+from benchmarks.common import PeakRSS
 
 
 @pytest.mark.parametrize("kind", ["logprob", "loss_grpo", "loss_seed"])

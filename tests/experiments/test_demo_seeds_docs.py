@@ -1,17 +1,14 @@
-"""benchmarks/demo_seeds.py's read-out by hand, and docs/demo.md's results section is the one results/demo_seeds.json
-and demo_fresh_clone.json generate (rerun a seed, or edit a digit, and this fails until
-`python benchmarks/demo_seeds.py --markdown` is pasted)."""
+"""experiments/demo_seeds.py's read-out by hand (docs/demo.md's results section is what it generates from the
+committed JSON: tests/test_docs_generated.py)."""
 
-import json
 import math
 from pathlib import Path
 
 import pytest
 
-from tests._bench import import_benchmark
+from experiments import demo_seeds
 
 ROOT = Path(__file__).resolve().parents[2]
-demo_seeds = import_benchmark("demo_seeds")
 
 
 def _run(before: float, after: dict[str, float], last_half: dict[str, float]) -> dict:
@@ -39,10 +36,3 @@ def test_the_readout_is_each_algorithm_against_the_control_and_seed_against_grpo
     assert said["seed_minus_grpo"]["pool_last_half"] == pytest.approx([-0.05, 0.15])
     assert said["seed_minus_grpo"]["heldout"] == pytest.approx([-0.05, 0.15])
 
-
-def test_the_results_section_is_generated_from_the_committed_jsons():
-    seeds, fresh = (json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())
-                    for name in ("demo_seeds", demo_seeds.FRESH))
-    section = demo_seeds.markdown(seeds, fresh)
-    assert section.startswith(demo_seeds.DOCS_BEGIN) and section.endswith(demo_seeds.DOCS_END)
-    assert section in (ROOT / "docs" / "demo.md").read_text()

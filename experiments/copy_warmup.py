@@ -1,6 +1,6 @@
 """The copy warm-up's loss at every step (sft/copy_warmup.py): where the demo's decoder grows induction heads.
 
-    python benchmarks/copy_warmup.py [--run runs/demo_cpu] [--steps 800] [--config configs/demo_cpu.yaml]
+    python -m experiments.copy_warmup [--run runs/demo_cpu] [--steps 800] [--config configs/demo_cpu.yaml]
 
 Builds the demo's tiny decoder at run.seed (sft/tiny_model.py) over the tokenizer a demo run trained (RUN/tokenizer),
 runs `--steps` steps of the copy task at the demo's lr and seed, and writes results/copy_warmup.json (the loss of
@@ -11,20 +11,18 @@ the heads form; the demo's `sft.copy_warmup_steps` must end after it (configs/de
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
-
-from seedfast.config import load_config  # noqa: E402
-from seedfast.model.tokenizer import load_tokenizer  # noqa: E402
-from seedfast.sft.copy_warmup import copy_warmup  # noqa: E402
-from seedfast.sft.tiny_model import initial_model  # noqa: E402
-from seedfast.sft.tokenizer import ordinary_ids  # noqa: E402
+from benchmarks.common import write_results
+from experiments import RESULTS_DIR
+from seedfast.config import load_config
+from seedfast.model.tokenizer import load_tokenizer
+from seedfast.sft.copy_warmup import copy_warmup
+from seedfast.sft.tiny_model import initial_model
+from seedfast.sft.tokenizer import ordinary_ids
 
 WINDOW = 50  # steps per mean in the table and in window_means
 
@@ -52,7 +50,8 @@ def main() -> None:
     path = write_results("copy_warmup", {
         "config": args.config, "run": args.run, "seed": cfg.run.seed, "lr": cfg.sft.lr, "steps": args.steps,
         "demo_steps": cfg.sft.copy_warmup_steps, "vocab_size": len(tokenizer), "threads": torch.get_num_threads(),
-        "wall_s": wall, "window_means": windows, "loss": losses}, packages=("torch", "tokenizers"))
+        "wall_s": wall, "window_means": windows, "loss": losses},
+        packages=("torch", "tokenizers"), directory=RESULTS_DIR)
     print(f"wrote {path}")
 
 

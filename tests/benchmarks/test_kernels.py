@@ -4,7 +4,6 @@ what docs/kernels.md says (FLOPs of each design, dH traffic, the prediction's or
 rated against a cuBLAS GEMM rate (measured, or the stated assumption), no phase is faster than the GEMMs it
 contains, and no design beats the three GEMMs it is made of."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -18,17 +17,15 @@ N, D, V = 16384, 4096, 152064
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("seedfast_bench_kernels", REPO / "benchmarks" / "kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import kernels
+
+    return kernels
 
 
 def test_dry_run_runs_every_variant():
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SEEDFAST_OPS_BACKEND")}
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "kernels.py"), "--dry-run"], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--dry-run"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # every row within 2% of fp64 (bf16), the loss on its single pass: an interpreter without the bf16 patch gives
@@ -93,10 +90,8 @@ def test_model_rates_against_a_measured_gemm(bench):
 def test_model_prices_each_phase_by_what_gemm_reference_measured(bench):
     # gemm_reference.py's JSON at the model's shape: the per-block GEMMs (K = R = 2048, fp32 C) slower than the
     # whole-shape rate, the row passes below copy bandwidth; each phase takes its own measured figure
-    gemm_ref_py = importlib.util.spec_from_file_location("seedfast_bench_gemm_ref", REPO / "benchmarks" /
-                                                         "gemm_reference.py")
-    module = importlib.util.module_from_spec(gemm_ref_py)
-    gemm_ref_py.loader.exec_module(module)
+    from benchmarks import gemm_reference as module
+
     shape = module.shapes(N, D, V)
     assert (shape["R"], shape["chunk"]) == (2048, 8192)
     assert shape["gemms"]["block_dw_f32c"] == (V, 2048, D) and shape["gemms"]["chunk_dh_f32c"] == (N, 8192, D)

@@ -2,9 +2,7 @@
 the interpreter here) and compute what the single pass needs (against torch: lse, log-prob, entropy, G), so that the
 window's measurement of them cannot die on an argument slip; without CUDA it writes the shapes it would measure."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +15,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def gemm_ref():
-    spec = importlib.util.spec_from_file_location("seedfast_bench_gemm_reference", REPO / "benchmarks" /
-                                                  "gemm_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import gemm_reference
+
+    return gemm_reference
 
 
 @INTERPRETER

@@ -1,7 +1,7 @@
 """Teacher probe: does a correct skill, inserted the way the RL teacher inserts it, raise the walkthrough's actions?
 
-    python benchmarks/teacher_probe.py RUN [--name NAME] [--games 32] [overrides ...]
-    python benchmarks/teacher_probe.py tp_step --name episode_step      # e.g. after `seedfast sft ... run.name=tp_step`
+    python -m experiments.teacher_probe RUN [--name NAME] [--games 32] [overrides ...]
+    python -m experiments.teacher_probe tp_step --name episode_step   # e.g. after `seedfast sft ... run.name=tp_step`
 
 RUN is a run folder with an SFT policy (runs/RUN/sft, from `seedfast sft configs/demo_cpu.yaml run.name=RUN`). Every
 step of the walkthroughs of `--games` games of the RL pool and of as many held-out games is prompted the agent loop's
@@ -22,40 +22,38 @@ Candidates, each what the teacher takes under skill.skill_mode / skill.teacher_m
 
 A check beside it: on the first 16 steps, ℓskill of `step_plan` from the scorer's shared-prefix path equals a plain
 forward of the prompt with the skill ids spliced in by hand (splice_max_abs_diff: insertion point, rendering and
-position ids). Writes benchmarks/results/teacher_probe_NAME.json; docs/demo.md quotes the results.
+position ids). Writes experiments/results/teacher_probe_NAME.json; docs/demo.md quotes the results.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import git_commit, machine_info, versions, write_results  # noqa: E402
-
-from seedfast.config import load_config  # noqa: E402
-from seedfast.context.segments import insertion_index  # noqa: E402
-from seedfast.context.skill import skill_segment  # noqa: E402
-from seedfast.context.teacher import place_skills  # noqa: E402
-from seedfast.envs.base import normalize_action  # noqa: E402
-from seedfast.rollout.own_engine import Sampler  # noqa: E402
-from seedfast.rollout.prompts import Turn  # noqa: E402
-from seedfast.rollout.records import StepRecord  # noqa: E402
-from seedfast.runtime.setup import load_policy, load_run_tokenizer, load_tasks  # noqa: E402
-from seedfast.scoring import score  # noqa: E402
-from seedfast.sft.examples import action_response_ids, end_of_turn_id, fit_prompt, make_example  # noqa: E402
-from seedfast.sft.loop import pack, token_logprobs  # noqa: E402
-from seedfast.sft.replay import replay_games  # noqa: E402
-from seedfast.sft.run import prompt_style  # noqa: E402
-from seedfast.skills.analyzers import OracleAnalyzer, SelfAnalyzer  # noqa: E402
-from seedfast.skills.result import teacher_texts  # noqa: E402
-from seedfast.train.batch import build_samples  # noqa: E402
-from seedfast.train.draws import task_pool  # noqa: E402
-from seedfast.train.privileged import Privileged  # noqa: E402
+from benchmarks.common import git_commit, machine_info, versions, write_results
+from experiments import RESULTS_DIR
+from seedfast.config import load_config
+from seedfast.context.segments import insertion_index
+from seedfast.context.skill import skill_segment
+from seedfast.context.teacher import place_skills
+from seedfast.envs.base import normalize_action
+from seedfast.rollout.own_engine import Sampler
+from seedfast.rollout.prompts import Turn
+from seedfast.rollout.records import StepRecord
+from seedfast.runtime.setup import load_policy, load_run_tokenizer, load_tasks
+from seedfast.scoring import score
+from seedfast.sft.examples import action_response_ids, end_of_turn_id, fit_prompt, make_example
+from seedfast.sft.loop import pack, token_logprobs
+from seedfast.sft.replay import replay_games
+from seedfast.sft.run import prompt_style
+from seedfast.skills.analyzers import OracleAnalyzer, SelfAnalyzer
+from seedfast.skills.result import teacher_texts
+from seedfast.train.batch import build_samples
+from seedfast.train.draws import task_pool
+from seedfast.train.privileged import Privileged
 
 ROOT = Path(__file__).resolve().parents[1]
 CANDIDATES = ("step_plan", "oracle_win", "oracle_fail", "self_win")
@@ -233,7 +231,7 @@ def main() -> None:
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     out["git_commit"], out["machine"] = git_commit(), machine_info()
     out["versions"] = versions("torch", "tokenizers", "textworld")
-    path = write_results(f"teacher_probe_{args.name or args.run}", out)
+    path = write_results(f"teacher_probe_{args.name or args.run}", out, directory=RESULTS_DIR)
     print(f"splice check max |Δℓ| {out['splice_max_abs_diff']:.2e}; wrote {path}")
 
 

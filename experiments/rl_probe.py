@@ -1,6 +1,6 @@
 """RL probe: the RL half of `make demo` from an SFT start that already exists, with dotted overrides.
 
-    python benchmarks/rl_probe.py SFT_RUN NAME [overrides ...]   # e.g. demo_cpu_seed2 p64 rollout.task_pool=64
+    python -m experiments.rl_probe SFT_RUN NAME [overrides ...]   # e.g. demo_cpu_seed2 p64 rollout.task_pool=64
 
 SFT_RUN is a finished demo run (runs/SFT_RUN/sft holds its SFT policy). Trains each algorithm of
 demo.algorithms from that start exactly as the demo does, rolls out the no-learning control on the same draws,
@@ -9,7 +9,7 @@ trainer.eval_repeats times at rollout.eval_temperature) and prints, per algorith
 first quarter and the last half of the updates beside the control's, held-out success before and after, and the mean
 over updates of the report's evidence metrics (app/report.py EVIDENCE: the teacher's win-lose contrast, the shares
 of tokens it raises, its share of the update, ...). Appends one JSON line per run,
-with the machine and versions, to benchmarks/results/rl_probe.jsonl. This is how the demo's RL pool was chosen
+with the machine and versions, to experiments/results/rl_probe.jsonl. This is how the demo's RL pool was chosen
 (docs/demo.md): a second SFT is not needed to try an RL setting.
 """
 
@@ -21,14 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, git_commit, machine_info, print_table, versions  # noqa: E402
-
-from seedfast.app.report import EVIDENCE  # noqa: E402
-from seedfast.config import load_config  # noqa: E402
-from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer  # noqa: E402
-from seedfast.train.evaluate import evaluate_policy, evaluation_tasks  # noqa: E402
-from seedfast.train.rl import Trainer  # noqa: E402
+from benchmarks.common import git_commit, machine_info, print_table, versions
+from experiments import RESULTS_DIR
+from seedfast.app.report import EVIDENCE
+from seedfast.config import load_config
+from seedfast.runtime.setup import device_of, load_policy, load_run_tokenizer
+from seedfast.train.evaluate import evaluate_policy, evaluation_tasks
+from seedfast.train.rl import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 

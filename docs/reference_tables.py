@@ -1,6 +1,4 @@
-"""Print the generated part of docs/reference.md: the CLI commands and every config option.
-
-    python docs/make_reference.py > /tmp/ref.md     # then paste it below the marker in docs/reference.md
+"""The generated part of docs/reference.md: the CLI commands and every config option (`make docs` writes it there).
 
 Everything comes from the code itself: `seedfast.cli.COMMANDS` for the commands, and the dataclass schema of
 `seedfast.config` (`options()`, the sections' docs) for the options, in schema order. Nothing here imports torch.
@@ -9,12 +7,8 @@ Everything comes from the code itself: `seedfast.cli.COMMANDS` for the commands,
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from seedfast import cli, config  # noqa: E402
+from seedfast import cli, config
 
 
 def _cell(text: str) -> str:
@@ -71,10 +65,5 @@ def options_tables() -> list[str]:
     return lines
 
 
-def main() -> int:
-    print("\n".join(["## Commands", "", *commands_table(), "", "## Config options", *options_tables()]))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def reference() -> str:
+    return "\n".join(["## Commands", "", *commands_table(), "", "## Config options", *options_tables()])

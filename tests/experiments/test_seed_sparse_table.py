@@ -1,16 +1,13 @@
-"""benchmarks/seed_sparse.py: the summary by hand, and the section of docs/demo.md, 'SEED in the sparse regime', is
-the one the committed JSONs generate, table and prose (rerun an arm, or edit a digit, and this fails until
-`python benchmarks/seed_sparse.py report --markdown` regenerates it)."""
+"""experiments/seed_sparse.py: the summary by hand (docs/demo.md, 'SEED in the sparse regime', is what it generates
+from the committed JSON: tests/test_docs_generated.py)."""
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests._bench import import_benchmark
+from experiments import seed_sparse
 
 ROOT = Path(__file__).resolve().parents[2]
-seed_sparse = import_benchmark("seed_sparse")
 
 
 def test_summary_reads_the_windows_the_docs_name():
@@ -21,11 +18,6 @@ def test_summary_reads_the_windows_the_docs_name():
     assert s["pool 4-16"] == pytest.approx(sum(curve[3:]) / 13)  # updates 4-16
     assert s["pool last half"] == pytest.approx(sum(curve[8:]) / 8)
     assert s["teacher/contrast"] == pytest.approx(0.2)  # updates without a teacher-valid token are left out
-
-
-def test_the_docs_section_is_generated_from_the_committed_json():
-    data = json.loads(seed_sparse.RESULT.read_text())
-    assert seed_sparse.docs_section(data) in (ROOT / "docs" / "demo.md").read_text()
 
 
 def test_seeds_are_named_as_a_person_writes_them():
