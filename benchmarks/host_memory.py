@@ -31,6 +31,7 @@ def child(config: str, mode: str, out_dir: str) -> None:
     """One SFT run in this process; prints its measurements as one JSON line."""
     if mode == "kept":
         assert keep_freed_memory()
+    from seedfast.app.demo import sft_events, sft_phases  # after malloc is set: what it imports allocates
     from seedfast.config import load_config
     from seedfast.sft import run as sft
 
@@ -38,12 +39,10 @@ def child(config: str, mode: str, out_dir: str) -> None:
     t = time.perf_counter()
     sft.main(cfg)
     wall = time.perf_counter() - t
-    rows = [json.loads(line) for line in (Path(out_dir) / cfg.run.name / "sft_metrics.jsonl").open()]
-    events = {row["event"]: row for row in rows if "event" in row}
-    print(json.dumps({"mode": mode, "wall_s": wall, "data_s": events["data"]["wall_s"],
-                      "copy_warmup_s": events.get("copy_warmup", {}).get("wall_s", 0.0),
-                      "loop_s": events["done"]["elapsed_s"], "steps": events["done"]["steps"],
-                      "last_loss": events["done"]["last_loss"],
+    log = Path(out_dir) / cfg.run.name / "sft_metrics.jsonl"
+    phases, done = sft_phases(log), sft_events(log)["done"]
+    print(json.dumps({"mode": mode, "wall_s": wall, "data_s": phases["data"], "copy_warmup_s": phases["copy_warmup"],
+                      "loop_s": phases["steps"], "steps": done["steps"], "last_loss": done["last_loss"],
                       "minor_page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt}))
 
 

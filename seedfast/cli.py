@@ -164,7 +164,11 @@ def entry() -> int:
     """The `seedfast` program (its console script, `python -m seedfast`, `torchrun -m seedfast`): the process is
     seedfast's own, so glibc's malloc is set to keep what it frees first (app/host_memory.py), then main() runs.
     main() called from another program leaves that program's malloc as it was."""
-    keep_freed_memory()
+    try:
+        keep_freed_memory()
+    except ValueError as err:  # a MALLOC_* variable of the user's that glibc cannot take
+        print(f"seedfast: {err}", file=sys.stderr)
+        return 2
     return main()
 
 

@@ -54,15 +54,21 @@ def _done_line(result: JobResult) -> str:
     return f"{len(result.history)} updates, held-out success {result.evaluation['eval/success_rate']:.3f}"
 
 
-def sft_phases(log: Path) -> dict[str, float | int]:
-    """SFT's wall time by phase, from its log: the data (replays, tokenizer, examples), the copy warm-up (a fixed
-    number of steps of fixed shapes: across runs, a gauge of the machine's speed at the time) and the steps."""
+def sft_events(log: Path) -> dict[str, dict[str, Any]]:
+    """SFT log's event rows by event name (data, copy_warmup, done), the last of each."""
     events = {}
     with open(log) as f:
         for line in f:
             row = json.loads(line)
             if "event" in row:
                 events[row["event"]] = row
+    return events
+
+
+def sft_phases(log: Path) -> dict[str, float | int]:
+    """SFT's wall time by phase, from its log: the data (replays, tokenizer, examples), the copy warm-up (a fixed
+    number of steps of fixed shapes: across runs, a gauge of the machine's speed at the time) and the steps."""
+    events = sft_events(log)
     warmup = events.get("copy_warmup", {"wall_s": 0.0, "steps": 0})
     return {"data": events["data"]["wall_s"], "copy_warmup": warmup["wall_s"], "copy_warmup_steps": warmup["steps"],
             "steps": events["done"]["elapsed_s"]}

@@ -33,7 +33,11 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     for name, default in SETTINGS.items():
-        value = int(os.environ.setdefault(name, str(default)))
+        raw = os.environ.setdefault(name, str(default))
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"{name}={raw!r} in the environment is not a whole number of bytes") from None
         if mallopt(_MALLOPT[name], value) != 1:
             raise ValueError(f"glibc refused {name}={value} (mallopt)")
     return True

@@ -79,3 +79,12 @@ def test_the_seedfast_program_keeps_freed_memory_and_main_alone_does_not(call, k
             "print('MALLOC_TRIM_THRESHOLD_' in os.environ)\n")
     out = subprocess.run([sys.executable, "-c", code], env=_clean_env(), capture_output=True, text=True, check=True)
     assert out.stdout.split()[-1] == str(kept)
+
+
+def test_a_bad_malloc_variable_is_one_line_naming_it():
+    env = {**_clean_env(), "MALLOC_TOP_PAD_": "lots"}
+    out = subprocess.run([sys.executable, "-c", "import sys; from seedfast.cli import entry; sys.exit(entry())"],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["seedfast: MALLOC_TOP_PAD_='lots' in the environment is not a whole "
+                                               "number of bytes"]
