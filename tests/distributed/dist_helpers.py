@@ -10,9 +10,6 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from seedfast.context.sample import StepSample
 from seedfast.distributed.mesh import end_process_group
@@ -57,20 +54,3 @@ def grouped_samples(seed: int, n: int, group_size: int = 3):
 
 __all__ = ["grouped_samples", "make_config", "random_samples", "run_on_ranks"]
 
-
-class LargestTensor(TorchDispatchMode):
-    """The largest plain tensor any aten op produces (autograd's backward included); as
-    tests/ops/test_ops_memory.py."""
-
-    def __init__(self):
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            # a DTensor reports its global shape but stores its local shard, which its own ops produce as plain
-            # tensors (seen here too): count those
-            if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
-                self.numel = max(self.numel, t.numel())
-        return out

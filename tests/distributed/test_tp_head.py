@@ -20,7 +20,8 @@ from seedfast.model.decoder import build_decoder
 from seedfast.ops import LossOptions, fused_loss, linear_logprob, tiles
 from seedfast.scoring.packing import pack_single
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
-from tests.distributed.dist_helpers import LargestTensor, grouped_samples, make_config, run_on_ranks
+from tests.distributed.dist_helpers import grouped_samples, make_config, run_on_ranks
+from tests.largest_tensor import LargestTensor
 
 LOSS = LossConfig(opd_coef=0.0, entropy_coef=0.01, kl_coef=0.0)
 

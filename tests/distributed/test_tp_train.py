@@ -22,8 +22,9 @@ from seedfast.model.decoder import build_decoder
 from seedfast.rollout.own_engine import Sampler
 from seedfast.sampling_params import SamplingParams
 from seedfast.scoring import score, score_reference
-from tests.distributed.dist_helpers import LargestTensor, grouped_samples, make_config, run_on_ranks
+from tests.distributed.dist_helpers import grouped_samples, make_config, run_on_ranks
 from tests.distributed.test_fsdp_update import CASES, _full, _update
+from tests.largest_tensor import LargestTensor
 
 VOCAB = 203  # odd: shards of 102 and 101 rows
 TOL = dict(rtol=1e-5, atol=1e-5)

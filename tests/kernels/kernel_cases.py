@@ -1,9 +1,13 @@
-"""Adversarial inputs of the fused-row kernel tests (test_triton_single_pass.py, test_triton_two_contexts.py): odd V
-over several interpreter tiles, all-negative logits, logits beyond ±3e3, ignored targets."""
+"""Adversarial inputs of the fused-row kernel tests (test_triton_single_pass.py, test_triton_two_contexts.py,
+test_triton_ignored_nan.py): odd V over several interpreter tiles, all-negative logits, logits beyond ±3e3, ignored
+targets; and the loss options they run under."""
 
 import torch
 
 N, D, V = 45, 32, 64 * 3 + 11  # V: 3 interpreter vocabulary tiles and a ragged one
+# every term of the loss on, with a dual clip: the options the fused-row kernels are checked under
+OPTIONS = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coef=0.1, kl_kind="low_var_kl", entropy_coef=0.03,
+               opd_coef=0.5, opd_beta=5.0, gate="gap")
 
 
 def random_case(dtype, seed=0, n=N, vocab=V):

@@ -9,7 +9,7 @@ import torch
 
 from seedfast.ops import LossOptions, chunked
 from seedfast.ops import triton_backend as tb
-from tests.kernels.kernel_cases import D, N, V, random_case
+from tests.kernels.kernel_cases import OPTIONS, D, N, V, random_case
 from tests.kernels.triton_reference import (
     INTERPRETER,
     TOL,
@@ -20,8 +20,6 @@ from tests.kernels.triton_reference import (
 )
 
 pytestmark = INTERPRETER
-OPTIONS = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coef=0.1, kl_kind="low_var_kl", entropy_coef=0.03,
-               opd_coef=0.5, opd_beta=5.0, gate="gap")
 
 
 def _poisoned(dtype):

@@ -9,7 +9,7 @@ import torch
 
 from seedfast.ops import LossOptions, fused_loss
 from seedfast.ops import triton_backend as tb
-from tests.kernels.kernel_cases import D, N, V, all_negative_case, huge_case, random_case
+from tests.kernels.kernel_cases import OPTIONS, D, N, V, all_negative_case, huge_case, random_case
 from tests.kernels.triton_reference import (
     INTERPRETER,
     TOL,
@@ -21,8 +21,6 @@ from tests.kernels.triton_reference import (
 
 pytestmark = INTERPRETER
 
-OPTIONS = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, kl_coef=0.1, kl_kind="low_var_kl", entropy_coef=0.03,
-               opd_coef=0.5, opd_beta=5.0, gate="gap")
 
 
 def _per_token(n, logprob_hint, seed=0):

@@ -2,28 +2,12 @@
 O(N + tile) memory)."""
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from seedfast.ops import LossOptions, fused_loss, linear_logprob, tiles
+from tests.largest_tensor import LargestTensor
 from tests.ops.ops_reference import materialized_logprob, random_problem
 
 N, D, V = 256, 8, 2048
-
-
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor produced by any aten op (autograd backward included)."""
-
-    def __init__(self):
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self.numel = max(self.numel, t.numel())
-        return out
 
 
 def test_detector_sees_materialized_logits():
