@@ -2,7 +2,8 @@
 of a fresh process.
 
 A benchmark prints a table and writes benchmarks/results/<name>.json holding the machine it ran on,
-the versions, the shapes and the measurements (docs/performance.md, 'Benchmarks').
+the versions, the shapes and the measurements (docs/performance.md, 'Benchmarks'); one whose file holds several
+runs (logprob_cpu's thread counts, kernel_report's Triton versions, rollout's profile) rewrites only its own entry.
 """
 
 from __future__ import annotations
@@ -86,12 +87,9 @@ def command_line() -> str:
     return " ".join([Path(sys.executable).name, *script, *sys.argv[1:]])
 
 
-def write_results(name: str, payload: dict, packages: Sequence[str] = ("torch", "triton", "seedfast"),
-                  directory: Path = RESULTS_DIR) -> Path:
-    """Write <directory>/<name>.json (default: results/, the committed one) with the payload plus machine, versions,
-    commit, date and command line. A test that runs a benchmark writes elsewhere: the committed file is the
-    benchmark's run, not a test's."""
-    record = {
+def results_record(name: str, payload: dict, packages: Sequence[str] = ("torch", "triton", "seedfast")) -> dict:
+    """The payload plus the benchmark's name, date, command line, commit, machine and versions: one run's record."""
+    return {
         "benchmark": name,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command_line(),
@@ -100,7 +98,27 @@ def write_results(name: str, payload: dict, packages: Sequence[str] = ("torch", 
         "versions": versions(*packages),
         **payload,
     }
-    return write_json_atomic(Path(directory) / f"{name}.json", record)
+
+
+def write_results(name: str, payload: dict, packages: Sequence[str] = ("torch", "triton", "seedfast"),
+                  directory: Path = RESULTS_DIR) -> Path:
+    """Write <directory>/<name>.json (default: results/, the committed one) with the payload plus machine, versions,
+    commit, date and command line. A test that runs a benchmark writes elsewhere: the committed file is the
+    benchmark's run, not a test's."""
+    return write_json_atomic(Path(directory) / f"{name}.json", results_record(name, payload, packages))
+
+
+def update_json_atomic(path: Path, keys: Sequence[str], value: object, base: dict) -> Path:
+    """Set `value` at `keys` (nested dict keys, made where missing) in the JSON at `path`, or in `base` when there is
+    no file yet, and write it back atomically: a benchmark whose one file holds several runs (one per thread count,
+    per Triton version, ...) replaces its own entry and keeps the others."""
+    path = Path(path)
+    record = json.loads(path.read_text(encoding="utf-8")) if path.exists() else base
+    node = record
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+    return write_json_atomic(path, record)
 
 
 def write_json_atomic(path: Path, payload: dict) -> Path:

@@ -3,13 +3,15 @@
 For each kernel variant (flags the launcher sets), each autotune candidate of seedfast.kernels.configs and
 each architecture (sm_90: H100/H200, sm_80: A100), compile with Triton's own toolchain and report
 registers, spills (ptxas -v), stack/local bytes (cuobjdump), shared memory, and whether the PTX uses
-wgmma (sm_90) or mma (sm_80). Writes benchmarks/results/kernel_report.json and prints a table.
+wgmma (sm_90) or mma (sm_80). Prints a table and writes the report into benchmarks/results/kernel_report.json,
+which holds one report per Triton version, {"benchmark": "kernel_report", "by_triton": {"3.9.0": <report>,
+"3.6.0": <report>}}: a run replaces its own version's entry and keeps the others.
 
     python -m benchmarks.kernel_report            # everything, bf16 and fp32 (under a minute on 2 cores)
     python -m benchmarks.kernel_report --quick    # one configuration per kernel variant
     python -m benchmarks.kernel_report --triton 3.6.0   # the same under another Triton (the GPU image's), in a
         # separate virtual environment (~/.cache/seedfast/triton-3.6.0, made with pip on first use; the project's
-        # own environment is not touched) -> results/kernel_report_triton3.6.json. Not run by CI.
+        # own environment is not touched) -> by_triton["3.6.0"] of the same file. Not run by CI.
 
 Checks (a problem fails the run): compiles; no spills or local memory; shared memory within the limit; wgmma
 (sm_90) or mma (sm_80) in 16-bit kernels with a dot; and a pipelined main loop (the innermost loop around the
@@ -21,7 +23,6 @@ d = 4096, V = 152064: all multiples of 16), plus variants without N's hint (odd 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -48,10 +49,9 @@ def _under_other_triton(argv: list[str]) -> int | None:
     if not os.path.exists(py):
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
         subprocess.run([py, "-m", "pip", "install", "-q", f"triton=={version}"], check=True)
-    if "--out" not in rest:
-        short = ".".join(version.split(".")[:2])
-        rest += ["--out", os.path.join(REPO, "benchmarks", "results", f"kernel_report_triton{short}.json")]
-    env = {**os.environ, "PYTHONPATH": REPO}  # the kernels import nothing but triton
+    # the kernels import nothing but triton, benchmarks.common nothing beyond the standard library at import; the
+    # run under that Triton puts its report in the same file (--out, else the committed one), by its own version
+    env = {**os.environ, "PYTHONPATH": REPO}
     return subprocess.run([py, "-m", "benchmarks.kernel_report", *rest], env=env, cwd=REPO).returncode
 
 
@@ -62,6 +62,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from benchmarks.common import update_json_atomic  # noqa: E402
 from seedfast.kernels import autotuned, fused_rows, linear_logprob_bwd, linear_logprob_fwd, token_loss  # noqa: E402
 from seedfast.kernels import configs as C  # noqa: E402
 
@@ -347,6 +348,12 @@ def run(quick: bool = False, archs=ARCHS, dtypes=("bf16",), jobs: int = 1, only=
     return [_job(w) for w in work]
 
 
+def save(report: dict, path: str = RESULTS) -> None:
+    """Put the report at by_triton[its Triton version] of the results file, the other versions' reports kept."""
+    update_json_atomic(path, ("by_triton", report["versions"]["triton"]), report,
+                       base={"benchmark": "kernel_report", "by_triton": {}})
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="first configuration of each variant only")
@@ -356,7 +363,8 @@ def main(argv=None) -> int:
                         help="only this kernel (fwd, reduce, grad_logits, row_stats, grad_rows, token_loss) or "
                              "kernel/variant")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--out", default=RESULTS, help="the file to put this Triton version's report in (others "
+                        "kept; default: the committed one)")
     parser.add_argument("--triton", metavar="VERSION", help="run under this Triton version (separate venv)")
     args = parser.parse_args(argv)
     start = time.time()
@@ -367,16 +375,14 @@ def main(argv=None) -> int:
           f"{'all checks pass' if not problems else f'{len(problems)} problems:'}")
     for p in problems:
         print("  " + p)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     report = {"machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
                           "python": platform.python_version()},
               "versions": {"triton": triton.__version__},
               "note": "ahead-of-time compilation with Triton's ptxas/cuobjdump; no GPU involved",
               "shared_limit_bytes": {f"sm_{a}": SHARED_LIMIT[a] for a in ARCHS},
               "rows": rows, "problems": problems}
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"wrote {args.out}")
+    save(report, args.out)
+    print(f"wrote by_triton[{triton.__version__!r}] of {args.out}")
     return 1 if problems else 0
 
 

@@ -1,8 +1,12 @@
 """CPU benchmark of seedfast.ops against materialized logits (and Liger-Kernel's chunked GRPO loss).
 
-    python -m benchmarks.logprob_cpu                 # N=4096, d=512, V=32768, fp32: table + results JSON
-    python -m benchmarks.logprob_cpu --n 512 --reps 2   # a quick look
+    python -m benchmarks.logprob_cpu                 # N=4096, d=512, V=32768, fp32, torch's default threads
+    python -m benchmarks.logprob_cpu --threads 1     # the same on one thread
+    python -m benchmarks.logprob_cpu --n 512 --reps 2 --out /tmp/lp.json   # a quick look
     pip install -e ".[bench]"                        # the Liger-Kernel peer (on CPU: --no-deps, triton is there)
+
+One file, results/logprob_cpu.json, holds a run per thread count: {"benchmark": "logprob_cpu", "runs": {"1": <run>,
+"2": <run>}} (a --frozen run: key "<threads>_frozen"). A run rewrites only its own entry.
 
 Each variant runs forward + backward in two fresh processes: one measures the peak resident memory
 above the inputs (glibc's mmap threshold pinned, so freed tiles go back to the OS and cannot hide in
@@ -25,8 +29,18 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
-from benchmarks.common import PeakRSS, median, print_table, run_worker, time_reps, write_results
+from benchmarks.common import (
+    RESULTS_DIR,
+    PeakRSS,
+    median,
+    print_table,
+    results_record,
+    run_worker,
+    time_reps,
+    update_json_atomic,
+)
 
 VARIANTS = ("naive_logprob", "ours_logprob", "naive_loss_grpo", "ours_loss_grpo", "liger_loss_grpo",
             "naive_loss_seed", "ours_loss_seed")
@@ -36,6 +50,8 @@ SEQ_LEN = 512
 GRPO = {"kl_coef": 0.01, "kl_kind": "low_var_kl"}
 SEED = {**GRPO, "entropy_coef": 0.001, "opd_coef": 0.01, "opd_beta": 5.0, "gate": "gap"}
 MALLOC_PINNED = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+NAME = "logprob_cpu"
+RESULTS = RESULTS_DIR / f"{NAME}.json"
 # Liger compiles only its small per-token loss math with torch.compile; its GEMMs run eagerly either way.
 LIGER_COMPILED = False
 
@@ -198,6 +214,16 @@ def liger_status() -> str | None:
     return versions("liger-kernel")["liger-kernel"] or "unknown"
 
 
+def run_key(threads: int, frozen: bool) -> str:
+    """The entry of results/logprob_cpu.json a run writes: its torch thread count, "_frozen" for --frozen."""
+    return f"{threads}{'_frozen' if frozen else ''}"
+
+
+def save(record: dict, key: str, path: Path = RESULTS) -> Path:
+    """Put one run's record at runs[key] of the results file, the other runs kept."""
+    return update_json_atomic(path, ("runs", key), record, base={"benchmark": NAME, "runs": {}})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=4096, help="tokens (sequences of 512)")
@@ -206,14 +232,15 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="timed calls per variant (median reported)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + FROZEN_VARIANTS)
     parser.add_argument("--frozen", action="store_true", help="run the frozen-head variants (after and before "
-                        "skipping dW) instead; results/<name>_frozen.json")
+                        "skipping dW) instead; entry runs[\"<threads>_frozen\"]")
     parser.add_argument("--rounds", type=int, default=1, help="timing processes per variant, interleaved "
                         "(medians over all their calls)")
     parser.add_argument("--note", default=None, help="a note stored in the results JSON (e.g. the machine's load)")
     parser.add_argument("--tile-bytes", type=int, help="SEEDFAST_OPS_TILE_BYTES for our variants (else the default)")
     parser.add_argument("--threads", type=int, help="torch threads per variant (else torch's default); 1 gives "
                         "steadier numbers on a machine that other jobs share")
-    parser.add_argument("--name", default=None, help="results/<name>.json (default: logprob_cpu, plus _t<threads>)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the results file to put the run in (default: "
+                        "the committed one)")
     parser.add_argument("--worker", nargs=2, metavar=("VARIANT", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -223,8 +250,6 @@ def main() -> None:
 
     if args.frozen:
         args.variants = list(FROZEN_VARIANTS)
-    args.name = args.name or ("logprob_cpu" + (f"_t{args.threads}" if args.threads else "")
-                              + ("_frozen" if args.frozen else ""))
     load_at_start = list(os.getloadavg())
     liger = liger_status()
     logits_bytes = args.n * args.vocab * 4
@@ -271,10 +296,13 @@ def main() -> None:
                        "cpu_vs_before", "peak_extra_mib", "extra_beyond_grads_mib", "extra_over_logits", "note"],
                 title=f"forward+backward, N={args.n} d={args.d} V={args.vocab} fp32 CPU, "
                       f"threads={args.threads or 'default'}; materialized logits = {logits_bytes / 2**20:.0f} MiB")
+    import torch
+
     from seedfast.ops import tiles
 
     budget = args.tile_bytes or tiles.DEFAULT_TILE_BYTES
-    path = write_results(args.name, {
+    key = run_key(args.threads or torch.get_num_threads(), args.frozen)  # the workers' count: the same default
+    path = save(results_record(NAME, {
         "tiling": {"budget_bytes": budget,
                    "tile_rows_cols": tiles.tile_shape(args.n, args.vocab, args.d, False, budget),
                    "tile_rows_cols_with_entropy": tiles.tile_shape(args.n, args.vocab, args.d, False, budget, 2),
@@ -290,8 +318,8 @@ def main() -> None:
         "loadavg_1_5_15_at_start": load_at_start,
         "note": args.note,
         "results": rows,
-    }, packages=("torch", "triton", "transformers", "liger-kernel"))
-    print(f"wrote {path}")
+    }, packages=("torch", "triton", "transformers", "liger-kernel")), key, args.out)
+    print(f"wrote runs[{key!r}] of {path}")
 
 
 if __name__ == "__main__":

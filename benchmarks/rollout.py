@@ -27,7 +27,9 @@ engine (fp32, the recipe's dtype; vLLM eager), from the instruct model, and each
 metrics.jsonl: the rollout's share of the update (time/rollout / time/step), and the share of everything the engine
 does (rollout, the analyzer's generation, vLLM's weight sync). The first update is left out of the means (warm-up).
 
-Writes benchmarks/results/<name>.json (machine, versions, shapes, rows) and prints the tables.
+Writes benchmarks/results/<name>.json (machine, versions, shapes, rows) and prints the tables. --profile: only a
+torch.profiler run of the own engine, written to the key "profile" of the same file (the measurement kept); a full
+run keeps the file's profile.
 """
 
 from __future__ import annotations
@@ -44,7 +46,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, machine_info, print_table, write_results
+from benchmarks.common import (
+    RESULTS_DIR,
+    machine_info,
+    print_table,
+    results_record,
+    update_json_atomic,
+    write_json_atomic,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
@@ -383,10 +392,11 @@ def verdict(rows: Sequence[dict[str, Any]], recipe_batch: int) -> str:
             f"{own['seconds'] / best['seconds']:.2f}x the own engine's speed.")
 
 
-def profile_markdown(profile: dict[str, Any]) -> str:
-    """The profile's table: each dtype's prefill and decode self CPU time by category."""
+def profile_markdown(profile: dict[str, Any], name: str = NAME) -> str:
+    """The profile's table (the key "profile" of results/<name>.json): each dtype's prefill and decode self CPU time
+    by category."""
     lines = ["Where the own engine's time goes (`--profile`: torch.profiler over one call, self CPU time by "
-             f"category, `benchmarks/results/{profile['benchmark']}.json`):", "",
+             f"category, `profile` in `benchmarks/results/{name}.json`):", "",
              "| dtype | batch | part | matmul | attention | sampling | other |", "|---|---|---|---|---|---|---|"]
     for p in profile["profiles"]:
         for part in ("prefill", "decode"):
@@ -396,12 +406,14 @@ def profile_markdown(profile: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def docs_section(data: dict[str, Any] | None, profile: dict[str, Any] | None = None) -> str:
-    """docs/performance.md's generated block: the measurement (or that there is none yet) and the profile."""
-    parts = [markdown(data) if data is not None else
+def docs_section(data: dict[str, Any] | None) -> str:
+    """docs/performance.md's generated block from results/rollout.json: the measurement (or that there is none yet)
+    and the profile (its key "profile") when there is one."""
+    measured = data is not None and "measurements" in data
+    parts = [markdown(data) if measured else
              f"Not measured yet: `.venv/bin/python -m benchmarks.rollout` writes `benchmarks/results/{NAME}.json`."]
-    if profile is not None:
-        parts.append(profile_markdown(profile))
+    if data is not None and data.get("profile") is not None:
+        parts.append(profile_markdown(data["profile"], data.get("benchmark", NAME)))
     return "\n\n".join(parts)
 
 
@@ -440,7 +452,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", default=NAME)
     p.add_argument("--profile", action="store_true",
                    help="only profile the own engine (torch.profiler) at the first of --batches, each of --dtypes; "
-                        "writes results/<name>_profile.json")
+                        "writes the key \"profile\" of results/<name>.json (the rest kept)")
     p.add_argument("--worker", choices=("own", "vllm", "step", "profile"), help=argparse.SUPPRESS)
     p.add_argument("--engine", help=argparse.SUPPRESS)
     p.add_argument("--dtype", help=argparse.SUPPRESS)
@@ -491,9 +503,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             profiles = [run_python(sys.executable, ["--worker", "profile", "--dtype", dtype, "--data",
                                                     str(prompts_file), *common], threads, args.timeout)
                         for dtype in args.dtypes.split(",")]
-            path = write_results(f"{args.name}_profile", {"config": str(CONFIG.relative_to(ROOT)),
-                                                          "model": str(MODEL.relative_to(ROOT)),
-                                                          "loadavg_1_5_15_before": load_before, "profiles": profiles})
+            record = results_record(args.name, {"config": str(CONFIG.relative_to(ROOT)),
+                                                "model": str(MODEL.relative_to(ROOT)),
+                                                "loadavg_1_5_15_before": load_before, "profiles": profiles})
+            path = update_json_atomic(RESULTS_DIR / f"{args.name}.json", ("profile",), record,
+                                      base={"benchmark": args.name})
             for p in profiles:
                 print(f"own engine, {p['dtype']}, batch {p['batch']}, {p['new_tokens']} tokens: "
                       + "; ".join(f"{k} {json.dumps(v)}" for k, v in p["shares"].items()))
@@ -544,7 +558,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "loadavg_1_5_15_before": load_before,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
-    path = write_results(args.name, payload)
+    previous = committed(args.name) or {}
+    if "profile" in previous:  # the last --profile run's, kept
+        payload["profile"] = previous["profile"]
+    path = write_json_atomic(RESULTS_DIR / f"{args.name}.json", results_record(args.name, payload))
     print_table(compare(measurements), ["engine", "dtype", "batch", "prompt_tokens", "ttft_s", "seconds",
                                         "tokens_per_s", "decode_tok_s", "vs_own"],
                 title=f"\nSmolLM2-135M generation, recipe prompts, {new_tokens} new tokens, {args.threads} threads "

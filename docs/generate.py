@@ -48,7 +48,7 @@ def _smollm2_sparse() -> str:
 def _rollout_engines() -> str:
     from benchmarks import rollout
 
-    return rollout.docs_section(rollout.committed(rollout.NAME), rollout.committed(f"{rollout.NAME}_profile"))
+    return rollout.docs_section(rollout.committed(rollout.NAME))
 
 
 def _async_rollout() -> str:

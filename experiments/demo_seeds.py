@@ -64,13 +64,28 @@ def summarize(runs: dict[int, dict]) -> dict:
 
 
 def plot(runs: dict[int, dict], path: Path, temperature: float = 1.0) -> None:
+    plot_panels([(runs, temperature, None)], path)
+
+
+def plot_panels(panels: list[tuple[dict, float, str | None]], path: Path) -> None:
+    """One figure, side by side, a panel per (runs, temperature, title): what `plot` draws for one set of runs (the
+    title None: the seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.8), squeeze=False)
+    for ax, (runs, temperature, title) in zip(axes[0], panels):
+        draw(ax, runs, temperature, title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw(ax, runs: dict, temperature: float = 1.0, title: str | None = None) -> None:
+    """Pool success per update on one axis: each lane's mean over the seeds, with the min-max band."""
     first = next(iter(runs.values()))
-    fig, ax = plt.subplots(figsize=(6, 3.8))
     for name in first["pool_success"]:
         curves = [r["pool_success"][name] for r in runs.values()]
         n = min(len(c) for c in curves)
@@ -84,11 +99,8 @@ def plot(runs: dict[int, dict], path: Path, temperature: float = 1.0) -> None:
     ax.set_xlabel("RL update")
     ax.set_ylabel(f"training-pool success (T={temperature:g})")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title(f"seeds {', '.join(map(str, runs))}: mean and min-max band")
+    ax.set_title(title or f"seeds {', '.join(map(str, runs))}: mean and min-max band")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def collect(config: str, seeds: list[int], overrides: list[str], collect_only: bool,
@@ -107,16 +119,27 @@ def collect(config: str, seeds: list[int], overrides: list[str], collect_only: b
     return runs
 
 
-def report(name: str, config: str, overrides: list[str], runs: dict[int, dict]) -> Path:
-    """results/NAME.json and NAME.png, and the summary table on stdout."""
-    result = {"config": config, "overrides": overrides, "seeds": list(runs),
-              "summary": summarize(runs), "runs": {str(k): v for k, v in runs.items()}}
-    path = write_results(name, result, packages=("torch", "transformers", "tokenizers", "textworld"),
-                         directory=RESULTS_DIR)
-    plot(runs, RESULTS_DIR / f"{name}.png", load_config(ROOT / config).rollout.temperature)
+PACKAGES = ("torch", "transformers", "tokenizers", "textworld")  # the versions a result records
+
+
+def result_of(config: str, overrides: list[str], runs: dict[int, dict]) -> dict:
+    """What a results file holds of the runs (write_results adds the machine, versions, commit and command)."""
+    return {"config": config, "overrides": overrides, "seeds": list(runs),
+            "summary": summarize(runs), "runs": {str(k): v for k, v in runs.items()}}
+
+
+def print_summary(result: dict) -> None:
     print(f"{'what':40s} {'mean':>7s} {'min':>7s} {'max':>7s}")
     for key, v in result["summary"].items():
         print(f"{key:40s} {v['mean']:7.3f} {v['min']:7.3f} {v['max']:7.3f}")
+
+
+def report(name: str, config: str, overrides: list[str], runs: dict[int, dict]) -> Path:
+    """results/NAME.json and NAME.png, and the summary table on stdout."""
+    result = result_of(config, overrides, runs)
+    path = write_results(name, result, packages=PACKAGES, directory=RESULTS_DIR)
+    plot(runs, RESULTS_DIR / f"{name}.png", load_config(ROOT / config).rollout.temperature)
+    print_summary(result)
     print(f"wrote {path} and {RESULTS_DIR / f'{name}.png'}")
     return path
 

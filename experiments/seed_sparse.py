@@ -199,7 +199,7 @@ TABLE_COLUMNS = ("pool 1-8", "pool 4-16", "pool last half", "train/groups_with_s
 
 def markdown_table(data: dict) -> str:
     """The results as the markdown table docs/demo.md holds ('SEED in the sparse regime'), generated from the JSON
-    (tests/experiments/test_seed_sparse_table.py regenerates it and compares)."""
+    (`make docs` writes it there; tests/test_docs_generated.py regenerates it and compares)."""
     head = ["run", *TABLE_COLUMNS, "held-out before", "held-out after"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key, record in sorted(data["runs"].items()):
@@ -212,7 +212,8 @@ def markdown_table(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-# teacher_probe runs on each seed's SFT start: the oracle before (right first) and now (loser path)
+# teacher_probe runs on each seed's SFT start (teacher_probe.json's probes): the oracle before (right first) and now
+# (loser path)
 PROBES = {5: "sparse_levels9-10", 6: "sparse_levels9-10_s6", 7: "sparse_levels9-10_s7"}
 LOSER_PATH_PROBES = {5: "loser_path_s5", 6: "loser_path_s6", 7: "loser_path_s7"}
 A_NOW = f"A_lam0.3_old_{ORACLE}"  # the headline arm: the oracle now, the θ_old teacher (the default, chosen here)
@@ -236,14 +237,14 @@ def _seeds_text(seeds: list[int]) -> str:
 
 
 def _probe(name: str) -> dict:
-    path = RESULTS_DIR / f"teacher_probe_{name}.json"
-    return json.loads(path.read_text())["splits"]["train_pool"]["candidates"]
+    probes = json.loads((RESULTS_DIR / "teacher_probe.json").read_text())["probes"]
+    return probes[name]["splits"]["train_pool"]["candidates"]
 
 
 def docs_section(data: dict) -> str:
     """The section of docs/demo.md, 'SEED in the sparse regime', every number in it read from this JSON and the
-    teacher_probe JSONs of PROBES and LOSER_PATH_PROBES (tests/experiments/test_seed_sparse_table.py regenerates it
-    and compares)."""
+    probes PROBES and LOSER_PATH_PROBES of teacher_probe.json (`make docs` writes it there; tests/test_docs_generated.py
+    regenerates it and compares)."""
     runs = data["runs"]
 
     def pool(key: str, window: str = "pool 4-16") -> float:
@@ -300,7 +301,7 @@ def docs_section(data: dict) -> str:
         "winner's skill raises "
         + ", ".join(f"{_probe(LOSER_PATH_PROBES[sd])['oracle_win']['share_raised']:.1%} (seed {sd})" for sd in seeds)
         + " of the pool's walkthrough steps, against the 70% the study asked for "
-        "(`experiments/teacher_probe.py`, `teacher_probe_loser_path_s*.json`).",
+        "(`experiments/teacher_probe.py`, the `loser_path_s*` probes of `teacher_probe.json`).",
         "",
         "**The arms** (`python -m experiments.seed_sparse run --seed S --arm ARM`: 16 updates of 8 games × 8 "
         "trajectories from a pool of 64, the demo's recipe of the time otherwise (`AS_STUDIED`); "

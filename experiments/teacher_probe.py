@@ -22,7 +22,9 @@ Candidates, each what the teacher takes under skill.skill_mode / skill.teacher_m
 
 A check beside it: on the first 16 steps, ℓskill of `step_plan` from the scorer's shared-prefix path equals a plain
 forward of the prompt with the skill ids spliced in by hand (splice_max_abs_diff: insertion point, rendering and
-position ids). Writes experiments/results/teacher_probe_NAME.json; docs/demo.md quotes the results.
+position ids). Writes its record (with the machine, versions, commit and command line) into
+experiments/results/teacher_probe.json under "probes" → NAME (default: RUN), keeping the other probes: one current
+file, its history in git. docs/demo.md quotes the results.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import git_commit, machine_info, versions, write_results
+from benchmarks.common import results_record, update_json_atomic
 from experiments import RESULTS_DIR
 from seedfast.config import load_config
 from seedfast.context.segments import insertion_index
@@ -56,6 +58,7 @@ from seedfast.train.draws import task_pool
 from seedfast.train.privileged import Privileged
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULT = RESULTS_DIR / "teacher_probe.json"  # {"experiment": "teacher_probe", "probes": {NAME: record}}
 CANDIDATES = ("step_plan", "oracle_win", "oracle_fail", "self_win")
 
 
@@ -200,7 +203,7 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=32)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_intermixed_args()
-    # the demo's pool when the teacher_probe_*.json were measured (the demo's is smaller since its 10-minute cut)
+    # the demo's pool when teacher_probe.json's probes were measured (the demo's is smaller since its 10-minute cut)
     cfg = load_config(ROOT / "configs" / "demo_cpu.yaml", [f"run.name={args.run}", "env.isolation=inline",
                                                            "rollout.task_pool=64", *args.overrides])
     t0 = time.perf_counter()
@@ -229,10 +232,10 @@ def main() -> None:
                       f"{r['share_raised']:.2f}  Δ/token {r['delta_per_token']:+.4f}  skill "
                       f"{r['skill_tokens_mean']:.0f} tok (cut {r['skill_cut_share']:.2f})")
     out["wall_s"] = round(time.perf_counter() - t0, 1)
-    out["git_commit"], out["machine"] = git_commit(), machine_info()
-    out["versions"] = versions("torch", "tokenizers", "textworld")
-    path = write_results(f"teacher_probe_{args.name or args.run}", out, directory=RESULTS_DIR)
-    print(f"splice check max |Δℓ| {out['splice_max_abs_diff']:.2e}; wrote {path}")
+    name = args.name or args.run
+    record = results_record("teacher_probe", out, packages=("torch", "tokenizers", "textworld"))
+    path = update_json_atomic(RESULT, ["probes", name], record, base={"experiment": "teacher_probe", "probes": {}})
+    print(f"splice check max |Δℓ| {out['splice_max_abs_diff']:.2e}; wrote probes → {name} in {path}")
 
 
 if __name__ == "__main__":

@@ -119,11 +119,11 @@ class Q:
 # ---- the sources, named ----
 
 STEP = "step.json"
-STEP_PAIR = ("step_before22_1d8ed6e.json", "step_after22.json")  # before and after issue 22, back to back
-STEP_PAIR1 = ("step_before22_1d8ed6e_pair1.json", "step_after22_pair1.json")  # the same, run earlier
 SCORING = "scoring.json"
 PEERS = "peers_cpu.json"
-LP1, LP2 = "logprob_cpu_t1.json", "logprob_cpu.json"
+LP = "logprob_cpu.json"  # one run per torch thread count: runs["1"], runs["2"]
+LP1, LP2 = (LP, "runs", "1"), (LP, "runs", "2")
+KR = "kernel_report.json"  # one report per Triton version: by_triton["3.9.0"], by_triton["3.6.0"]
 KM = "kernel_model.json"
 DEMO = [("demo_seeds.json", str(s)) for s in _load("demo_seeds.json")["seeds"]]
 RM = [("real_model.json", "0"), ("real_model.json", "1")]
@@ -167,12 +167,15 @@ def full_depth_row(shape: str) -> tuple:
             peer(shape, "seed", "reference", "peak_extra_bytes", GIB))
 
 
-def load1(file: str) -> J:
-    return j(file, "machine", "loadavg_1_5_15", 0)
+def load1(file: str, *at) -> J:
+    """The 1-minute load average a run recorded; `at`: the keys of the run's record inside the file, if it is one
+    of several."""
+    return j(file, *at, "machine", "loadavg_1_5_15", 0)
 
 
-def lp(file: str, variant: str, key: str = "time_vs_naive") -> J:
-    return j(file, "results", {"variant": variant}, key)
+def lp(run: tuple, variant: str, key: str = "time_vs_naive") -> J:
+    """A value of one variant in one run of logprob_cpu.json (LP1, LP2: the file and the keys of the run)."""
+    return j(*run, "results", {"variant": variant}, key)
 
 
 def km(design: str, key: str, rate: float, eff: float = 0.7) -> J:
@@ -224,8 +227,9 @@ FRESH_NOW = "demo_fresh_clone.json"  # make demo on a fresh clone of the code no
 
 
 def tp(name: str, split: str, candidate: str, key: str = "delta_mean", *more, scale: float = 1.0) -> J:
-    """A teacher_probe result: one skill candidate on the RL pool's ('train_pool') or held-out walkthroughs."""
-    return j(f"teacher_probe_{name}.json", "splits", split, "candidates", candidate, key, *more, scale=scale)
+    """A teacher_probe result (the probe `name` of teacher_probe.json): one skill candidate on the RL pool's
+    ('train_pool') or held-out walkthroughs."""
+    return j("teacher_probe.json", "probes", name, "splits", split, "candidates", candidate, key, *more, scale=scale)
 
 
 def tp_row(name: str) -> tuple:
@@ -235,9 +239,10 @@ def tp_row(name: str) -> tuple:
             tp(name, "heldout", "oracle_win", "share_raised", scale=100.0))
 
 
+# probes of teacher_probe.json
 SPARSE_PROBES = ("sparse_levels9-10", "sparse_levels9-10_s6", "sparse_levels9-10_s7")  # the oracle before
 LOSER_PATH_PROBES = ("loser_path_s5", "loser_path_s6", "loser_path_s7")  # the oracle now, the same SFT starts
-TP_FILES = ("step_plan_reader", "episode_reader", "numbered_episode", "episode_step")
+FORMAT_PROBES = ("step_plan_reader", "episode_reader", "numbered_episode", "episode_step")  # the skill formats
 
 
 def probe_run(name: str, algorithm: str, *keys) -> J:
@@ -335,19 +340,7 @@ REGISTRY: list[Q] = [
     Q(PERF, "holds at full depth with checkpointing ({}×)",
       (peer("qwen0.5b_ckpt", "seed", "seedfast", "time_vs_reference"),)),
     Q(PERF, "1-minute load averages {}–{} for the op rows, {} for the scoring row and {} for the step row",
-      (load1(LP1), load1(LP2), load1(SCORING), load1(STEP))),
-    Q(PERF, "the GRPO step went from {} s to\n{} s ({} s to {} s in the earlier pair)",
-      tuple(j(f, "rows", {"algorithm": "grpo"}, "step_s") for f in (*STEP_PAIR, *STEP_PAIR1))),
-    Q(PERF, "the skill writing from {} s to {} s",
-      tuple(j(f, "rows", {"algorithm": "seed (self analyzer)"}, "analyze") for f in STEP_PAIR)),
-    Q(PERF, "(the oracle row's update less GRPO's) from {} s to {} s",
-      tuple(diff(j(f, "rows", {"algorithm": "seed (oracle skills)"}, "update"), j(f, "rows", {"algorithm": "grpo"},
-                                                                                   "update"))
-            for f in STEP_PAIR)),
-    Q(PERF, "oracle skills {}× → {}×,\nSDAR {}× → {}×, self analyzer {}× → {}× ({}× → {}×, {}× → {}× and {}× → {}× "
-            "in the",
-      tuple(j(f, "rows", {"algorithm": a}, "step_vs_grpo") for pair in (STEP_PAIR, STEP_PAIR1)
-            for a in ("seed (oracle skills)", "sdar", "seed (self analyzer)") for f in pair)),
+      (load1(*LP1), load1(*LP2), load1(SCORING), load1(STEP))),
     Q(PERF, "{}× (1 thread) / {}× (2 threads) naive time; {} MiB extra vs {} MiB",
       (lp(LP1, "ours_logprob"), lp(LP2, "ours_logprob"), lp(LP2, "ours_logprob", "extra_beyond_grads_mib"),
        lp(LP2, "naive_logprob", "extra_beyond_grads_mib"))),
@@ -364,7 +357,8 @@ REGISTRY: list[Q] = [
     Q(PERF, "2 PPO epochs takes {}–{} s (`time/step` of GRPO and SEED",
       (lo(*(run(s, "seed_metrics", a, "time/step") for s in DEMO for a in ("grpo", "seed"))),
        hi(*(run(s, "seed_metrics", a, "time/step") for s in DEMO for a in ("grpo", "seed"))))),
-    Q(PERF, "Triton AOT report, {} compiles", (Agg("count", (j("kernel_report.json", "rows"),)),)),
+    *(Q(PERF, "Triton AOT report, {} compiles", (Agg("count", (j(KR, "by_triton", version, "rows"),)),))
+      for version in ("3.9.0", "3.6.0")),
     # ---- docs/demo.md: the copy warm-up's phase change (experiments/copy_warmup.py), means over 50 steps ----
     Q(DEMO_MD, "Its mean loss over 50 steps falls from {} (steps\n  301–350) to {} (451–500), the phase change of the "
                "induction heads, and is {} over the last 50 of the 600;\n  the 200 steps cut would have taken it to {}",
@@ -385,8 +379,8 @@ REGISTRY: list[Q] = [
     Q("docs/scaling.md", "the gap's max per update is {} and {} through vLLM, {} and {} through the own engine, and "
                          "vLLM one update behind is off by {}, back to {} after a push", VLLM_GAPS),
     Q("docs/performance.md", "took the profiled call from {} to {} s of self CPU time",
-      (j("rollout_profile.json", "profiles", 0, "seconds_self", "call"),
-       j("rollout_profile.json", "profiles", 1, "seconds_self", "call"))),
+      (j("rollout.json", "profile", "profiles", 0, "seconds_self", "call"),
+       j("rollout.json", "profile", "profiles", 1, "seconds_self", "call"))),
     # ---- docs/algorithms.md: the rollout correction against vLLM in bf16 (experiments/vllm_correction.py) ----
     Q("docs/algorithms.md",
       "With the own engine in fp32 the gap stays at fp32 rounding: a max of {} and {}\nper update", VLLM_GAPS[2:4]),
@@ -448,8 +442,8 @@ REGISTRY: list[Q] = [
                                     tp("step_plan_reader", "train_pool", "oracle_win", "by_action", "go", "delta_mean"),
                                     tp("step_plan_reader", "train_pool", "oracle_win", "by_action", "take",
                                        "delta_mean"))),
-    Q(DEMO_MD, "spliced prompt to {}e-6", (hi(*(j(f"teacher_probe_{n}.json", "splice_max_abs_diff", scale=1e6)
-                                                 for n in TP_FILES)),)),
+    Q(DEMO_MD, "spliced prompt to {}e-6", (hi(*(j("teacher_probe.json", "probes", n, "splice_max_abs_diff", scale=1e6)
+                                                 for n in FORMAT_PROBES)),)),
     Q(DEMO_MD, "(the episode skills are {}–{} tokens on average)",
       (lo(*(tp("step_plan_reader", sp, c, "skill_tokens_mean") for sp in ("train_pool", "heldout")
             for c in ("oracle_win", "oracle_fail", "self_win"))),

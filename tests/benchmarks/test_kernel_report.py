@@ -1,7 +1,8 @@
 """Ahead-of-time compilation of the kernels for sm_90 and sm_80 (no GPU): they compile, use the tensor
 cores (wgmma on sm_90, mma on sm_80), keep their main loop pipelined, do not spill, and fit in shared memory.
 Runs the report script in a fresh process: the kernels must be real @triton.jit functions, not interpreter
-ones. The PTX loop analysis is also checked on hand-written PTX, pipelined and not."""
+ones; it puts its report at by_triton[its Triton version] of the results file and keeps the other versions'. The
+PTX loop analysis is also checked on hand-written PTX, pipelined and not."""
 
 import json
 import os
@@ -16,18 +17,25 @@ REPO = Path(__file__).resolve().parents[2]
 ONLY = ["fwd/single+entropy", "fwd/dual+entropy", "grad_logits/a+b", "grad_rows/a+b"]
 
 
+OTHER = {"versions": {"triton": "0.0.0"}, "rows": [], "problems": []}  # another Triton's report, already there
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    pytest.importorskip("triton")
+    triton = pytest.importorskip("triton")
     out = tmp_path_factory.mktemp("report") / "kernel_report.json"
+    out.write_text(json.dumps({"benchmark": "kernel_report", "by_triton": {"0.0.0": OTHER}}))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     args = [sys.executable, "-m", "benchmarks.kernel_report", "--quick", "--dtype", "bf16", "--jobs", "2",
             "--out", str(out)]
     for name in ONLY:
         args += ["--only", name]
     proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
-    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text()), proc
+    written = json.loads(out.read_text())
+    assert triton.__version__ in written["by_triton"], proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert written["benchmark"] == "kernel_report" and written["by_triton"]["0.0.0"] == OTHER  # the other kept
+    assert list(written["by_triton"]) == ["0.0.0", triton.__version__]
+    return written["by_triton"][triton.__version__], proc
 
 
 def test_every_variant_compiles_for_both_architectures(report):

@@ -1,7 +1,9 @@
 """The CPU benchmark compares like with like: its naive and fused variants compute the same values and
-gradients, and its memory probe sees what the process allocates."""
+gradients, and its memory probe sees what the process allocates. Its one results file holds a run per thread
+count; a run replaces its own."""
 
 import contextlib
+import json
 
 import pytest
 import torch
@@ -53,3 +55,15 @@ def test_frozen_head_variants_agree_and_differ_only_in_dw(kind, monkeypatch):
         assert x["weight"].grad is None
         grads[variant] = x["hidden"].grad
     torch.testing.assert_close(*grads.values(), rtol=0, atol=0)
+
+
+def test_a_run_replaces_only_its_own_thread_count(tmp_path):
+    path = tmp_path / "logprob_cpu.json"
+    assert logprob_cpu.run_key(2, False) == "2" and logprob_cpu.run_key(1, True) == "1_frozen"
+    logprob_cpu.save({"results": ["two threads"]}, "2", path)
+    logprob_cpu.save({"results": ["one thread"]}, "1", path)
+    logprob_cpu.save({"results": ["two threads, again"]}, "2", path)
+    text = path.read_text()
+    assert json.loads(text) == {"benchmark": "logprob_cpu", "runs": {"2": {"results": ["two threads, again"]},
+                                                                     "1": {"results": ["one thread"]}}}
+    assert text.endswith("}\n")

@@ -93,6 +93,24 @@ def test_the_docs_section_says_when_there_is_no_measurement():
     assert rollout.docs_section(None).startswith("Not measured yet")
 
 
+def _profile() -> dict:
+    shares = {"matmul": 0.5, "attention": 0.25, "sampling": 0.1, "other": 0.15}
+    return {"benchmark": "rollout", "profiles": [{"dtype": "fp32", "batch": 8,
+                                                  "shares": {"prefill": shares, "decode": shares}}]}
+
+
+def test_the_profile_is_a_key_of_the_results_file():
+    """--profile writes results/rollout.json's "profile" (the measurement kept); the section shows both, or the
+    profile alone before any measurement."""
+    text = rollout.docs_section({**_data(2.0), "profile": _profile()})
+    assert "| vllm_eager | fp32 | 8 |" in text
+    assert "`profile` in `benchmarks/results/rollout.json`" in text
+    assert "| fp32 | 8 | decode | 50% | 25% | 10% | 15% |" in text
+    alone = rollout.docs_section({"benchmark": "rollout", "profile": _profile()})
+    assert alone.startswith("Not measured yet") and "| fp32 | 8 | prefill | 50% |" in alone
+    assert "Where the own engine's time goes" not in rollout.docs_section(_data(2.0))
+
+
 def test_the_profile_sorts_self_time_into_categories():
     shares = rollout.categorize({"aten::mm": 60.0, "aten::addmm": 10.0, "aten::exponential_": 5.0,
                                  "aten::_scaled_dot_product_flash_attention_for_cpu": 15.0, "aten::mul": 10.0})
