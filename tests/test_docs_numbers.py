@@ -361,7 +361,7 @@ REGISTRY: list[Q] = [
       for version in ("3.9.0", "3.6.0")),
     # ---- docs/demo.md: the copy warm-up's phase change (experiments/copy_warmup.py), means over 50 steps ----
     Q(DEMO_MD, "Its mean loss over 50 steps falls from {} (steps\n  301–350) to {} (451–500), the phase change of the "
-               "induction heads, and is {} over the last 50 of the 600;\n  the 200 steps cut would have taken it to {}",
+               "induction heads, and is {} over the last 50 of the 600;\n  200 more steps would take it to {}",
       tuple(j("copy_warmup.json", "window_means", span) for span in ("301-350", "451-500", "551-600", "751-800"))),
     # ---- docs/performance.md, docs/demo.md: glibc's malloc kept (benchmarks/host_memory.py) ----
     Q(PERF, "(`benchmarks/results/host_memory.json`): {}M page faults instead of {}M and {} s instead of {} s",
