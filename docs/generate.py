@@ -33,6 +33,12 @@ def _demo_results() -> str:
                                _json(f"experiments/results/{demo_seeds.FRESH}.json"))
 
 
+def _smollm2_table() -> str:
+    from experiments import demo_seeds
+
+    return demo_seeds.seeds_table(_json("experiments/results/real_model.json"))
+
+
 def _seed_sparse() -> str:
     from experiments import seed_sparse
 
@@ -81,6 +87,7 @@ class Section:
 SECTIONS = (
     Section("docs/demo.md", "demo results", _demo_results),
     Section("docs/demo.md", "seed in the sparse regime", _seed_sparse),
+    Section("docs/demo.md", "smollm2 results", _smollm2_table),
     Section("docs/demo.md", "smollm2 in a sparse pool", _smollm2_sparse),
     Section("docs/performance.md", "rollout engines", _rollout_engines),
     Section("docs/architecture.md", "asynchronous rollouts", _async_rollout),

@@ -169,7 +169,7 @@ def seeds_table(result: dict) -> str:
     names = " / ".join(["control", *(a.upper() for a in algorithms)])
     head = (f"| run.seed | random floor | SFT held-out | {' | '.join(f'{a.upper()} after' for a in algorithms)} | "
             f"pool success, first quarter → last half: {names} | groups with a win and a loss: "
-            f"{' / '.join(a.upper() for a in algorithms)} | wall time (its phases) |")
+            f"{' / '.join(a.upper() for a in algorithms)} | wall time |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for seed, run in runs.items():
         pools = " / ".join(f"{run['means'][c]['first_quarter']:.3f} → {run['means'][c]['last_half']:.3f}"
@@ -202,8 +202,8 @@ def readout(result: dict) -> dict:
 
 def markdown(seeds: dict, fresh: dict) -> str:
     """docs/demo.md, "Results": results/demo_seeds.json (the demo's job at several seeds) and
-    results/demo_fresh_clone.json (`make demo` on a fresh clone), every number read from them
-    (tests/experiments/test_demo_seeds_docs.py regenerates it and compares)."""
+    results/demo_fresh_clone.json (`make demo` on a fresh clone), every number read from them (`make docs` writes it
+    there; tests/test_docs_generated.py regenerates it and compares)."""
     runs = list(seeds["runs"].values())
     held_out = runs[0]["held_out"]
     said = readout(seeds)
@@ -244,7 +244,7 @@ def markdown(seeds: dict, fresh: dict) -> str:
                  "at this weight SEED's update is GRPO's ('SEED in the sparse regime' below).")
     parts.append(text)
     parts.append(
-        f"`make demo` on a fresh clone at seed 0 (`benchmarks/results/{FRESH}.json`, {fresh['machine']['cpu']}, "
+        f"`make demo` on a fresh clone at seed 0 (`experiments/results/{FRESH}.json`, {fresh['machine']['cpu']}, "
         f"{fresh['machine']['cpu_count']} cores, commit {fresh['git_commit'][:7]}): {fresh_run['wall_s'] / 60:.1f} "
         f"min in all, {'inside' if fresh_run['wall_s'] <= BUDGET_S else 'over'} the {BUDGET_S // 60}-minute budget: "
         f"games {timings['games']:.0f} s, SFT {timings['sft']:.0f} s (its copy warm-up, "

@@ -204,21 +204,9 @@ def pool(src, alg, part) -> J:
     return run(src, "means", alg, part)
 
 
-def demo_row(src) -> tuple:
-    return (run(src, "random_floor"), held(src), held(src, "grpo"), held(src, "seed"),
-            pool(src, "control", "first_quarter"), pool(src, "control", "last_half"),
-            pool(src, "grpo", "first_quarter"), pool(src, "grpo", "last_half"),
-            pool(src, "seed", "first_quarter"), pool(src, "seed", "last_half"),
-            run(src, "seed_metrics", "grpo", "train/groups_with_signal"),
-            run(src, "seed_metrics", "seed", "train/groups_with_signal"),
-            J(src[0], ("runs", src[1], "wall_s"), 1 / 60))
-
-
 def per_seed(fn, srcs=DEMO) -> tuple:
     return tuple(fn(s) for s in srcs)
 
-
-DEMO_ROW = ("| {} | {} | {} | {} | {} | {} → {} / {} → {} / {} → {} | {} / {} | {} min |")
 
 HOST_MEMORY = tuple(j("host_memory.json", "means", mode, key, scale=scale) for mode, key, scale in (
     ("kept", "minor_page_faults", 1e-6), ("glibc_default", "minor_page_faults", 1e-6), ("kept", "wall_s", 1.0),
@@ -409,7 +397,6 @@ REGISTRY: list[Q] = [
       tuple(run(s, "seconds_per_update", a) for a in ("grpo", "seed") for s in RM)),
     Q(DEMO_MD, "the whole run, games to report, {} and {} min.",
       tuple(J(s[0], ("runs", s[1], "wall_s"), 1 / 60) for s in RM)),
-    *(Q(DEMO_MD, DEMO_ROW.replace("| {} |", f"| {label} (135M) |", 1), demo_row(src)) for label, src in zip("01", RM)),
     Q(DEMO_MD, "(SFT {} → GRPO {}, SEED {}, means of the two seeds;",
       (mean(*per_seed(held, RM)), mean(*per_seed(lambda s: held(s, "grpo"), RM)),
        mean(*per_seed(lambda s: held(s, "seed"), RM)))),
