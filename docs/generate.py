@@ -39,6 +39,12 @@ def _smollm2_table() -> str:
     return demo_seeds.seeds_table(_json("experiments/results/real_model.json"))
 
 
+def _skill_formats() -> str:
+    from experiments import teacher_probe
+
+    return teacher_probe.reader_table(json.loads(teacher_probe.RESULT.read_text(encoding="utf-8")))
+
+
 def _seed_sparse() -> str:
     from experiments import seed_sparse
 
@@ -86,6 +92,7 @@ class Section:
 
 SECTIONS = (
     Section("docs/demo.md", "demo results", _demo_results),
+    Section("docs/demo.md", "skill formats", _skill_formats),
     Section("docs/demo.md", "seed in the sparse regime", _seed_sparse),
     Section("docs/demo.md", "smollm2 results", _smollm2_table),
     Section("docs/demo.md", "smollm2 in a sparse pool", _smollm2_sparse),

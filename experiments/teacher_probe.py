@@ -30,6 +30,7 @@ file, its history in git. docs/demo.md quotes the results.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 
@@ -194,6 +195,39 @@ def splice_check(cfg, policy, tokenizer, steps, n: int = 16) -> float:
         full = token_logprobs(policy, pack(examples, "cpu"))
     ours = torch.cat([r.teacher_logprob for r in scores])
     return float((ours - full).abs().max())
+
+
+# the table of skill formats in docs/demo.md: the probe of each format's own SFT, what its copies held (the demo's
+# in bold)
+READER_FORMATS = (
+    ("step_plan_reader", "step plan; analyzers write the episode skill (before)"),
+    ("episode_reader", "the episode skill (`skill_mode: episode_only`)"),
+    ("numbered_episode",
+     "the episode skill, actions numbered as the prompt numbers steps (\"[Step 1] go south [Step 2] …\")"),
+    ("episode_step", "the episode skill and a step skill per critical step (`episode_step`, the demo's)"),
+)
+DEMO_FORMAT = "episode_step"
+
+
+def reader_table(data: dict) -> str:
+    """Δ of the oracle winner's skill on the pool's and the held-out walkthrough steps, and the share of steps it
+    raised, per skill format (READER_FORMATS; `make docs` writes it in docs/demo.md)."""
+    def signed(x: float) -> str:
+        return f"{x:+.2f}".replace("-", "−")
+
+    def percent(share: float) -> int:  # half up: a share of steps is often a count over an even number of steps
+        return math.floor(round(100 * share, 6) + 0.5)
+
+    lines = ["| what SFT's skill copies hold, and what the oracle writes | Δ pool | Δ held-out | steps raised |",
+             "|---|---|---|---|"]
+    for name, label in READER_FORMATS:
+        win = [data["probes"][name]["splits"][s]["candidates"]["oracle_win"] for s in ("train_pool", "heldout")]
+        cells = [label, signed(win[0]["delta_mean"]), signed(win[1]["delta_mean"]),
+                 f"{percent(win[0]['share_raised'])}% / {percent(win[1]['share_raised'])}%"]
+        if name == DEMO_FORMAT:
+            cells = [f"**{c}**" for c in cells]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main() -> None:

@@ -436,12 +436,6 @@ REGISTRY: list[Q] = [
             for c in ("oracle_win", "oracle_fail", "self_win"))),
        hi(*(tp("step_plan_reader", sp, c, "skill_tokens_mean") for sp in ("train_pool", "heldout")
             for c in ("oracle_win", "oracle_fail", "self_win"))))),
-    Q(DEMO_MD, "| step plan; analyzers write the episode skill (before) | {} | {} | {}% / {}% |",
-      tp_row("step_plan_reader")),
-    Q(DEMO_MD, "| the episode skill (`skill_mode: episode_only`) | +{} | {} | {}% / {}% |", tp_row("episode_reader")),
-    Q(DEMO_MD, "numbered as the prompt numbers steps (\"[Step 1] go south [Step 2] …\") | {} | {} | {}% / {}% |",
-      tp_row("numbered_episode")),
-    Q(DEMO_MD, "(`episode_step`, the demo's)** | **+{}** | **+{}** | **{}% / {}%** |", tp_row("episode_step")),
     Q(DEMO_MD, "the loser's right steps before its mistake went from\nΔ {} / {} / {} (lowered) to +{} / +{} / +{} "
                "(raised), and its mistake from +{} / {} / +{} to\n+{} / {} / +{}, below its right steps",
       tuple(tp(name, "train_pool", "oracle_fail_own", "by_action", position, "delta_mean")
