@@ -242,6 +242,52 @@ def model_report(shapes=MODEL_SHAPES, gemm_ref: dict | None = None) -> dict:
                     "named in device.source; every input figure with its source in `inputs`", "rows": rows}
 
 
+# The prediction table of docs/kernels.md, 'Performance model and the H200 prediction': per row the design, the
+# Triton efficiency it assumes (None: a design without Triton GEMM phases, the same at every efficiency), its name
+# there ({dh_gb}: the GB its `dH +=` phase moves exposed), and whether the row is the headline (bold).
+DOC_ROWS = (
+    ("after_fwd", 0.7, "forward", False),
+    ("after_fwd", 0.6, "forward", False),
+    ("after_two_pass_fwd_bwd", 0.7, "`linear_logprob` forward + backward (two pass, cuBLAS `dW`/`dH`)", False),
+    ("after_two_pass_fwd_bwd", 0.6, "the same", False),
+    ("after_single_pass_fwd_bwd", None, "`fused_loss` forward + backward (single pass)", True),
+    ("before_fwd_bwd", 0.7, "forward + backward before the rewrite (two pass, Triton GEMMs, {dh_gb} GB of dH)", False),
+)
+
+
+def _ms(x: float) -> str:
+    return f"{x:.1f}" if x < 50 else f"{x:.0f}"  # tenths of a ms for the forward's tens, whole ms from 50 up
+
+
+def prediction_table(report: dict, n: int = 16384, d: int = 4096) -> str:
+    """The prediction table (DOC_ROWS) from results/kernel_model.json (make docs): each DOC_ROWS design at
+    `n` x `d`, its predicted time and useful TFLOP/s over the report's two cuBLAS rates (low–high). "% of GEMM" is
+    one figure, at the slower rate, where the rate moves it by under a quarter point (the design is bound by what
+    scales with the rate), a range where it moves more (exposed memory traffic, which does not scale)."""
+    rows = [r for r in report["rows"] if (r["N"], r["d"]) == (n, d)]
+    lines = ["| design | executed TFLOP | HBM GB | predicted ms | TFLOP/s (useful) | % of GEMM |",
+             "|---|---|---|---|---|---|"]
+    for i, (design, eff, name, bold) in enumerate(DOC_ROWS):
+        at = [r for r in rows if r["design"] == design and (eff is None or r["triton_eff"] == eff)]
+        by_rate = {r["gemm_tflops"]: r for r in at}
+        if len(by_rate) != 2 or (eff is None and len({(r["gemm_tflops"], r["predicted_ms"]) for r in at}) != 2):
+            raise ValueError(f"kernel_model.json: {design} at N {n}, d {d}, efficiency {eff}: expected one "
+                             f"prediction per cuBLAS rate (two rates), got {len(at)} rows")
+        slow, fast = by_rate[min(by_rate)], by_rate[max(by_rate)]
+        pct = sorted((slow["predicted_pct_of_gemm"], fast["predicted_pct_of_gemm"]))
+        cells = [f"{_ms(fast['predicted_ms'])}–{_ms(slow['predicted_ms'])}",
+                 f"{slow['predicted_tflops']:.0f}–{fast['predicted_tflops']:.0f}",
+                 f"{pct[0]:.0f}–{pct[1]:.0f}" if pct[1] - pct[0] >= 0.25 else f"{slow['predicted_pct_of_gemm']:.0f}"]
+        dh_gb = sum(p["bytes_exposed"] for p in slow["phases"] if p["phase"].startswith("dH +=")) / 1e9
+        label = name.format(dh_gb=f"{dh_gb:.0f}")
+        if eff is not None:
+            label += f", Triton at {eff:g}" + (" of cuBLAS" if i == 0 else "")
+        if bold:
+            label, cells = f"**{label}**", [f"**{c}**" for c in cells]
+        lines.append(f"| {label} | {slow['executed_tflop']:.3g} | {slow['hbm_gb']:.3g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # The shape the model prices and benchmarks/gemm_reference.py measures (Qwen2.5-7B's LM head: d = 3584 is its
 # hidden size, 4096 the round shape of the docs' examples); `--n` runs at it unless --d / --v say otherwise.
 MODEL_D, MODEL_V = 4096, 152064

@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import gc
 import json
+import math
 import sys
 import tempfile
 import time
@@ -516,6 +517,92 @@ def result_key(args: argparse.Namespace) -> str:
     full = SHAPES[args.shape]["model"]["num_hidden_layers"]
     cut = f"_{args.layers}layers" if args.layers and args.layers != full else ""
     return args.shape + cut + ("_ckpt" if args.checkpointing else "")
+
+
+# ----------------------------------------------------------------------------------------- docs/performance.md
+
+# The entries of results/peers_cpu.json in "Side by side with the reference recipe": every leg and algorithm at two
+# shapes, then one SEED update at full depth without and with activation checkpointing; each shape's name there.
+SIDE_BY_SIDE = ("tiny", "qwen0.5b_2layers")
+FULL_DEPTH = ("qwen0.5b", "qwen0.5b_ckpt")
+DOC_NAMES = {"tiny": "tiny: demo model", "qwen0.5b": "Qwen2.5-0.5B shape"}
+
+
+def _leg(entry: dict, algo: str, leg: str) -> dict:
+    return next(r for r in entry["results"][algo] if r["leg"] == leg)
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n >= 10_000 else str(n)  # 1500, 151,936
+
+
+def _ratio(x: float, bold: bool) -> str:
+    return f"**{x:.2f}×**" if bold else f"{x:.2f}×"
+
+
+def _time_cell(entry: dict) -> str:
+    """SEED's time against the reference's (in bold, the headline): the ratio, then both seconds, to three
+    significant figures of the larger."""
+    seedfast = _leg(entry, "seed", "seedfast")
+    ours, ref = (_leg(entry, "seed", leg)["phases_s"]["total"] for leg in ("seedfast", "reference"))
+    digits = max(0, 2 - math.floor(math.log10(max(ours, ref))))
+    return f"{_ratio(seedfast['time_vs_reference'], True)} ({ours:.{digits}f} s vs {ref:.{digits}f} s)"
+
+
+def _memory_cell(entry: dict) -> str:
+    """SEED's peak memory against the reference's, in bold at half or less: the ratio, then both peaks, in MiB where
+    the reference's is under 1 GiB, else in GiB."""
+    ratio = _leg(entry, "seed", "seedfast")["memory_vs_reference"]
+    ours, ref = (_leg(entry, "seed", leg)["peak_extra_bytes"] for leg in ("seedfast", "reference"))
+    unit, fmt = ("MiB", ".0f") if ref < 2**30 else ("GiB", ".1f")
+    scale = 2**20 if unit == "MiB" else 2**30
+    return f"{_ratio(ratio, ratio <= 0.5)} ({ours / scale:{fmt}} vs {ref / scale:{fmt}} {unit})"
+
+
+def _where(entries: list[dict]) -> str:
+    """'CPU, fp32': the device and dtype the entries share."""
+    kinds = {(e["device"].upper(), e["dtype"]) for e in entries}
+    if len(kinds) != 1:
+        raise ValueError(f"peers: one table's entries ran on different devices or dtypes: {sorted(kinds)}")
+    return ", ".join(kinds.pop())
+
+
+def side_by_side_table(data: dict) -> str:
+    """The table of SEED and GRPO against the reference (and Liger's SEED) in docs/performance.md, 'Side by side with
+    the reference recipe', from the SIDE_BY_SIDE entries of results/peers_cpu.json (make docs)."""
+    entries = [data["shapes"][key] for key in SIDE_BY_SIDE]
+    lines = [f"| shape ({_where(entries)}) | SEED time | SEED peak memory | GRPO time | GRPO peak memory | "
+             "Liger, SEED time / memory |", "|---|---|---|---|---|---|"]
+    for key, e in zip(SIDE_BY_SIDE, entries):
+        m, b = e["model"], e["batch"]
+        cut = e.get("layers_reduced_from")
+        shape = DOC_NAMES[key.split("_")[0]] + (f" **cut to {m['num_hidden_layers']} of {cut} layers**" if cut else "")
+        arch = [f"d {m['hidden_size']}", *([] if cut else [f"{m['num_hidden_layers']} layers"]),
+                f"V {_count(m['vocab_size'])}", *(["tied"] if m.get("tie_word_embeddings") else [])]
+        label = (f"{shape} ({', '.join(arch)}), {e['samples']} samples, prompts ~{b['prompt']}, skill {b['skill']}, "
+                 f"response {b['response']}")
+        grpo, liger = _leg(e, "grpo", "seedfast"), _leg(e, "seed", "liger")
+        lines.append(f"| {label} | {_time_cell(e)} | {_memory_cell(e)} | {_ratio(grpo['time_vs_reference'], True)} | "
+                     f"{_ratio(grpo['memory_vs_reference'], grpo['memory_vs_reference'] <= 0.5)} | "
+                     f"{_ratio(liger['time_vs_reference'], False)} / {_ratio(liger['memory_vs_reference'], False)} |")
+    return "\n".join(lines)
+
+
+def full_depth_table(data: dict) -> str:
+    """The same section's table of one SEED update at full depth, without and with activation checkpointing, from
+    the FULL_DEPTH entries of results/peers_cpu.json (make docs)."""
+    entries = [data["shapes"][key] for key in FULL_DEPTH]
+    shapes = {(key.split("_")[0], e["model"]["num_hidden_layers"]) for key, e in zip(FULL_DEPTH, entries)}
+    if len(shapes) != 1:
+        raise ValueError(f"peers: the full-depth entries {FULL_DEPTH} are not one shape: {sorted(shapes)}")
+    shape, layers = shapes.pop()
+    lines = [f"| {DOC_NAMES[shape]}, {layers} layers, one SEED update ({_where(entries)}) | time | peak memory |",
+             "|---|---|---|"]
+    for e in entries:
+        label = ("with activation checkpointing on both sides (`--checkpointing`)" if e["activation_checkpointing"]
+                 else "without activation checkpointing")
+        lines.append(f"| {label} | {_time_cell(e)} | {_memory_cell(e)} |")
+    return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -75,6 +75,50 @@ def _reference() -> str:
     return reference_tables.reference()
 
 
+def _kernel_prediction() -> str:
+    from benchmarks import kernels
+
+    return kernels.prediction_table(_json("benchmarks/results/kernel_model.json"))
+
+
+def _peers_side_by_side() -> str:
+    from benchmarks import peers
+
+    return peers.side_by_side_table(_json("benchmarks/results/peers_cpu.json"))
+
+
+def _peers_full_depth() -> str:
+    from benchmarks import peers
+
+    return peers.full_depth_table(_json("benchmarks/results/peers_cpu.json"))
+
+
+# The memory plans of docs/scaling.md: `seedfast plan CONFIG --world N --json benchmarks/results/plan_*.json` per recipe
+# of configs/. The package writes them and must not read committed results, and no script of benchmarks/ owns
+# them, so their table is made here.
+PLANS = (("qwen2.5-7b_seed_8xh100.yaml", "plan_7b_world8_tp1.json"),
+         ("qwen2.5-32b_seed_4x8xh100.yaml", "plan_32b_world32_tp4.json"),
+         ("qwen2.5-72b_seed_4x8xh100.yaml", "plan_72b_world32_tp8.json"))
+PLAN_COLUMNS = ("parameters", "gradients", "optimizer_states", "activations_checkpointing",
+                "activations_no_checkpointing", "train_peak_checkpointing", "rollout_peak")
+
+
+def _memory_plans() -> str:
+    """GiB per GPU of each recipe's plan; the logits avoided with their gradient's share after them ('grad' said
+    once, on the first row)."""
+    lines = ["| run | GPUs | tokens / micro-batch | params | grads | AdamW | act. (ckpt) | act. (no ckpt) | train peak "
+             "| rollout peak | logits avoided |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, (config, name) in enumerate(PLANS):
+        plan = _json(f"benchmarks/results/{name}")
+        gib, tp = plan["gib"], plan["tp"]
+        gpus = f"{plan['world']} (dp {plan['dp_shard']}" + (f" x tp {tp})" if tp > 1 else ")")
+        logits, grad = gib["logits_avoided_fp32"], gib["logits_and_grad_avoided_fp32"] - gib["logits_avoided_fp32"]
+        cells = [f"{plan['model']}, `{config}`", gpus, str(plan["micro_batch_tokens"]),
+                 *(f"{gib[k]:.1f}" for k in PLAN_COLUMNS), f"{logits:.1f} (+{grad:.1f}{' grad' if i == 0 else ''})"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class Section:
     doc: str
@@ -99,6 +143,10 @@ SECTIONS = (
     Section("docs/performance.md", "rollout engines", _rollout_engines),
     Section("docs/architecture.md", "asynchronous rollouts", _async_rollout),
     Section("docs/reference.md", "commands and options", _reference),
+    Section("docs/kernels.md", "h200 prediction", _kernel_prediction),
+    Section("docs/performance.md", "peers side by side", _peers_side_by_side),
+    Section("docs/performance.md", "peers at full depth", _peers_full_depth),
+    Section("docs/scaling.md", "memory plans", _memory_plans),
 )
 
 

@@ -148,25 +148,6 @@ def peer(shape: str, alg: str, leg: str, key: str, scale: float = 1.0) -> J:
     return J(PEERS, keys, scale)
 
 
-def peers_row(shape: str, unit: float) -> tuple:
-    """SEED time (ours vs the reference's seconds), SEED memory (ours vs the reference's), GRPO, Liger."""
-    return (peer(shape, "seed", "seedfast", "time_vs_reference"), peer(shape, "seed", "seedfast", "phases_s.total"),
-            peer(shape, "seed", "reference", "phases_s.total"), peer(shape, "seed", "seedfast", "memory_vs_reference"),
-            peer(shape, "seed", "seedfast", "peak_extra_bytes", unit),
-            peer(shape, "seed", "reference", "peak_extra_bytes", unit),
-            peer(shape, "grpo", "seedfast", "time_vs_reference"),
-            peer(shape, "grpo", "seedfast", "memory_vs_reference"),
-            peer(shape, "seed", "liger", "time_vs_reference"), peer(shape, "seed", "liger", "memory_vs_reference"))
-
-
-def full_depth_row(shape: str) -> tuple:
-    """One SEED update: time ratio (ours vs the reference's seconds), memory ratio (ours vs the reference's GiB)."""
-    return (peer(shape, "seed", "seedfast", "time_vs_reference"), peer(shape, "seed", "seedfast", "phases_s.total"),
-            peer(shape, "seed", "reference", "phases_s.total"), peer(shape, "seed", "seedfast", "memory_vs_reference"),
-            peer(shape, "seed", "seedfast", "peak_extra_bytes", GIB),
-            peer(shape, "seed", "reference", "peak_extra_bytes", GIB))
-
-
 def load1(file: str, *at) -> J:
     """The 1-minute load average a run recorded; `at`: the keys of the run's record inside the file, if it is one
     of several."""
@@ -240,48 +221,12 @@ def probe_run(name: str, algorithm: str, *keys) -> J:
 PERF, KERN, DEMO_MD, README = "docs/performance.md", "docs/kernels.md", "docs/demo.md", "README.md"
 
 REGISTRY: list[Q] = [
-    *(Q("docs/scaling.md", f"| {name} | {gpus} |" + " {} |" * 8 + f" {{}} (+{{}}{grad}) |",
-        (j(f, "micro_batch_tokens"),) + tuple(plan(f, k) for k in (
-            "parameters", "gradients", "optimizer_states", "activations_checkpointing",
-            "activations_no_checkpointing", "train_peak_checkpointing", "rollout_peak", "logits_avoided_fp32"))
-        + (diff(plan(f, "logits_and_grad_avoided_fp32"), plan(f, "logits_avoided_fp32")),))
-      for name, gpus, f, grad in [
-          ("Qwen2.5-7B, `qwen2.5-7b_seed_8xh100.yaml`", "8 (dp 8)", "plan_7b_world8_tp1.json", " grad"),
-          ("Qwen2.5-32B, `qwen2.5-32b_seed_4x8xh100.yaml`", "32 (dp 8 x tp 4)", "plan_32b_world32_tp4.json", ""),
-          ("Qwen2.5-72B, `qwen2.5-72b_seed_4x8xh100.yaml`", "32 (dp 4 x tp 8)", "plan_72b_world32_tp8.json", "")]),
     Q("docs/scaling.md", "at 32k its train peak is {} GiB with fp32 masters",
       (plan("plan_72b_world32_tp8_mb32k.json", "train_peak_checkpointing"),)),
-    # ---- docs/kernels.md: the prediction table ----
+    # ---- docs/kernels.md: the prediction (its table is generated: docs/generate.py) ----
     Q(KERN, "useful work at that rate: {}–{} ms forward, {}–{} ms forward + backward",
       km_range("after_fwd", "gemm_ms_of_useful_work")
       + km_range("after_single_pass_fwd_bwd", "gemm_ms_of_useful_work")),
-    Q(KERN, "| forward, Triton at 0.7 of cuBLAS | {} | {} | {}–{} | {}–{} | {} |",
-      (km("after_fwd", "executed_tflop", 769.0), km("after_fwd", "hbm_gb", 769.0))
-      + km_range("after_fwd", "predicted_ms") + km_range("after_fwd", "predicted_tflops")
-      + (km("after_fwd", "predicted_pct_of_gemm", 769.0),)),
-    Q(KERN, "| forward, Triton at 0.6 | {} | {} | {}–{} | {}–{} | {} |",
-      (km("after_fwd", "executed_tflop", 769.0, 0.6), km("after_fwd", "hbm_gb", 769.0, 0.6))
-      + km_range("after_fwd", "predicted_ms", 0.6) + km_range("after_fwd", "predicted_tflops", 0.6)
-      + (km("after_fwd", "predicted_pct_of_gemm", 769.0, 0.6),)),
-    Q(KERN, "Triton at 0.7 | {} | {} | {}–{} | {}–{} | {} |\n| the same, Triton at 0.6",
-      (km("after_two_pass_fwd_bwd", "executed_tflop", 769.0), km("after_two_pass_fwd_bwd", "hbm_gb", 769.0))
-      + km_range("after_two_pass_fwd_bwd", "predicted_ms") + km_range("after_two_pass_fwd_bwd", "predicted_tflops")
-      + (km("after_two_pass_fwd_bwd", "predicted_pct_of_gemm", 769.0),)),
-    Q(KERN, "| the same, Triton at 0.6 | {} | {} | {}–{} | {}–{} | {} |",
-      (km("after_two_pass_fwd_bwd", "executed_tflop", 769.0, 0.6), km("after_two_pass_fwd_bwd", "hbm_gb", 769.0, 0.6))
-      + km_range("after_two_pass_fwd_bwd", "predicted_ms", 0.6)
-      + km_range("after_two_pass_fwd_bwd", "predicted_tflops", 0.6)
-      + (km("after_two_pass_fwd_bwd", "predicted_pct_of_gemm", 769.0, 0.6),)),
-    Q(KERN, "(single pass)** | {} | {} | **{}–{}** | **{}–{}** | **{}–{}** |",
-      (km("after_single_pass_fwd_bwd", "executed_tflop", 769.0), km("after_single_pass_fwd_bwd", "hbm_gb", 769.0))
-      + km_range("after_single_pass_fwd_bwd", "predicted_ms")
-      + km_range("after_single_pass_fwd_bwd", "predicted_tflops")
-      + (km("after_single_pass_fwd_bwd", "predicted_pct_of_gemm", 798.0),
-         km("after_single_pass_fwd_bwd", "predicted_pct_of_gemm", 769.0))),
-    Q(KERN, "40 GB of dH), Triton at 0.7 | {} | {} | {}–{} | {}–{} | {} |",
-      (km("before_fwd_bwd", "executed_tflop", 769.0), km("before_fwd_bwd", "hbm_gb", 769.0))
-      + km_range("before_fwd_bwd", "predicted_ms") + km_range("before_fwd_bwd", "predicted_tflops")
-      + (km("before_fwd_bwd", "predicted_pct_of_gemm", 769.0),)),
     Q(KERN, "reach **~{} TFLOP/s forward and ~{} backward**; verl's Triton implementation **~{} forward**",
       (j(KM, "reference_points", "liger_cute_fwd_tflops"), j(KM, "reference_points", "liger_cute_bwd_tflops"),
        j(KM, "reference_points", "verl_triton_fwd_tflops"))),
@@ -301,17 +246,10 @@ REGISTRY: list[Q] = [
        peer("qwen0.5b_2layers", "seed", "reference", "phases_s.optimizer"))),
     Q(PERF, "the update's peak memory ({} MiB)",
       (peer("qwen0.5b_2layers", "seed", "seedfast", "peak_extra_bytes", MIB),)),
-    Q(PERF, "| **{}×** ({} s vs {} s) | {}× ({} vs {} MiB) | **{}×** | {}× | {}× / {}× |", peers_row("tiny", MIB)),
-    Q(PERF, "| **{}×** ({} s vs {} s) | **{}×** ({} vs {} GiB) | **{}×** | **{}×** | {}× / {}× |",
-      peers_row("qwen0.5b_2layers", GIB)),
     Q(PERF, "1-minute load average {} when the file was written",
       (j(PEERS, "shapes", "tiny", "machine", "loadavg_1_5_15", 0),)),
     Q(PERF, "nothing else running, 1-minute load average {} with its own processes",
       (j(PEERS, "shapes", "qwen0.5b", "machine", "loadavg_1_5_15", 0),)),
-    Q(PERF, "| without activation checkpointing | **{}×** ({} s vs {} s) | {}× ({} vs {} GiB) |",
-      full_depth_row("qwen0.5b")),
-    Q(PERF, "| with activation checkpointing on both sides (`--checkpointing`) | **{}×** ({} s vs {} s) | {}× ({} vs "
-            "{} GiB) |", full_depth_row("qwen0.5b_ckpt")),
     Q(PERF, "runs the teacher as branches on the prefix KV ({} s against the reference's {} s), and its ℓref pass "
             "costs {} s against {} s",
       (peer("qwen0.5b", "seed", "seedfast", "phases_s.teacher"),
