@@ -114,7 +114,7 @@ def overlap_bound(rows: list[dict]) -> tuple[float, float]:
 
 
 def markdown(result: dict) -> str:
-    """docs/architecture.md's read-out of results/<name>.json (tests/benchmarks/test_async_rollout_benchmark.py
+    """docs/architecture.md's read-out of results/<name>.json (`make docs` writes it there; tests/test_docs_generated.py
     regenerates it and compares)."""
     sync, stale = result["summary"]
     share, bound = overlap_bound(result["runs"][sync["mode"]])

@@ -134,7 +134,7 @@ def _label(result: dict) -> str:
 
 def sparse_docs_section(results: dict[str, dict]) -> str:
     """docs/demo.md, 'SmolLM2 in a sparse pool': every number read from the runs of results/real_model_sparse.json
-    (tests/experiments/test_real_model_docs.py regenerates it and compares)."""
+    (`make docs` writes it there; tests/test_docs_generated.py regenerates it and compares)."""
     first = next(iter(results.values()))
     common = [o for o in first["overrides"] if all(o in r["overrides"] for r in results.values())]
     own = {run: " ".join(o for o in r["overrides"] if o not in common) for run, r in results.items()}
