@@ -25,13 +25,18 @@ from ._checks import check_2d, check_count, check_mask, check_option, check_same
 from .aggregation import AGG_MODES, Count, aggregate, aggregation_weights
 
 __all__ = [
-    "AGG_MODES", "GATES", "KL_KINDS", "PLAIN_PPO", "LossOptions", "PolicyTerms",
-    "aggregate", "aggregation_weights", "gate", "kl_penalty", "opd_loss", "policy_loss", "policy_terms", "soft_or",
-    "total_loss",
+    "AGG_MODES", "DIVERGENCE_MODES", "GATES", "KL_KINDS", "OPD_MODES", "PLAIN_PPO", "LossOptions", "PolicyTerms",
+    "aggregate", "aggregation_weights", "gate", "kl_penalty", "opd_advantage_shift", "opd_loss", "policy_loss",
+    "policy_terms", "soft_or", "total_loss",
 ]
 
 KL_KINDS = ("low_var_kl", "k3", "k1", "k2")  # "k3" is another name for "low_var_kl"
 GATES = ("gap", "entropy", "soft_or")
+# The forms of the teacher term (docs/algorithms.md, 'Forms of the teacher term'): the paper's gated self-imitation,
+# the signed per-token shift folded into the advantage, and two full-vocabulary divergences computed by
+# seedfast.ops.fused_divergence from the student's and the teacher's hidden states.
+OPD_MODES = ("gate", "advantage", "reverse_kl", "jsd")
+DIVERGENCE_MODES = ("reverse_kl", "jsd")
 
 # exp(±20) is finite in fp32, and beyond it every branch is clipped anyway; without this clamp a
 # ratio of inf makes the backward of exp compute 0·inf = NaN.
@@ -61,6 +66,9 @@ class LossOptions:
     opd_coef: float = 0.0
     opd_beta: float = 5.0
     gate: str = "gap"
+    opd_mode: str = "gate"  # OPD_MODES; the divergence forms add their term outside the per-token loss
+    opd_adv_clip: float = 3.0  # `advantage`: |ℓskill − ℓold| is clipped to this many nats before λ multiplies it
+    opd_jsd_beta: float = 0.5  # `jsd`: the generalized JSD's β (TRL's GKD: 0 forward KL, 1 reverse KL)
 
 
 PLAIN_PPO = LossOptions()  # the default of every loss function (a module-level value: a frozen dataclass is shared)
@@ -256,6 +264,15 @@ def soft_or(entropy: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     return 1.0 - torch.exp(-(entropy.clamp_min(0.0) + delta.clamp_min(0.0)))
 
 
+def opd_advantage_shift(teacher_logprob: torch.Tensor, old_logprob: torch.Tensor, teacher_valid: torch.Tensor,
+                        coef: float, clip: float) -> torch.Tensor:
+    """The `advantage` form's per-token shift λ·m·clip(sg[ℓskill] − sg[ℓold], ±clip), added to the advantage inside
+    the clipped policy term (docs/algorithms.md, 'Forms of the teacher term'); detached, 0 where m is False."""
+    with torch.no_grad():
+        delta = (teacher_logprob - old_logprob).clamp(-clip, clip)
+        return torch.where(teacher_valid, coef * delta, 0.0)
+
+
 def opd_loss(logprob: torch.Tensor, teacher_logprob: torch.Tensor, mask: torch.Tensor, beta: float = 5.0,
              gate: str = "gap", entropy: torch.Tensor | None = None, agg: str = "token-mean",
              global_tokens: Count = None, global_seqs: Count = None,
@@ -301,7 +318,9 @@ def total_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: tor
                global_seqs: Count = None) -> tuple[torch.Tensor, Metrics]:
     """L = agg(pg + kl_coef·kl − entropy_coef·H) + opd_coef·agg(opd)
 
-    The loss of docs/algorithms.md, 'Total loss and aggregation', with the knobs of `options`.
+    The loss of docs/algorithms.md, 'Total loss and aggregation', with the knobs of `options`. With opd_mode
+    "advantage" there is no opd term: the teacher's shift λ·m·clip(sg[ℓskill] − ℓold) joins the advantage of pg
+    (metric opd_term: its mean over teacher-valid tokens). The divergence forms need hidden states, not this function.
 
     Coefficients default to 0 (plain PPO/GRPO); the run defaults are kl_coef 0.01, entropy_coef 0.001,
     opd_coef 0.01, opd_beta 5.0. A nonzero coefficient needs its tensor (ref_logprob, entropy,
@@ -314,6 +333,11 @@ def total_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: tor
     check_option(func, "agg", agg, AGG_MODES)
     check_option(func, "kl_kind", options.kl_kind, KL_KINDS)
     check_option(func, "gate", options.gate, GATES)
+    check_option(func, "opd_mode", options.opd_mode, OPD_MODES)
+    if options.opd_mode in DIVERGENCE_MODES:
+        raise ValueError(f"{func}: opd_mode={options.opd_mode!r} is a full-vocabulary divergence: it needs the "
+                         "student's and the teacher's hidden states (seedfast.ops.fused_divergence), not per-token "
+                         "log-probs")
     check_count(func, "global_tokens", global_tokens)
     check_count(func, "global_seqs", global_seqs)
     for coef, name, tensor in ((options.kl_coef, "ref_logprob", ref_logprob),
@@ -321,13 +345,18 @@ def total_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: tor
                                (options.opd_coef, "teacher_logprob", teacher_logprob)):
         if coef != 0 and tensor is None:
             raise ValueError(f"{func}: a nonzero coefficient for {name} was given ({coef}) but {name} is None")
-    if teacher_logprob is not None and options.gate != "gap" and entropy is None:
+    if teacher_logprob is not None and options.opd_mode == "gate" and options.gate != "gap" and entropy is None:
         raise ValueError(f"{func}: gate={options.gate!r} needs entropy (the student entropy H_t per token)")
     valid, dtype = _per_token_inputs(func, logprob, mask, old_logprob=old_logprob, entropy=entropy,
                                      ref_logprob=ref_logprob, teacher_logprob=teacher_logprob)
     adv = _advantages_per_token(func, advantages, logprob)
     lp, old, adv, h, ref = (_clean(x, valid, dtype) for x in (logprob, old_logprob, adv, entropy, ref_logprob))
 
+    shift = None
+    if teacher_logprob is not None and options.opd_mode == "advantage":
+        m = _teacher_valid(func, teacher_mask, valid)
+        shift = opd_advantage_shift(_clean(teacher_logprob, m, dtype), old, m, options.opd_coef, options.opd_adv_clip)
+        adv = adv + shift
     terms = policy_terms(lp, old, adv, options.clip_low, options.clip_high, options.dual_clip)
     per_token = terms.pg
     metrics = _policy_metrics(terms, valid)
@@ -343,7 +372,10 @@ def total_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: tor
             per_token = per_token - options.entropy_coef * h
     loss = aggregate(per_token, valid, agg, global_tokens, global_seqs)
 
-    if teacher_logprob is not None:
+    if shift is not None:
+        metrics["opd_term"] = _masked_mean(shift, m)
+        metrics["teacher_valid_frac"] = (m.sum() / valid.sum().clamp_min(1)).to(dtype)
+    elif teacher_logprob is not None:
         opd, opd_metrics = opd_loss(lp, teacher_logprob, valid, options.opd_beta, options.gate, h, agg, global_tokens,
                                     global_seqs, teacher_mask)
         metrics.update(opd_metrics)

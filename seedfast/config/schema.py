@@ -242,7 +242,16 @@ class LossConfig:
     entropy_coef: float = opt(0.001, "entropy bonus weight", ge=0)
     opd_coef: float = opt(0.01, "weight of the on-policy distillation term (SEED, SDAR)", ge=0)
     opd_beta: float = opt(5.0, "gate sharpness beta", ge=0)
-    gate: Literal["gap", "entropy", "soft_or"] = opt("gap", "OPD gate")
+    gate: Literal["gap", "entropy", "soft_or"] = opt("gap", "OPD gate (opd_mode gate)")
+    opd_mode: Literal["gate", "advantage", "reverse_kl", "jsd"] = opt(
+        "gate", "form of the teacher term (SEED, SDAR): gate = the paper's gated self-imitation, raises sampled tokens "
+        "only; advantage = the signed shift lambda*clip(l_skill - l_old) added to the advantage inside the clipped "
+        "policy term (tinker-cookbook / slime OPD); reverse_kl = KL(student || sg teacher) over the whole vocabulary at "
+        "every response token; jsd = the generalized JSD_beta of TRL's GKD over the whole vocabulary (no logits are "
+        "materialized for either)")
+    opd_adv_clip: float = opt(3.0, "opd_mode advantage: |l_skill - l_old| is clipped to this many nats", gt=0)
+    opd_jsd_beta: float = opt(0.5, "opd_mode jsd: beta of the generalized JSD (0 forward KL, 1 reverse KL)",
+                              ge=0, le=1)
     agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = opt(
         "token-mean", "how per-token terms are aggregated")
     adv_norm: Literal["mean_std", "mean"] = opt("mean_std", "group advantage: subtract mean, divide by std")

@@ -3,7 +3,9 @@ a = ∂L/∂ℓθ, b = ∂L/∂H.
 
     L = Σ_t w_t·(pg_t + kl_coef·kl_t − entropy_coef·H_t) + opd_coef·Σ_t w_t·m_t·g_t·(sg[ℓskill_t] − ℓθ_t)
 
-The terms come from seedfast.algo.losses (the reference math, written once); this module only
+with opd_mode "gate"; with "advantage" the opd term is gone and pg_t sees A_t + opd_coef·m_t·clip(sg[ℓskill_t] − ℓold_t)
+(opd_term: the mean of that shift over teacher-valid tokens); the divergence forms add nothing here (their term is
+seedfast.ops.fused_divergence's). The terms come from seedfast.algo.losses (the reference math, written once); this module only
 weights them by the aggregation weights w and differentiates the O(N) result with autograd, which
 is all the streamed logits gradient needs. Tokens with w = 0 are zeroed before any arithmetic, so
 padding may hold anything (NaN, −inf) without leaking into the loss or its gradient.
@@ -25,7 +27,8 @@ _MAX_KEYS = ("ratio_max",)
 
 def needs_entropy(options: LossOptions) -> bool:
     """Whether the loss uses the student entropy (it costs a pass over the vocabulary)."""
-    return options.entropy_coef != 0 or (options.opd_coef != 0 and options.gate != "gap")
+    return options.entropy_coef != 0 or (options.opd_coef != 0 and options.opd_mode == "gate"
+                                         and options.gate != "gap")
 
 
 def token_loss(logprob: torch.Tensor, entropy: torch.Tensor | None, old_logprob: torch.Tensor | None,
@@ -54,6 +57,14 @@ def token_loss(logprob: torch.Tensor, entropy: torch.Tensor | None, old_logprob:
     ref, teacher, adv = clean(ref_logprob), clean(teacher_logprob), clean(advantages)
     sums: MetricSums = {"weight": w.sum()}
 
+    shift = None
+    if teacher is not None and options.opd_mode == "advantage":
+        m = active if teacher_mask is None else active & (teacher_mask != 0)
+        shift = losses.opd_advantage_shift(teacher, old, m, options.opd_coef, options.opd_adv_clip)
+        adv = adv + shift
+        sums["teacher_weight"] = (w * m).sum()
+        sums["opd_term"] = (w * shift).sum()
+
     with torch.enable_grad():
         terms = losses.policy_terms(lp, old, adv, options.clip_low, options.clip_high, options.dual_clip)
         per_token = terms.pg
@@ -68,7 +79,7 @@ def token_loss(logprob: torch.Tensor, entropy: torch.Tensor | None, old_logprob:
                 per_token = per_token - options.entropy_coef * h
         loss = (w * per_token).sum()
 
-        if teacher is not None and (options.gate == "gap" or h is not None):
+        if teacher is not None and options.opd_mode == "gate" and (options.gate == "gap" or h is not None):
             m = active if teacher_mask is None else active & (teacher_mask != 0)
             g = losses.gate(lp, teacher, options.opd_beta, options.gate, h)
             opd = torch.where(m, g * (teacher - lp), 0.0)
@@ -123,5 +134,6 @@ def metric_means(sums: MetricSums) -> dict[str, torch.Tensor]:
             out[key] = mean(key, "weight")
     if "gate" in sums:
         out["gate_mean"] = mean("gate", "teacher_weight")
+    if "opd_term" in sums:
         out["opd_term"] = mean("opd_term", "teacher_weight")
     return out

@@ -114,8 +114,15 @@ def check_loss_options(func: str, options: object, *, has_ref: bool, has_teacher
     if options.gate not in losses.GATES:
         raise ValueError(f"{func}: unknown gate={options.gate!r}; allowed values: "
                          f"{', '.join(map(repr, losses.GATES))}")
+    if options.opd_mode not in losses.OPD_MODES:
+        raise ValueError(f"{func}: unknown opd_mode={options.opd_mode!r}; allowed values: "
+                         f"{', '.join(map(repr, losses.OPD_MODES))}")
     for name in ("kl_coef", "entropy_coef", "opd_coef", "opd_beta"):
         _number(func, name, getattr(options, name))
+    if not _number(func, "opd_adv_clip", options.opd_adv_clip) > 0:
+        raise ValueError(f"{func}: opd_adv_clip must be > 0, got {options.opd_adv_clip}")
+    if not 0.0 <= _number(func, "opd_jsd_beta", options.opd_jsd_beta) <= 1.0:
+        raise ValueError(f"{func}: opd_jsd_beta must be in [0, 1], got {options.opd_jsd_beta}")
     if not 0.0 <= _number(func, "clip_low", options.clip_low) < 1.0:
         raise ValueError(f"{func}: clip_low must be in [0, 1), got {options.clip_low}")
     if _number(func, "clip_high", options.clip_high) < 0.0:
@@ -124,8 +131,9 @@ def check_loss_options(func: str, options: object, *, has_ref: bool, has_teacher
         raise ValueError(f"{func}: dual_clip must be > 1 (or None to turn it off), got {options.dual_clip}")
     if options.kl_coef != 0 and not has_ref:
         raise ValueError(f"{func}: kl_coef={options.kl_coef} needs ref_logprob, which is None")
-    if options.opd_coef != 0 and not has_teacher:
+    if options.opd_coef != 0 and options.opd_mode not in losses.DIVERGENCE_MODES and not has_teacher:
         raise ValueError(f"{func}: opd_coef={options.opd_coef} needs teacher_logprob, which is None")
     floats = {name: float(getattr(options, name))
-              for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef", "opd_coef", "opd_beta")}
+              for name in ("clip_low", "clip_high", "kl_coef", "entropy_coef", "opd_coef", "opd_beta", "opd_adv_clip",
+                           "opd_jsd_beta")}
     return replace(options, dual_clip=None if options.dual_clip is None else float(options.dual_clip), **floats)

@@ -100,7 +100,8 @@ def loss_options(loss_cfg: LossConfig, *, use_kl: bool, use_opd: bool) -> LossOp
     return LossOptions(clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
                        kl_coef=loss_cfg.kl_coef if use_kl else 0.0, kl_kind=loss_cfg.kl_kind,
                        entropy_coef=loss_cfg.entropy_coef, opd_coef=loss_cfg.opd_coef if use_opd else 0.0,
-                       opd_beta=loss_cfg.opd_beta, gate=loss_cfg.gate)
+                       opd_beta=loss_cfg.opd_beta, gate=loss_cfg.gate, opd_mode=loss_cfg.opd_mode,
+                       opd_adv_clip=loss_cfg.opd_adv_clip, opd_jsd_beta=loss_cfg.opd_jsd_beta)
 
 
 def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cfg: LossConfig, *,
