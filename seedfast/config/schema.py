@@ -246,8 +246,8 @@ class LossConfig:
     opd_mode: Literal["gate", "advantage", "reverse_kl", "jsd"] = opt(
         "gate", "form of the teacher term (SEED, SDAR): gate = the paper's gated self-imitation, raises sampled tokens "
         "only; advantage = the signed shift lambda*clip(l_skill - l_old) added to the advantage inside the clipped "
-        "policy term (tinker-cookbook / slime OPD); reverse_kl = KL(student || sg teacher) over the whole vocabulary at "
-        "every response token; jsd = the generalized JSD_beta of TRL's GKD over the whole vocabulary (no logits are "
+        "policy term (tinker-cookbook / slime OPD); reverse_kl = KL(student || sg teacher) over the whole vocabulary "
+        "at every response token; jsd = the generalized JSD_beta of TRL's GKD over the whole vocabulary (no logits are "
         "materialized for either)")
     opd_adv_clip: float = opt(3.0, "opd_mode advantage: |l_skill - l_old| is clipped to this many nats", gt=0)
     opd_jsd_beta: float = opt(0.5, "opd_mode jsd: beta of the generalized JSD (0 forward KL, 1 reverse KL)",

@@ -15,12 +15,19 @@ import torch
 
 from seedfast.algo.losses import LossOptions
 
+from .chunked_divergence import (
+    divergence_backward,
+    divergence_forward,
+    divergence_forward_backward,
+    divergence_partial,
+)
 from .row_stats import RowStats, in_tile
 from .tiles import fused_rows, tile_budget_bytes, tile_shape
 from .token_loss import merge_metric_sums, token_loss
 from .validate import check_target_range
 
-__all__ = ["backward", "forward", "fused_forward_backward", "token_loss"]
+__all__ = ["backward", "divergence_backward", "divergence_forward", "divergence_forward_backward", "divergence_partial",
+           "forward", "fused_forward_backward", "token_loss"]
 
 Rows = slice | torch.Tensor
 

@@ -5,8 +5,8 @@ a = ∂L/∂ℓθ, b = ∂L/∂H.
 
 with opd_mode "gate"; with "advantage" the opd term is gone and pg_t sees A_t + opd_coef·m_t·clip(sg[ℓskill_t] − ℓold_t)
 (opd_term: the mean of that shift over teacher-valid tokens); the divergence forms add nothing here (their term is
-seedfast.ops.fused_divergence's). The terms come from seedfast.algo.losses (the reference math, written once); this module only
-weights them by the aggregation weights w and differentiates the O(N) result with autograd, which
+seedfast.ops.fused_divergence's). The terms come from seedfast.algo.losses (the reference math, written once); this
+module only weights them by the aggregation weights w and differentiates the O(N) result with autograd, which
 is all the streamed logits gradient needs. Tokens with w = 0 are zeroed before any arithmetic, so
 padding may hold anything (NaN, −inf) without leaking into the loss or its gradient.
 """
