@@ -58,6 +58,29 @@ FP32_CONFIGS = {
     "fwd": {90: _FP32, 80: _FP32},
     "grad_logits": {90: _FP32_GRAD_LOGITS, 80: _FP32_GRAD_LOGITS},
 }
+# Divergences (seedfast/kernels/divergence.py): two accumulators (student and teacher logits) on each W tile, as the
+# dual-context forward, so its tiles: 128x64 (m64n64 wgmma) and 64x128 (m64n128). The statistics and the sums kernels
+# share one list; the gradient kernel adds the grouped order.
+DIVERGENCE_CONFIGS = {
+    90: [
+        _cfg(8, 3, BLOCK_N=128, BLOCK_V=64, BLOCK_D=64),
+        _cfg(8, 3, BLOCK_N=64, BLOCK_V=128, BLOCK_D=64),
+    ],
+    80: [
+        _cfg(8, 3, BLOCK_N=128, BLOCK_V=64, BLOCK_D=64),
+    ],
+}
+DIVERGENCE_GRAD_CONFIGS = {
+    90: [
+        _cfg(8, 3, BLOCK_N=128, BLOCK_V=64, BLOCK_D=64, GROUP_N=8),
+        _cfg(8, 3, BLOCK_N=64, BLOCK_V=128, BLOCK_D=64, GROUP_N=8),
+    ],
+    80: [
+        _cfg(8, 3, BLOCK_N=128, BLOCK_V=64, BLOCK_D=64, GROUP_N=8),
+    ],
+}
+FP32_DIVERGENCE_CONFIGS = {90: _FP32, 80: _FP32}
+FP32_DIVERGENCE_GRAD_CONFIGS = {90: _FP32_GRAD_LOGITS, 80: _FP32_GRAD_LOGITS}
 REDUCE_BLOCK = 1024
 TOKEN_LOSS_BLOCK = 1024
 TOKEN_LOSS_NUM_WARPS = 4
@@ -85,4 +108,6 @@ INTERPRET_GRAD_LOGITS = {"BLOCK_N": 32, "BLOCK_V": 64, "BLOCK_D": 32, "GROUP_N":
 INTERPRET_ROW_STATS = {"BLOCK_R": 4, "BLOCK_V": 64}
 INTERPRET_GRAD_FROM_LOGITS = {"BLOCK_R": 16, "BLOCK_V": 64}
 INTERPRET_REDUCE_BLOCK = 32
+INTERPRET_DIVERGENCE = {"BLOCK_N": 32, "BLOCK_V": 64, "BLOCK_D": 32}
+INTERPRET_DIVERGENCE_GRAD = {"BLOCK_N": 32, "BLOCK_V": 64, "BLOCK_D": 32, "GROUP_N": 2}
 INTERPRET_TOKEN_LOSS_BLOCK = 16

@@ -6,6 +6,8 @@ backward     two passes over V (8·N·V·d): per vocabulary chunk, the logits gr
 fused_forward_backward   the training loss in one pass (6·N·V·d): per block of R tokens, the logits [R, V] once
              (cuBLAS, fp32 out), row statistics, token loss and G (Triton), dH and dW (cuBLAS)
 token_loss   the per-token loss (docs/algorithms.md), a_t, b_t and metric sums in one launch
+divergence_forward / divergence_partial / divergence_backward   student-teacher divergences over the full vocabulary
+             (seedfast/ops/triton_divergence.py, imported at the end of this module)
 
 On CUDA the autotuned kernels run; on CPU tensors the kernels run only when they were created under
 TRITON_INTERPRET=1 (tests), with one small fixed configuration; the GEMMs are then torch's CPU matmuls on
@@ -60,6 +62,7 @@ _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #   fused.two_pass:<why>         its fallback: budget (no block of FUSED_MIN_ROWS fits), no_fp32_gemm, out_of_memory,
 #                                no_grad (no gradient asked for), empty (N or V = 0)
 #   gemm_f32.addmm / gemm_f32.fp32_copies   how an fp32-output GEMM of 16-bit inputs ran on CUDA
+#   divergence.forward / divergence.partial / divergence.backward   the divergence launchers (triton_divergence.py)
 PATHS: collections.Counter = collections.Counter()
 
 
@@ -679,3 +682,8 @@ def token_loss(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teac
             sums[key] = col[key].sum()
     return col["loss"].sum(), a, b, sums
 
+
+
+# ----------------------------------------------------------------------------------------- divergences
+# Student-teacher divergences over the full vocabulary (docs/kernels.md, "Divergence kernels"): their own module.
+from .triton_divergence import divergence_backward, divergence_forward, divergence_partial  # noqa: E402, F401
