@@ -28,7 +28,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from seedfast.ops import PLAIN_PPO, LinearLogprobOutput, LossOptions, get_backend
 from seedfast.ops.fused_loss import loss_inputs
 from seedfast.ops.token_loss import metric_means, needs_entropy
-from seedfast.ops.vocab_parallel import vocab_parallel_logprob
+from seedfast.ops.vocab_parallel import vocab_parallel_divergence, vocab_parallel_logprob
 
 NOISE_TILE = 8192  # Gumbel noise is drawn in tiles of this many vocabulary entries, in order
 
@@ -118,6 +118,19 @@ def tp_fused_loss(hidden: torch.Tensor, weight: DTensor, targets: torch.Tensor, 
     if return_logprob:
         return loss, metrics, out.logprob.detach()
     return loss, metrics
+
+
+def tp_fused_divergence(hidden: torch.Tensor, teacher_hidden: torch.Tensor, weight: DTensor, *,
+                        token_weights: torch.Tensor, kind: str = "reverse_kl", beta: float = 0.5,
+                        temperature: float = 1.0, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """`seedfast.ops.fused_divergence` (same arguments, same results) for a vocabulary-parallel LM head."""
+    if not is_vocab_parallel(weight):
+        raise TypeError("tp_fused_divergence: weight must be a vocabulary-parallel DTensor (Shard(0)); use "
+                        "seedfast.ops.fused_divergence for a whole LM head")
+    local, _, group = local_vocab(weight)
+    return vocab_parallel_divergence(hidden, local, teacher_hidden, token_weights=token_weights, kind=kind, beta=beta,
+                                     temperature=temperature, group=group,
+                                     backend=get_backend(backend, hidden.device))
 
 
 def gumbel_noise(rows: int, vocab: int, start: int, stop: int, generator: torch.Generator,

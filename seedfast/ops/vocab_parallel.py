@@ -144,3 +144,59 @@ def vocab_parallel_logprob(hidden: torch.Tensor, weight_shard: torch.Tensor, tar
         hidden, weight_shard, targets, teacher_hidden, int(vocab_start), group, backend, float(temperature),
         bool(with_entropy), int(ignore_index))
     return LinearLogprobOutput(logprob, entropy, teacher_logprob)
+
+
+class _VocabParallelDivergence(torch.autograd.Function):
+    """Σ_t c_t·D_t over the whole vocabulary when this rank holds a shard of W (ops/divergence.py): each rank's
+    backend gives its shard's log-normalizers of both contexts, merged over the group; with the global ones each
+    rank's partial sums add up to D and its center (all-reduce of [N] scalars), and each rank's backward gives its
+    slice of the student's logits gradient: dW stays local, dH is all-reduced."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, teacher_hidden, coef, group, backend, kind, beta, temperature, extra_out):
+        setup = {"kind": kind, "beta": beta, "temperature": temperature}
+        active = coef != 0
+        _, _, lse_r, teacher_lse_r = backend.divergence_forward(hidden, teacher_hidden, weight, active, **setup)
+        lse, teacher_lse = _merge_lse(lse_r, group), _merge_lse(teacher_lse_r, group)
+        value, center = backend.divergence_partial(hidden, teacher_hidden, weight, active, lse, teacher_lse, **setup)
+        value = _all_reduce(value, dist.ReduceOp.SUM, group)
+        center = _all_reduce(center, dist.ReduceOp.SUM, group)
+        grad_h, grad_w = backend.divergence_backward(hidden, teacher_hidden, weight, lse, teacher_lse, center, coef,
+                                                     **setup, need_hidden_grad=ctx.needs_input_grad[0],
+                                                     need_weight_grad=ctx.needs_input_grad[1])
+        if grad_h is not None:
+            grad_h = _all_reduce(grad_h.float(), dist.ReduceOp.SUM, group).to(hidden.dtype)
+        ctx.grads = (grad_h, grad_w)
+        extra_out["value"] = torch.where(active, value, 0.0)
+        return (coef * extra_out["value"]).sum()
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_h, grad_w = ctx.grads
+        ctx.grads = (None, None)
+        return (None if grad_h is None else grad_h * grad_loss, None if grad_w is None else grad_w * grad_loss,
+                *(None,) * 8)
+
+
+def vocab_parallel_divergence(hidden: torch.Tensor, weight_shard: torch.Tensor, teacher_hidden: torch.Tensor, *,
+                              token_weights: torch.Tensor, kind: str = "reverse_kl", beta: float = 0.5,
+                              temperature: float = 1.0, group=None,
+                              backend: str | ModuleType = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """fused_divergence (ops/divergence.py; same results) when this rank holds a shard of W's rows; hidden,
+    teacher_hidden and token_weights are the same on every rank of `group`."""
+    from .divergence import check_divergence_inputs
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("vocab_parallel_divergence needs an initialized torch.distributed process group")
+    if type(weight_shard).__name__ == "DTensor":
+        raise TypeError("weight_shard is a DTensor; pass its local shard (.to_local())")
+    coef = check_divergence_inputs("vocab_parallel_divergence", hidden, teacher_hidden, weight_shard, token_weights,
+                                   kind, beta, temperature)
+    if isinstance(backend, str):
+        from .dispatch import get_backend
+
+        backend = get_backend(backend, hidden.device)
+    extra: dict = {}
+    loss = _VocabParallelDivergence.apply(hidden, weight_shard, teacher_hidden.detach(), coef, group, backend, kind,
+                                          float(beta), float(temperature), extra)
+    return loss, extra["value"].detach()
