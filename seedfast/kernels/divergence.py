@@ -17,8 +17,7 @@ divergence_grad_kernel    G = scale·coef·∂D/∂z_s / T of one vocabulary chu
                           forms dW = Gᵀ·h and dH += G·W with cuBLAS, as the two-pass backward of linear_logprob
 
 Keeping the cross term relative to both running maxima makes it exactly 0 when the two contexts are the same and
-avoids cancelling two lse of ~1e4 against each other. jsd's log p − log M is written as −log(1 + β·(e^δ − 1)),
-δ = log p_t − log p_s, for δ <= 0 (exactly 0 at δ = 0) and −δ − log(β + (1−β)·e^{−δ}) above (no overflow).
+avoids cancelling two lse of ~1e4 against each other; jsd's log p − log M likewise (_log_ratios_to_mixture).
 """
 
 import triton
@@ -55,11 +54,13 @@ def _dual_logits(h_rows, ht_rows, w_rows, row_ok, col_ok, D, stride_hd, stride_h
 
 
 @triton.jit
-def _log_ratio_to_mixture(delta, beta):
-    """log p_s − log M for δ = log p_t − log p_s, M = (1−β)·p_s + β·p_t; exactly 0 at δ = 0, finite for any δ."""
-    below = -tl.log(1.0 + beta * (tl.exp(tl.minimum(delta, 0.0)) - 1.0))
-    above = -delta - tl.log(beta + (1.0 - beta) * tl.exp(-tl.maximum(delta, 0.0)))
-    return tl.where(delta <= 0.0, below, above)
+def _log_ratios_to_mixture(delta, beta):
+    """(log p_s − log M, log p_t − log M) for δ = log p_t − log p_s, M = (1−β)·p_s + β·p_t: the bounded one of the
+    two as −log(1 + c·(e^{−|δ|} − 1)) (c = β for δ <= 0, 1−β above), the other one δ away from it. No overflow, no
+    cancellation of |δ| ~ 1e4 against itself, and both exactly 0 at δ = 0."""
+    below = delta <= 0.0
+    small = -tl.log(1.0 + tl.where(below, beta, 1.0 - beta) * (tl.exp(-tl.abs(delta)) - 1.0))
+    return tl.where(below, small, small - delta), tl.where(below, small + delta, small)
 
 
 @triton.jit
@@ -204,10 +205,10 @@ def divergence_sums_kernel(
         elif KIND == 1:
             term = tl.exp(lt) * (lt - ls)
         else:
-            rs = _log_ratio_to_mixture(lt - ls, beta)  # log p_s − log M; log p_t − log M = δ + rs
+            rs, rt = _log_ratios_to_mixture(lt - ls, beta)
             ks = tl.exp(ls) * rs
             center += tl.sum(tl.where(col_ok[None, :], ks, 0.0), axis=1)
-            term = beta * (tl.exp(lt) * ((lt - ls) + rs)) + (1.0 - beta) * ks
+            term = beta * (tl.exp(lt) * rt) + (1.0 - beta) * ks
         value += tl.sum(tl.where(col_ok[None, :], term, 0.0), axis=1)
 
     out = pid_s * N + rows
@@ -253,7 +254,8 @@ def divergence_grad_kernel(
         g = ps - tl.exp(lt)
     else:
         center = tl.load(center_ptr + rows, mask=row_ok, other=0.0)
-        g = (1.0 - beta) * ps * (_log_ratio_to_mixture(lt - ls, beta) - center[:, None])
+        rs, _ = _log_ratios_to_mixture(lt - ls, beta)
+        g = (1.0 - beta) * ps * (rs - center[:, None])
     valid = row_ok[:, None] & col_ok[None, :]
     g = tl.where(valid & (coef != 0.0)[:, None], g * (coef * (scale * inv_temp))[:, None], 0.0)
     g_out = g_ptr + rows.to(tl.int64)[:, None] * stride_gn + (cols - v_start)[None, :]
