@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from seedfast.algo import advantage as adv_math
+from seedfast.algo import losses
 from seedfast.config import Config, ConfigError
 from seedfast.distributed.checkpoint import export_hf
 from seedfast.distributed.data import DataParallel, balance_samples, global_means
@@ -299,8 +300,9 @@ class Trainer:
             scores = None
             if self.plan.score_pass:
                 with unsharded(self.policy):  # ranks run different numbers of micro-batches: no collectives
+                    hidden_too = {"keep_teacher_hidden": True} if self._keeps_teacher_hidden() else {}
                     scores = score(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
-                                   temperature=cfg.rollout.temperature)
+                                   temperature=cfg.rollout.temperature, **hidden_too)
             # the rollout correction (docs/algorithms.md, 'Rollout correction'): ℓold against the engine's log-probs;
             # without a scoring pass (on-policy, mode none) the update's forward gives the diagnostics
             pg_weight = None
@@ -314,6 +316,12 @@ class Trainer:
                 ref_lp = score_reference(self.ref, samples, token_budget=cfg.trainer.micro_batch_tokens,
                                          temperature=cfg.rollout.temperature).logprob
         return StepScores(scores, pg_weight, ref_lp)
+
+    def _keeps_teacher_hidden(self) -> bool:
+        """A full-vocabulary teacher term scored under θ_old needs the teacher's hidden rows (N × d) from the scoring
+        pass; scored in the update, it takes them from the update's own forward."""
+        return (self.plan.opd and self.plan.teacher != "update"
+                and self.cfg.loss.opd_mode in losses.DIVERGENCE_MODES)
 
     def _advantages(self, samples: list, scored: StepScores, trajectories: list, timer: PhaseTimer,
                     metrics: dict[str, float]) -> torch.Tensor:
@@ -344,7 +352,8 @@ class Trainer:
         from_scores = use_opd and not teacher_in_update
         per_token = {"old": scores.logprob if scores is not None else None, "ref": scored.ref_logprob,
                      "pg_weight": pg_weight, "teacher": scores.teacher_logprob if from_scores else None,
-                     "teacher_mask": scores.teacher_mask if from_scores else None}
+                     "teacher_mask": scores.teacher_mask if from_scores else None,
+                     "teacher_hidden": getattr(scores, "teacher_hidden", None) if from_scores else None}
         if behaviour_old and pg_weight is None:  # π_θ / π_behaviour in the PPO ratio (train/staleness.py)
             per_token["old"] = behaviour_logprob(samples)
         # with a correction mode a stale batch keeps ℓold = θ_old's scores and the weight π_θold / π_behaviour carries
@@ -358,7 +367,8 @@ class Trainer:
             samples, advantages, per_token = balance_samples(self.dp, samples, advantages, per_token)
         batch = UpdateBatch(samples, advantages, per_token["old"], ref_logprob=per_token["ref"],
                             teacher_logprob=per_token["teacher"], teacher_mask=per_token["teacher_mask"],
-                            teacher_from_forward=teacher_in_update, pg_weight=per_token["pg_weight"])
+                            teacher_from_forward=teacher_in_update, pg_weight=per_token["pg_weight"],
+                            teacher_hidden=per_token["teacher_hidden"])
         return batch, use_opd, evidence if use_opd else None
 
     def _learn_from(self, batch: UpdateBatch, use_opd: bool, evidence: TeacherEvidence | None,

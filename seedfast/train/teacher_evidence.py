@@ -14,7 +14,9 @@ is logged beside it.
 - teacher/raised_win, teacher/raised_lose: the share of those tokens the skill raises (Δ > 0: where the gap gate
   σ(β·Δ) opens past ½);
 - teacher/opd_share: Σ|∂(λ·opd)/∂ℓθ| / (Σ|∂(λ·opd)/∂ℓθ| + Σ|∂pg/∂ℓθ|) over every optimizer step's tokens, each
-  weighted by its aggregation weight: 0 when the teacher moves nothing, 1 when it alone moves the policy.
+  weighted by its aggregation weight: 0 when the teacher moves nothing, 1 when it alone moves the policy. With
+  loss.opd_mode `advantage` the teacher's part is Σ|w·(∂pg(A + s)/∂ℓθ − ∂pg(A)/∂ℓθ)| for its shift s; the
+  full-vocabulary forms (reverse_kl, jsd) push every logit, not ℓθ, so no share is logged for them.
 """
 
 from __future__ import annotations
@@ -48,6 +50,23 @@ def policy_gradient_weight(logprob: torch.Tensor, old_logprob: torch.Tensor | No
         terms = losses.policy_terms(lp, old, adv, options.clip_low, options.clip_high, options.dual_clip)
         (grad,) = torch.autograd.grad(terms.pg.sum(), lp)
     return float((w.abs() * grad.abs()).sum())
+
+
+def shift_gradient_weight(logprob: torch.Tensor, old_logprob: torch.Tensor | None, advantages: torch.Tensor,
+                          shift: torch.Tensor, token_weights: torch.Tensor, options: LossOptions) -> float:
+    """Σ_t |w_t·(∂pg_t(A + s)/∂ℓθ_t − ∂pg_t(A)/∂ℓθ_t)|: how hard the `advantage` form's teacher shift s moves ℓθ
+    beyond what the outcome advantage A alone does."""
+    w = token_weights.detach().float()
+    active = w != 0
+    lp = torch.where(active, logprob.detach().float(), 0.0).requires_grad_()
+    old = lp.detach() if old_logprob is None else torch.where(active, old_logprob.detach().float(), 0.0)
+    adv = torch.where(active, advantages.detach().float(), 0.0)
+    grads = []
+    for a in (adv + torch.where(active, shift.detach().float(), 0.0), adv):
+        with torch.enable_grad():
+            terms = losses.policy_terms(lp, old, a, options.clip_low, options.clip_high, options.dual_clip)
+            grads.append(torch.autograd.grad(terms.pg.sum(), lp)[0])
+    return float((w.abs() * (grads[0] - grads[1]).abs()).sum())
 
 
 @dataclass

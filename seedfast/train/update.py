@@ -17,12 +17,12 @@ from seedfast.algo import losses
 from seedfast.config import CorrectionConfig, LossConfig
 from seedfast.context.sample import StepSample
 from seedfast.distributed.data import DataParallel
-from seedfast.ops import LossOptions, fused_loss
+from seedfast.ops import LossOptions, divergence_kind, fused_divergence, fused_loss
 from seedfast.scoring.packing import prompt_order, split_by_budget
 from seedfast.scoring.prefix_kv_teacher import teacher_logprob_with_prefix
 from seedfast.scoring.shared_prompts import response_rows
 from seedfast.train.correction import CorrectionTally, correction_weights
-from seedfast.train.teacher_evidence import TeacherEvidence, policy_gradient_weight
+from seedfast.train.teacher_evidence import TeacherEvidence, policy_gradient_weight, shift_gradient_weight
 
 
 @dataclass
@@ -44,6 +44,9 @@ class UpdateBatch:
     # the rollout correction's stop-gradient weight of the policy term per response token [N] (train/correction.py);
     # folded into the advantages: w·pg(A) = pg(w·A) for w >= 0 (docs/algorithms.md, 'Rollout correction')
     pg_weight: torch.Tensor | None = None
+    # [N, d]: the teacher context's final hidden rows from the scoring pass (θ_old), for the full-vocabulary forms of
+    # the teacher term (loss.opd_mode reverse_kl / jsd); N × d, never N × V
+    teacher_hidden: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.teacher_from_forward and (self.teacher_logprob is not None or self.teacher_mask is not None):
@@ -58,6 +61,9 @@ class UpdateBatch:
             if t is not None and t.shape != (n,):
                 raise ValueError(f"UpdateBatch.{name} must have shape ({n},) (all response tokens), "
                                  f"got {tuple(t.shape)}")
+        if self.teacher_hidden is not None and (self.teacher_hidden.dim() != 2 or self.teacher_hidden.shape[0] != n):
+            raise ValueError(f"UpdateBatch.teacher_hidden must have shape ({n}, d) (all response tokens), "
+                             f"got {tuple(self.teacher_hidden.shape)}")
         if self.advantages.shape == (len(self.samples),):
             self.advantages = torch.repeat_interleave(self.advantages, lengths)
         elif self.advantages.shape != (n,):
@@ -134,9 +140,15 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
     if dp is not None:  # a rank without samples (fewer samples than ranks) runs padding micro-batches only
         padding = int(dp.max([len(groups)])[0]) - len(groups)
     teacher_here = use_opd and batch.teacher_from_forward
+    divergence = (divergence_kind(loss_cfg.opd_mode, loss_cfg.opd_jsd_beta)
+                  if use_opd and loss_cfg.opd_mode in losses.DIVERGENCE_MODES else None)
+    if divergence is not None and not teacher_here and batch.teacher_hidden is None:
+        raise ValueError(f"loss.opd_mode={loss_cfg.opd_mode!r} needs the teacher's hidden rows: the update batch has "
+                         "teacher log-probs from the scoring pass but no teacher_hidden (score(..., "
+                         "keep_teacher_hidden=True))")
     run = _MicroBatchRun(loss_options(loss_cfg, use_kl=use_kl, use_opd=use_opd), use_kl=use_kl, use_opd=use_opd,
                          teacher_here=teacher_here, share_prompts=share_prompts, temperature=temperature,
-                         attn_backend=attn_backend, evidence=evidence, first_look=first_look)
+                         attn_backend=attn_backend, evidence=evidence, first_look=first_look, divergence=divergence)
     sums = _MiniBatchSums()
     for k in range(len(groups) + padding):
         if k < len(groups):
@@ -166,6 +178,7 @@ class _MicroBatchRun:
     attn_backend: str | None
     evidence: TeacherEvidence | None = None  # the update's teacher evidence, added to by each micro-batch
     first_look: bool = False  # the samples' first forward in this update (the contrast is measured there)
+    divergence: tuple[str, float] | None = None  # (kind, β) of a full-vocabulary teacher term (ops/divergence.py)
 
 
 _TEACHER_MEANS = ("gate_mean", "opd_term")  # means over teacher-valid tokens (ops/token_loss.py metric_means)
@@ -240,6 +253,15 @@ def _head_loss(model: torch.nn.Module):
     return fused_loss
 
 
+def _head_divergence(model: torch.nn.Module):
+    """fused_divergence, or its tensor-parallel twin on a vocabulary-parallel LM head (as _head_loss)."""
+    if getattr(model, "head_ops", None) is not None:
+        from seedfast.distributed.vocab_head import tp_fused_divergence
+
+        return tp_fused_divergence
+    return fused_divergence
+
+
 def _collective_free(model, dp: DataParallel | None):
     """With `dp`, the model's FSDP2 units stay gathered through the micro-batch, so that the teacher branch (run
     only on ranks whose micro-batch has a teacher) issues no collectives."""
@@ -262,13 +284,19 @@ def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, r
     # on-policy (old_logprob None: one epoch, one mini-batch): θ_old = θ, so ℓold is the detached ℓθ that
     # fused_loss computes anyway; no separate ℓold pass, not even over the LM head
     old = None if batch.old_logprob is None else _gather(batch.old_logprob, batch, micro).to(device)
+    teacher_hidden = None
     if run.teacher_here:
-        teacher_logprob, teacher_mask = teacher_logprob_with_prefix(
-            model, kv, micro_samples, temperature=run.temperature, attn_backend=run.attn_backend)
-        del kv
+        hidden_too = {"return_hidden": True} if run.divergence is not None else {}
+        teacher = teacher_logprob_with_prefix(model, kv, micro_samples, temperature=run.temperature,
+                                              attn_backend=run.attn_backend, **hidden_too)
+        teacher_logprob, teacher_mask = teacher[:2]
+        teacher_hidden = teacher[2] if run.divergence is not None else None
+        del kv, teacher
     elif run.use_opd:
         teacher_logprob = _gather(batch.teacher_logprob, batch, micro).to(device)
         teacher_mask = _gather(batch.teacher_mask, batch, micro).to(device)
+        if run.divergence is not None:
+            teacher_hidden = _gather(batch.teacher_hidden, batch, micro).to(device)
     else:
         teacher_logprob = teacher_mask = None
     loss, metrics, logprob = _head_loss(model)(
@@ -280,6 +308,9 @@ def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, r
         teacher_logprob=teacher_logprob, teacher_mask=teacher_mask,
         options=run.options, temperature=run.temperature, return_logprob=True,
     )
+    if run.divergence is not None:
+        loss = loss + run.options.opd_coef * _divergence_term(model, rows, teacher_hidden, w.to(device) * teacher_mask,
+                                                              run, metrics)
     loss.backward()
     if sums is None:
         return
@@ -289,12 +320,31 @@ def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, r
     if run.evidence is not None and teacher_logprob is not None:
         if run.teacher_here and run.first_look:
             run.evidence.add_contrast(logprob, teacher_logprob, teacher_mask, micro_samples)
-        pg = policy_gradient_weight(logprob, old, _gather(batch.advantages, batch, micro).to(device), w.to(device),
-                                    run.options)
-        # ∂(λ·opd)/∂ℓθ = −λ·w·m·g (the gate is detached), so its weight is λ·Σ w·m·g = λ·gate_mean·Σ w·m
-        run.evidence.add_gradient_weights(run.options.opd_coef * float(metrics["gate_mean"]) * twsum, pg)
+        advantages = _gather(batch.advantages, batch, micro).to(device)
+        pg = policy_gradient_weight(logprob, old, advantages, w.to(device), run.options)
+        if run.options.opd_mode == "gate":
+            # ∂(λ·opd)/∂ℓθ = −λ·w·m·g (the gate is detached), so its weight is λ·Σ w·m·g = λ·gate_mean·Σ w·m
+            run.evidence.add_gradient_weights(run.options.opd_coef * float(metrics["gate_mean"]) * twsum, pg)
+        elif run.options.opd_mode == "advantage":
+            shift = losses.opd_advantage_shift(teacher_logprob, logprob if old is None else old, teacher_mask,
+                                               run.options.opd_coef, run.options.opd_adv_clip)
+            run.evidence.add_gradient_weights(
+                shift_gradient_weight(logprob, old, advantages, shift, w.to(device), run.options), pg)
+        # the divergence forms push the logits of the whole vocabulary, not ℓθ: no share of ℓθ's gradient to log
     sums.loss += float(loss.detach())
     sums.add_metrics(metrics, float(w.sum()), twsum)
+
+
+def _divergence_term(model, rows: torch.Tensor, teacher_hidden: torch.Tensor, coef: torch.Tensor,
+                     run: _MicroBatchRun, metrics: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Σ_t w_t·m_t·D_t (before λ) of the full-vocabulary teacher term; its teacher-valid mean goes into `metrics` as
+    opd_term."""
+    kind, beta = run.divergence
+    term, value = _head_divergence(model)(rows, teacher_hidden.to(rows.dtype), model.lm_head_weight,
+                                          token_weights=coef, kind=kind, beta=beta, temperature=run.temperature)
+    total = coef.sum()
+    metrics["opd_term"] = torch.where(total > 0, (coef * value).sum() / total.clamp_min(1e-30), 0.0)
+    return term
 
 
 def _is_fsdp(model) -> bool:
