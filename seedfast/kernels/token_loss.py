@@ -9,7 +9,10 @@ Per token t (all inputs [N] fp32; w_t are the aggregation weights, 0 for padding
              (soft_or = 1-(1-Ĥ)(1-Δ̂), Ĥ = 1-e^-H, Δ̂ = 1-e^-max(Δ,0): seedfast.algo.losses.soft_or)
     opd    = m·g·(ℓskill - ℓθ)                                                         (m: teacher mask)
     L_t    = w·(pg + c_kl·kl - c_H·H) + λ_opd·w·opd
-and a_t = ∂L/∂ℓθ_t, b_t = ∂L/∂H_t = -c_H·w_t (the gate takes no gradient).
+and a_t = ∂L/∂ℓθ_t, b_t = ∂L/∂H_t = -c_H·w_t (the gate takes no gradient). OPD_MODE picks the form of the teacher
+term (seedfast/ops/token_loss.py, the torch reference): OPD_GATE the above; OPD_ADVANTAGE no opd term, A becomes
+A + λ_opd·m·clamp(ℓskill - ℓold, ±opd_adv_clip) inside pg (stop-grad; sums Σw·m and Σw·shift); OPD_NONE no teacher
+term here (the divergence forms: seedfast.ops.fused_divergence).
 
 Program i handles token blocks i, i + P, i + 2P, ... and writes one row of partials [P, N_STATS] (STAT_NAMES):
 the loss, Σw, Σw·clipped, Σw·kl, Σw·H, Σw·m, Σw·m·g, Σw·m·g·(ℓskill-ℓθ), and min/max of ρ over tokens with
@@ -21,6 +24,7 @@ import triton.language as tl
 
 KL_NONE, KL_K1, KL_K2, KL_LOW_VAR = 0, 1, 2, 3
 GATE_GAP, GATE_ENTROPY, GATE_SOFT_OR = 0, 1, 2
+OPD_GATE, OPD_ADVANTAGE, OPD_NONE = 0, 1, 2
 STAT_NAMES = ("loss", "weight", "clip_frac", "kl", "entropy", "teacher_weight", "gate", "opd_term",
               "ratio_min", "ratio_max")
 N_STATS = 10  # len(STAT_NAMES): the row width of the partials buffer (literal 10 in the kernel)
@@ -31,10 +35,10 @@ def token_loss_kernel(
     lp_ptr, ent_ptr, old_ptr, ref_ptr, teacher_ptr, tmask_ptr, adv_ptr, w_ptr,
     a_ptr, b_ptr, stats_ptr,
     N,
-    clip_low, clip_high, dual_clip, kl_coef, entropy_coef, opd_coef, opd_beta,
+    clip_low, clip_high, dual_clip, kl_coef, entropy_coef, opd_coef, opd_beta, opd_adv_clip,
     HAS_ENTROPY: tl.constexpr, HAS_DUAL_CLIP: tl.constexpr, KL_KIND: tl.constexpr,
-    HAS_OPD: tl.constexpr, HAS_TMASK: tl.constexpr, GATE: tl.constexpr, WRITE_B: tl.constexpr,
-    BLOCK: tl.constexpr,
+    HAS_OPD: tl.constexpr, HAS_TMASK: tl.constexpr, GATE: tl.constexpr, OPD_MODE: tl.constexpr,
+    WRITE_B: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
@@ -57,6 +61,16 @@ def token_loss_kernel(
         lp = tl.load(lp_ptr + offs, mask=ok, other=0.0)
         old = tl.load(old_ptr + offs, mask=ok, other=0.0)
         adv = tl.load(adv_ptr + offs, mask=ok, other=0.0)
+        if HAS_OPD and OPD_MODE == 1:  # the teacher's shift joins the advantage (no gradient through it)
+            teacher = tl.load(teacher_ptr + offs, mask=ok, other=0.0)
+            opd_active = active
+            if HAS_TMASK:
+                opd_active = active & (tl.load(tmask_ptr + offs, mask=ok, other=0.0) != 0.0)
+            delta = tl.minimum(tl.maximum(teacher - old, -opd_adv_clip), opd_adv_clip)
+            shift = tl.where(opd_active, opd_coef * delta, 0.0)
+            adv += shift
+            tw_sum += tl.where(opd_active, w, 0.0)
+            opd_sum += tl.where(opd_active, w * shift, 0.0)
 
         log_ratio = lp - old
         in_range = (log_ratio >= -20.0) & (log_ratio <= 20.0)  # outside, the clamp stops the gradient
@@ -100,7 +114,7 @@ def token_loss_kernel(
         loss += tl.where(active, w * total, 0.0)
         grad = w * grad
 
-        if HAS_OPD:
+        if HAS_OPD and OPD_MODE == 0:
             teacher = tl.load(teacher_ptr + offs, mask=ok, other=0.0)
             gap = teacher - lp
             if GATE == 0:

@@ -44,6 +44,9 @@ from seedfast.kernels.token_loss import (  # the module's own name is this modul
     KL_LOW_VAR,
     KL_NONE,
     N_STATS,
+    OPD_ADVANTAGE,
+    OPD_GATE,
+    OPD_NONE,
     STAT_NAMES,
     token_loss_kernel,
 )
@@ -53,6 +56,8 @@ from .validate import check_target_range
 
 KL_KINDS = {"k1": KL_K1, "k2": KL_K2, "low_var_kl": KL_LOW_VAR, "k3": KL_LOW_VAR}
 GATES = {"gap": GATE_GAP, "entropy": GATE_ENTROPY, "soft_or": GATE_SOFT_OR}
+# the divergence forms add their term outside the per-token loss (seedfast.ops.fused_divergence): none here
+OPD_MODES = {"gate": OPD_GATE, "advantage": OPD_ADVANTAGE, "reverse_kl": OPD_NONE, "jsd": OPD_NONE}
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # Which path each call took, counted per process (docs/kernels.md, "Which path runs"): a fallback that keeps the
@@ -611,7 +616,9 @@ def token_loss(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teac
 
     Metric sums: weight (Σw), clip_frac, ratio_min/ratio_max (±inf without a weighted token), kl (with
     ref_logprob), entropy (with entropy), teacher_weight (Σw·m), gate and opd_term (with teacher_logprob,
-    when the gate's inputs are there). b is None when options.entropy_coef == 0. old_logprob None: on-policy.
+    when the gate's inputs are there). opd_mode "advantage": teacher_weight and opd_term (Σw·shift) only;
+    "reverse_kl" / "jsd": no teacher term and no teacher sums. b is None when options.entropy_coef == 0.
+    old_logprob None: on-policy.
     """
     if not isinstance(logprob, torch.Tensor) or logprob.dim() != 1:
         raise ValueError(f"logprob must be a 1-D [N] tensor, got {getattr(logprob, 'shape', type(logprob))}")
@@ -634,9 +641,14 @@ def token_loss(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teac
         raise ValueError("kl_coef != 0 needs ref_logprob")
     if options.entropy_coef != 0 and entropy is None:
         raise ValueError(f"entropy_coef={options.entropy_coef} needs entropy")
-    # As the torch backend: OPD terms exist when the gate can be evaluated (gap, or entropy given).
-    has_opd = teacher_logprob is not None and (options.gate == "gap" or entropy is not None)
-    if options.opd_coef != 0 and not has_opd:
+    if options.opd_mode not in OPD_MODES:
+        raise ValueError(f"opd_mode must be one of {sorted(OPD_MODES)}, got {options.opd_mode!r}")
+    # As the torch backend: gate-form OPD terms exist when the gate can be evaluated (gap, or entropy given); the
+    # advantage form's whenever there is a teacher; the divergence forms' never (their term is not per token).
+    opd_mode = OPD_MODES[options.opd_mode]
+    has_opd = teacher_logprob is not None and (
+        opd_mode == OPD_ADVANTAGE or (opd_mode == OPD_GATE and (options.gate == "gap" or entropy is not None)))
+    if options.opd_coef != 0 and not has_opd and opd_mode != OPD_NONE:
         raise ValueError(f"opd_coef={options.opd_coef} needs teacher_logprob" +
                          ("" if teacher_logprob is None else f" and entropy for gate={options.gate!r}"))
     if options.dual_clip is not None and not options.dual_clip > 1.0:
@@ -664,9 +676,11 @@ def token_loss(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teac
             a, b if write_b else a, stats, n,
             float(options.clip_low), float(options.clip_high), float(options.dual_clip or 0.0),
             float(options.kl_coef), float(options.entropy_coef), float(options.opd_coef), float(options.opd_beta),
+            float(options.opd_adv_clip),
             HAS_ENTROPY=ent is not None, HAS_DUAL_CLIP=options.dual_clip is not None,
             KL_KIND=KL_KINDS[options.kl_kind] if ref is not None else KL_NONE,
-            HAS_OPD=has_opd, HAS_TMASK=tmask is not None, GATE=GATES[options.gate], WRITE_B=write_b,
+            HAS_OPD=has_opd, HAS_TMASK=tmask is not None, GATE=GATES[options.gate], OPD_MODE=opd_mode,
+            WRITE_B=write_b,
             BLOCK=block,
             **({} if interp else {"num_warps": configs.TOKEN_LOSS_NUM_WARPS}),
         )
@@ -678,7 +692,7 @@ def token_loss(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teac
     if ent is not None:
         sums["entropy"] = col["entropy"].sum()
     if has_opd:
-        for key in ("teacher_weight", "gate", "opd_term"):
+        for key in ("teacher_weight", "gate", "opd_term") if opd_mode == OPD_GATE else ("teacher_weight", "opd_term"):
             sums[key] = col[key].sum()
     return col["loss"].sum(), a, b, sums
 

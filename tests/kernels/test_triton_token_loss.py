@@ -146,3 +146,48 @@ def test_bad_options_raise_one_clear_error():
         tb.token_loss(*{**per_token, "advantages": per_token["advantages"][:-1]}.values(), options=options)
     with pytest.raises(ValueError, match="dual_clip"):
         tb.token_loss(*per_token.values(), options=LossOptions(**{**OPTIONS, "dual_clip": 0.5}))
+
+
+def _torch_reference(per_token, options):
+    loss, a, b, sums = chunked.token_loss(*per_token.values(), options=options)
+    return (loss.double(), a.double(), None if b is None else b.double(), {k: v.double() for k, v in sums.items()})
+
+
+@pytest.mark.parametrize("opd_mode", ["gate", "advantage", "reverse_kl", "jsd"])
+@pytest.mark.parametrize("on_policy", [False, True])
+def test_opd_modes_match_the_torch_reference(opd_mode, on_policy):
+    # the advantage form's shift A + λ·m·clamp(ℓskill − ℓold, ±clip) (ℓold = sg(ℓθ) on-policy), its sums Σw·m and
+    # Σw·shift and no gate; the divergence forms: no teacher term and no teacher sums
+    per_token = _per_token(seed=5)
+    if on_policy:
+        per_token["old_logprob"] = None
+    options = LossOptions(**{**OPTIONS, "opd_mode": opd_mode, "opd_adv_clip": 0.5, "opd_coef": 0.7})
+    got = tb.token_loss(*per_token.values(), options=options)
+    want = _torch_reference(per_token, options)
+    keys = {"advantage": {"teacher_weight", "opd_term"}, "gate": {"teacher_weight", "gate", "opd_term"}}
+    assert set(got[3]) & {"teacher_weight", "gate", "opd_term"} == keys.get(opd_mode, set())
+    _compare(got, want)
+
+
+def test_advantage_form_by_hand():
+    # on-policy, A = 0: token 0 Δ = 2 clipped to 0.5, shift λ·0.5 = 0.25 -> pg = -0.25·ρ, a = -0.25; token 1 Δ = -0.2,
+    # shift -0.1 -> a = 0.1; token 2 masked out of the teacher: a = 0
+    lp = torch.tensor([-1.0, -1.0, -1.0])
+    teacher = lp + torch.tensor([2.0, -0.2, 1.0])
+    _, a, _, sums = tb.token_loss(lp, None, None, None, teacher, torch.tensor([True, True, False]), torch.zeros(3),
+                                  torch.ones(3), options=LossOptions(dual_clip=None, opd_coef=0.5, opd_mode="advantage",
+                                                                     opd_adv_clip=0.5))
+    assert_close(a, torch.tensor([-0.25, 0.1, 0.0], dtype=torch.float64), 1e-6, "a")
+    assert float(sums["teacher_weight"]) == 2.0 and abs(float(sums["opd_term"]) - 0.15) < 1e-6 and "gate" not in sums
+
+
+def test_teacher_needs_by_opd_mode():
+    per_token = {**_per_token(), "teacher_logprob": None, "teacher_mask": None}
+    for mode in ("gate", "advantage"):
+        with pytest.raises(ValueError, match="teacher_logprob"):
+            tb.token_loss(*per_token.values(), options=LossOptions(**{**OPTIONS, "opd_mode": mode}))
+    for mode in ("reverse_kl", "jsd"):  # their term is fused_divergence's: nothing needed here
+        _, _, _, sums = tb.token_loss(*per_token.values(), options=LossOptions(**{**OPTIONS, "opd_mode": mode}))
+        assert "opd_term" not in sums
+    with pytest.raises(ValueError, match="opd_mode"):
+        tb.token_loss(*per_token.values(), options=LossOptions(**{**OPTIONS, "opd_mode": "kl"}))
