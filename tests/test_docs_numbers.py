@@ -23,7 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_DIRS = (ROOT / "benchmarks" / "results", ROOT / "experiments" / "results")
-DOCS = ["README.md", "docs/performance.md", "docs/kernels.md", "docs/demo.md", "docs/scaling.md"]  # for "idle"
+DOCS = ["README.md", "docs/performance.md", "docs/kernels.md", "docs/demo.md", "docs/scaling.md",
+        "docs/study.md"]  # for "idle"
 IDLE_LOAD_PER_CORE = 0.5  # 1-minute load average per core below which a box may be called idle
 
 MIB, GIB = 2.0**-20, 2.0**-30
@@ -75,8 +76,8 @@ def j(file: str, *keys, scale: float = 1.0) -> J:
 
 @dataclass(frozen=True)
 class Agg:
-    """A value computed from others: 'mean', 'min', 'max', 'diff' (first minus second), 'count' (of a list),
-    times `factor`."""
+    """A value computed from others: 'mean', 'median', 'sum', 'min', 'max', 'diff' (first minus second), 'count' (of
+    a list), times `factor`."""
 
     op: str
     parts: tuple
@@ -86,7 +87,8 @@ class Agg:
         if self.op == "count":
             return float(len(self.parts[0].node())) * self.factor
         vals = [p.value() for p in self.parts]
-        ops = {"mean": statistics.mean, "min": min, "max": max, "diff": lambda v: v[0] - v[1]}
+        ops = {"mean": statistics.mean, "median": statistics.median, "sum": sum, "min": min, "max": max,
+               "diff": lambda v: v[0] - v[1]}
         return ops[self.op](vals) * self.factor
 
     def files(self) -> set[str]:
@@ -95,6 +97,10 @@ class Agg:
 
 def mean(*parts) -> Agg:
     return Agg("mean", parts)
+
+
+def median(*parts) -> Agg:
+    return Agg("median", parts)
 
 
 def lo(*parts) -> Agg:
@@ -218,6 +224,31 @@ def probe_run(name: str, algorithm: str, *keys) -> J:
     """A value of one algorithm in one line of rl_probe.jsonl, by the line's name."""
     return j("rl_probe.jsonl", {"name": name}, "runs", algorithm, *keys)
 
+
+# ---- docs/study.md: the protocol of issue #47 quotes the sparse study, the probes and the demo it plans from ----
+SS = "seed_sparse.json"
+SS_RUNS = _load(SS)["runs"]
+
+
+def ss(key: str, *keys) -> J:
+    """A value of one run of seed_sparse.json, by its key ("sparse/s5/grpo")."""
+    return j(SS, "runs", key, *keys)
+
+
+def ss_curve(key: str, metric: str = "train/success_rate") -> tuple:
+    """The per-update values of one seed_sparse.json run (16 updates)."""
+    return tuple(ss(key, "per_update", metric, i) for i in range(len(SS_RUNS[key]["per_update"][metric])))
+
+
+def ss_wall(arm: str, teacher: str | None = None) -> tuple:
+    """wall_s of every sparse-pool run of an arm (and teacher), in key order."""
+    return tuple(ss(k, "wall_s") for k, r in sorted(SS_RUNS.items())
+                 if k.startswith("sparse/") and r["arm"] == arm and (teacher is None or r["teacher"] == teacher))
+
+
+SS_LAM1, SS_CLOSEST = "sparse/s5/A_lam1_current_right_first", "sparse/s5/A_lam0.3_current_right_first"
+STUDY = "docs/study.md"
+
 PERF, KERN, DEMO_MD, README = "docs/performance.md", "docs/kernels.md", "docs/demo.md", "README.md"
 
 REGISTRY: list[Q] = [
@@ -285,6 +316,40 @@ REGISTRY: list[Q] = [
        hi(*(run(s, "seed_metrics", a, "time/step") for s in DEMO for a in ("grpo", "seed"))))),
     *(Q(PERF, "Triton AOT report, {} compiles", (Agg("count", (j(KR, "by_triton", version, "rows"),)),))
       for version in ("3.9.0", "3.6.0")),
+    # ---- docs/study.md: the pre-registered protocol (#47), from the records it plans with ----
+    Q(STUDY, "P1's control at seeds 5, 6 and 7 won {}, {} and {} of its pool episodes, with {}, {} and {} of its "
+             "groups mixed, and levels 7–10 in 10 steps, called too dense, {} and {}",
+      tuple(mean(*ss_curve(f"sparse/s{s}/control", m)) for m in ("train/success_rate", "train/groups_with_signal")
+            for s in (5, 6, 7))
+      + (j(SS, "pool_choice", "s5/levels7-10/max_steps10", "success"),
+         j(SS, "pool_choice", "s5/levels7-10/max_steps10", "groups_with_signal"))),
+    Q(STUDY, "pool success {} over the last half, held-out {} after RL",
+      (mean(*ss_curve(SS_LAM1)[8:]), ss(SS_LAM1, "heldout_after", "eval/success_rate"))),
+    Q(STUDY, "won {} pool episodes at updates 8–11 against the control's {}, and its held-out success went from {} "
+             "to {}",
+      (Agg("sum", ss_curve(SS_CLOSEST)[7:11], 64.0), Agg("sum", ss_curve("sparse/s5/control")[7:11], 64.0),
+       j(SS, "starts", "sparse/s5", "eval/success_rate"), ss(SS_CLOSEST, "heldout_after", "eval/success_rate"))),
+    Q(STUDY, "the control {}, {} and {} s; GRPO {}, {} and {} s; SEED with the oracle and the θ_old teacher {} s "
+             "(median of 4 runs), with the current teacher {} s (median of 11), the self analyzer with the θ_old "
+             "teacher {}, {} and {} s",
+      ss_wall("control") + ss_wall("grpo") + (median(*ss_wall("A", "old")), median(*ss_wall("A", "current")))
+      + ss_wall("C", "old")),
+    Q(STUDY, "the 1-minute load average recorded with each sparse run: {} to {})",
+      (lo(*(ss(k, "machine", "loadavg_1_5_15", 0) for k in SS_RUNS if k.startswith("sparse/"))),
+       hi(*(ss(k, "machine", "loadavg_1_5_15", 0) for k in SS_RUNS if k.startswith("sparse/"))))),
+    Q(STUDY, "`make demo`'s SFT took {} s on a fresh clone, its {}-step copy warm-up {} s",
+      (J(FRESH_NOW, ("runs", "0", "timings", "sft")), J(FRESH_NOW, ("runs", "0", "sft_phases", "copy_warmup_steps")),
+       J(FRESH_NOW, ("runs", "0", "sft_phases", "copy_warmup")))),
+    Q(STUDY, "that run made its 192 + 64 games in {} s", (J(FRESH_NOW, ("runs", "0", "timings", "games")),)),
+    Q(STUDY, "against the {} s of `experiments/results/demo_fresh_clone.json`",
+      (J(FRESH_NOW, ("runs", "0", "sft_phases", "copy_warmup")),)),
+    Q(STUDY, "which took the teacher probe {}, {} and {} s with its other work",
+      tuple(j("teacher_probe.json", "probes", name, "wall_s") for name in LOSER_PATH_PROBES)),
+    Q(STUDY, "the SEED lane of a sparse run {}, {} and {} s, GRPO's {}, {} and {} s",
+      tuple(j("real_model_sparse.json", "runs", r, "runs", "1", "job_seconds", lane) for lane in ("seed", "grpo")
+            for r in ("oracle", "self", "self_lr1e-6"))),
+    Q(STUDY, "**The demo:** {}, {} and {} s a seed", per_seed(lambda s: run(s, "wall_s"))),
+    Q(STUDY, "about 0.043 at p = {}", (mean(*per_seed(held)),)),
     # ---- docs/demo.md: the copy warm-up's phase change (experiments/copy_warmup.py), means over 50 steps ----
     Q(DEMO_MD, "Its mean loss over 50 steps falls from {} (steps\n  301–350) to {} (451–500), the phase change of the "
                "induction heads, and is {} over the last 50 of the 600;\n  200 more steps would take it to {}",
