@@ -116,3 +116,22 @@ def test_opd_loss_rejects_bad_arguments():
         losses.opd_loss(x, x, m, gate="entropy", entropy=torch.zeros(3))
     with pytest.raises(ValueError, match=r"teacher_mask has shape \(3,\); expected \(2,\) or \(2, 3\)"):
         losses.opd_loss(x, x, m, teacher_mask=torch.ones(3, dtype=torch.bool))
+
+
+def test_the_advantage_form_shifts_the_advantage_by_hand_computed_amounts():
+    """A = 0.5, ℓθ = ℓold = −1 (ρ = 1): the teacher at −0.2 (Δ = +0.8) and −6 (Δ = −5, clipped to −3) with λ = 0.5
+    shifts the advantages to 0.9 and −1.0; a third token whose skill failed keeps 0.5. On-policy pg = −A·ρ, so the
+    token-mean loss is −(0.9 − 1.0 + 0.5)/3 and ∂L/∂ℓθ = −A'/3 per token."""
+    logprob = torch.full((1, 3), -1.0, dtype=torch.float64, requires_grad=True)
+    old = torch.full((1, 3), -1.0, dtype=torch.float64)
+    teacher = torch.tensor([[-0.2, -6.0, 5.0]], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    options = losses.LossOptions(opd_coef=0.5, opd_mode="advantage", opd_adv_clip=3.0)
+    loss, metrics = losses.total_loss(logprob, old, torch.tensor([0.5], dtype=torch.float64), mask,
+                                      teacher_logprob=teacher, teacher_mask=torch.tensor([[True, True, False]]),
+                                      options=options)
+    assert float(loss) == pytest.approx(-(0.9 - 1.0 + 0.5) / 3)
+    (grad,) = torch.autograd.grad(loss, logprob)
+    torch.testing.assert_close(grad, torch.tensor([[-0.9, 1.0, -0.5]], dtype=torch.float64) / 3)
+    assert float(metrics["opd_term"]) == pytest.approx((0.4 - 1.5) / 2)
+    assert "gate_mean" not in metrics

@@ -112,7 +112,9 @@ def test_matches_linear_logprob_plus_algo_losses(loss_path, agg, gate, kl_kind, 
 
 
 @pytest.mark.parametrize("coefs", [{}, {"kl_coef": 0.2}, {"entropy_coef": 0.1}, {"opd_coef": 0.3},
-                                   {"opd_coef": 0.3, "gate": "entropy"}, {"opd_coef": 0.3, "gate": "soft_or"}])
+                                   {"opd_coef": 0.3, "gate": "entropy"}, {"opd_coef": 0.3, "gate": "soft_or"},
+                                   {"opd_coef": 0.3, "opd_mode": "advantage"},
+                                   {"opd_coef": 0.8, "opd_mode": "advantage", "opd_adv_clip": 0.3}])
 def test_each_term_alone(loss_path, coefs):
     hidden, weight, targets, batch = make_batch(seed=1)
     assert_same_loss_and_grads(hidden, weight, targets, batch, "token-mean", **coefs)
