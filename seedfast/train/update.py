@@ -335,11 +335,13 @@ def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, r
     sums.add_metrics(metrics, float(w.sum()), twsum)
 
 
-def _divergence_term(model, rows: torch.Tensor, teacher_hidden: torch.Tensor, coef: torch.Tensor,
+def _divergence_term(model, rows: torch.Tensor, teacher_hidden: torch.Tensor | None, coef: torch.Tensor,
                      run: _MicroBatchRun, metrics: dict[str, torch.Tensor]) -> torch.Tensor:
     """Σ_t w_t·m_t·D_t (before λ) of the full-vocabulary teacher term; its teacher-valid mean goes into `metrics` as
     opd_term."""
     kind, beta = run.divergence
+    if teacher_hidden is None:  # the padding stand-in of a data-parallel rank without samples: weight 0
+        teacher_hidden = torch.zeros_like(rows)
     term, value = _head_divergence(model)(rows, teacher_hidden.to(rows.dtype), model.lm_head_weight,
                                           token_weights=coef, kind=kind, beta=beta, temperature=run.temperature)
     total = coef.sum()

@@ -1,7 +1,8 @@
-"""One GRPO and one SEED update under FSDP2 on 2 CPU processes (gloo) equal the same update in one process: the
-loss, the gradient norm and every updated weight (fp32, 1e-5). The loss convention (token-mean over the global
-token count, gradients summed across ranks) is what makes them equal: with FSDP2's default gradient averaging the
-gradients come out halved, i.e. the learning rate would silently shrink with the world size (docs/scaling.md)."""
+"""One GRPO and one SEED update (each form of its teacher term) under FSDP2 on 2 CPU processes (gloo) equal the same
+update in one process: the loss, the gradient norm and every updated weight (fp32, 1e-5). The loss convention
+(token-mean over the global token count, gradients summed across ranks) is what makes them equal: with FSDP2's default
+gradient averaging the gradients come out halved, i.e. the learning rate would silently shrink with the world size
+(docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ CASES = {
     # SEED: ℓskill from the teacher branches on the prefix KV of the update's forward
     "seed": dict(loss=LossConfig(opd_coef=0.5, opd_beta=2.0, entropy_coef=0.0, kl_coef=0.0), use_opd=True,
                  teacher=True),
+    # the signed and the full-vocabulary forms of the teacher term (docs/algorithms.md, 'Forms of the teacher term')
+    "seed_advantage": dict(loss=LossConfig(opd_coef=0.5, opd_mode="advantage", entropy_coef=0.0, kl_coef=0.0),
+                           use_opd=True, teacher=True),
+    "seed_reverse_kl": dict(loss=LossConfig(opd_coef=0.5, opd_mode="reverse_kl", entropy_coef=0.0, kl_coef=0.0),
+                            use_opd=True, teacher=True),
 }
 N_SAMPLES, BUDGET, LR = 12, 48, 1e-2  # a small budget: several micro-batches, more on one rank than the other
 
