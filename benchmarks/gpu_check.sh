@@ -5,6 +5,8 @@
 #            the row pass over fp32 logits and a device copy; the rates every kernel number is judged against
 #   kernels  the LM-head kernels at N=16384, d=4096, V=152064 beside that GEMM (benchmarks/kernels.py, one autotune
 #            candidate, no torch.compile): time, max error against fp64, the path each call took
+#   divergence  the student-teacher divergence kernels (every kind, forward and forward + backward) at Qwen2.5-0.5B's
+#            head, N=4096 d=896 V=151936, beside a cuBLAS GEMM of the shape (benchmarks/kernels.py --divergence)
 #   tests    the gpu tests of kernels/ and ops/, every autotune candidate launched against fp64 references included:
 #            each file in its own process (one crash costs one file), a per-test timeout, JUnit
 #   fsdp     FSDP2 on one GPU (tests/distributed/test_fsdp_one_device.py)
@@ -28,6 +30,7 @@
 #   summary.txt   versions, GPU, commit, one line per step as it ends (exit code, seconds, limit), the headlines
 #   window.log    every step's output               gemm_reference.json   rewritten after each measurement
 #   kernels.json  rewritten after each row           step_gpu.json         rewritten after each algorithm
+#   divergence.json  rewritten after each row
 #   pytest_gpu.log  -v -rA of every test file, one line per test as it finishes
 #   pytest_gpu.xml  JUnit of every test file so far (merged after each file)
 # Exit status: non-zero when a step failed, ran past its limit or was skipped; 2 for a refused plan.
@@ -56,19 +59,21 @@ RUNS=2
 BUDGET_S=${BUDGET_S:-$(( (DEVICE_S - START_S - RUNS * TRANSFER_S) / RUNS ))}
 MIN_STEP_S=${MIN_STEP_S:-15}
 KILL_S=${KILL_S:-5}
-STEPS=${STEPS:-gemm kernels tests fsdp step rest}
+STEPS=${STEPS:-gemm kernels divergence tests fsdp step rest}
 # Each step's own limit on a cold machine (CUDA context, cuBLAS heuristics, Triton compiles of one candidate each;
-# the tests step compiles every candidate once at small shapes):
-declare -A OWN=([gemm]=25 [kernels]=55 [tests]=100 [fsdp]=20 [step]=45 [rest]=25)
+# the tests step compiles every candidate once at small shapes). The divergence step (#45) took its 25 s from kernels (5),
+# tests (10), fsdp, step and rest (5 each): estimates, none of them measured yet.
+declare -A OWN=([gemm]=25 [kernels]=50 [divergence]=25 [tests]=90 [fsdp]=15 [step]=40 [rest]=20)
 for kv in ${LIMITS:-}; do OWN[${kv%%=*}]=${kv#*=}; done  # LIMITS="step=60 ...": other limits (the plan still checks)
 declare -A WHAT=(
   [gemm]="cuBLAS GEMMs at the model's shapes, row pass, copy -> gemm_reference.json"
   [kernels]="LM-head kernels at N=16384 d=4096 V=152064 -> kernels.json"
+  [divergence]="divergence kernels at N=4096 d=896 V=151936 -> divergence.json"
   [tests]="gpu tests of tests/kernels tests/ops, one process per file -> pytest_gpu.log/.xml"
   [fsdp]="FSDP2 on one GPU -> pytest_gpu.log/.xml"
   [step]="reduced RL step, Qwen2.5-1.5B width, 8 layers, sdpa -> step_gpu.json"
   [rest]="the other gpu tests, one process per file -> pytest_gpu.log/.xml")
-OUTPUTS="summary.txt window.log gemm_reference.json kernels.json pytest_gpu.log pytest_gpu.xml step_gpu.json"
+OUTPUTS="summary.txt window.log gemm_reference.json kernels.json divergence.json pytest_gpu.log pytest_gpu.xml step_gpu.json"
 
 plan() {  # prints the plan; returns 2 when it does not fit
   local total=0 n=0 s ok=0
@@ -155,7 +160,8 @@ export -f pytest_files
 
 # gpu test files: those that use the gpu marker (directly or through triton_reference.GPU)
 gpu_files() { grep -lE "mark\.gpu|pytestmark = GPU|marks=GPU" $(find "$@" -name 'test_*.py' | sort) 2>/dev/null; }
-KERNEL_FILES=$(gpu_files tests/kernels tests/ops)
+# the divergence candidates last: newest, and the most compiles per file (three kinds per candidate)
+KERNEL_FILES=$(gpu_files tests/kernels tests/ops | grep -v divergence; gpu_files tests/kernels tests/ops | grep divergence)
 FSDP_FILE=tests/distributed/test_fsdp_one_device.py
 # not tests/rollout and tests/vllm_real: their gpu tests need vLLM, which the image does not have
 REST_FILES=$(gpu_files tests | grep -vE "^tests/(kernels|ops|vllm_real|rollout)/|^$FSDP_FILE$")
@@ -175,6 +181,9 @@ step_gemm() { run_step gemm "$PY" -m benchmarks.gemm_reference "$OUT/gemm_refere
 
 step_kernels() { run_step kernels env SEEDFAST_AUTOTUNE_ONE=1 "$PY" -m benchmarks.kernels --n 16384 --d 4096 \
   --v 152064 --no-compile --reps 3 --out "$OUT/kernels.json" --gemm-ref "$OUT/gemm_reference.json"; }
+
+step_divergence() { run_step divergence env SEEDFAST_AUTOTUNE_ONE=1 "$PY" -m benchmarks.kernels --divergence \
+  --n 4096 --d 896 --v 151936 --no-compile --reps 3 --out "$OUT/divergence.json" --gemm-ref "$OUT/gemm_reference.json"; }
 
 step_tests() { run_step tests env SEEDFAST_AUTOTUNE_ONE=1 bash -c 'pytest_files "$@"' _ $KERNEL_FILES
   echo "  tests: $(grep -cE ' PASSED' "$TESTLOG") passed, $(grep -cE ' (FAILED|ERROR)' "$TESTLOG") failed/error so far" \

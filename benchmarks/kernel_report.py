@@ -63,7 +63,14 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from benchmarks.common import update_json_atomic  # noqa: E402
-from seedfast.kernels import autotuned, fused_rows, linear_logprob_bwd, linear_logprob_fwd, token_loss  # noqa: E402
+from seedfast.kernels import (  # noqa: E402
+    autotuned,
+    divergence,
+    fused_rows,
+    linear_logprob_bwd,
+    linear_logprob_fwd,
+    token_loss,
+)
 from seedfast.kernels import configs as C  # noqa: E402
 
 # Largest dynamic shared memory one block may opt into (CUDA programming guide, compute capabilities).
@@ -87,6 +94,59 @@ class Variant:
 def _candidates(tuned_name: str, dtype: str) -> dict:
     """What the dispatch can pick: the autotune candidates of seedfast/kernels/autotuned.py, per architecture."""
     return {arch: autotuned.candidates(tuned_name, arch, fp32=dtype == "fp32") for arch in ARCHS}
+
+
+def _divergence_candidates(grad: bool, dtype: str) -> dict:
+    """The divergence kernels' candidates per architecture (configs.py; the launcher, seedfast/ops/
+    triton_divergence.py, autotunes over the same lists; read here without importing torch)."""
+    if dtype == "fp32":
+        lists = C.FP32_DIVERGENCE_GRAD_CONFIGS if grad else C.FP32_DIVERGENCE_CONFIGS
+    else:
+        lists = C.DIVERGENCE_GRAD_CONFIGS if grad else C.DIVERGENCE_CONFIGS
+    return {arch: lists[arch] for arch in ARCHS}
+
+
+DIVERGENCE_KINDS = (("reverse_kl", divergence.KIND_REVERSE_KL), ("forward_kl", divergence.KIND_FORWARD_KL),
+                    ("jsd", divergence.KIND_JSD))
+
+
+def divergence_variants(dtype: str, prec: str) -> list[Variant]:
+    """The divergence kernels (seedfast/kernels/divergence.py) as the launcher calls them, every kind: the online
+    statistics, the split merge, the per-shard sums and the recomputed G, with the benchmark shapes' hints."""
+    out = []
+    strides = dict(stride_hd=1, stride_htd=1, stride_wd=1)
+    stats_sig = {**_ptrs(dtype, "h_ptr", "ht_ptr", "w_ptr"),
+                 **_ptrs("fp32", "ms_ptr", "ss_ptr", "mt_ptr", "st_ptr", "x_ptr"),
+                 "N": "i32", "V": "i32", "D": "i32", "n_splits": "i32", "group_n": "i32", "stride_hn": "i32",
+                 "stride_htn": "i32", "stride_wv": "i32", "inv_temp": "fp32"}
+    rows_div = ("N", "V", "D", "stride_hn", "stride_htn", "stride_wv")
+    sums_sig = {**_ptrs(dtype, "h_ptr", "ht_ptr", "w_ptr"),
+                **_ptrs("fp32", "lse_ptr", "tlse_ptr", "value_ptr", "center_ptr"),
+                **{k: v for k, v in stats_sig.items() if not k.endswith("_ptr")}, "beta": "fp32"}
+    grad_sig = {**_ptrs(dtype, "h_ptr", "ht_ptr", "w_ptr"),
+                **_ptrs("fp32", "lse_ptr", "tlse_ptr", "center_ptr", "coef_ptr"), "g_ptr": f"*{dtype}",
+                "N": "i32", "D": "i32", "v_start": "i32", "v_stop": "i32", "stride_hn": "i32", "stride_htn": "i32",
+                "stride_wv": "i32", "stride_gn": "i32", "inv_temp": "fp32", "scale": "fp32", "beta": "fp32"}
+    for label, kind in DIVERGENCE_KINDS:
+        flags = dict(KIND=kind, DOT_PRECISION=prec, **strides)
+        out.append(Variant("div_stats", label, divergence.divergence_stats_kernel, stats_sig, flags,
+                           tuple(k for k in stats_sig if k.endswith("_ptr")) + rows_div,
+                           _divergence_candidates(False, dtype)))
+        out.append(Variant("div_sums", label, divergence.divergence_sums_kernel, sums_sig, flags,
+                           tuple(k for k in sums_sig if k.endswith("_ptr")) + rows_div,
+                           _divergence_candidates(False, dtype)))
+        out.append(Variant("div_grad", label, divergence.divergence_grad_kernel, grad_sig, flags,
+                           tuple(k for k in grad_sig if k.endswith("_ptr")) + ("N", "D", "v_start", "v_stop",
+                                                                               "stride_hn", "stride_htn", "stride_wv",
+                                                                               "stride_gn"),
+                           _divergence_candidates(True, dtype)))
+    merge_sig = {**_ptrs("fp32", "ma_ptr", "sa_ptr", "mb_ptr", "sb_ptr", "x_ptr", "lse_a_ptr", "lse_b_ptr", "kl_ptr"),
+                 "N": "i32", "n_splits": "i32"}
+    for has_x in (False, True):
+        out.append(Variant("div_merge", "kl" if has_x else "lse", divergence.divergence_merge_kernel, merge_sig,
+                           dict(HAS_X=has_x), tuple(k for k in merge_sig if k.endswith("_ptr")),
+                           _same_for_all(triton.Config({"BLOCK": C.REDUCE_BLOCK}, num_warps=4))))
+    return out
 
 
 def _same_for_all(config) -> dict:
@@ -156,21 +216,26 @@ def variants(dtype: str = "bf16") -> list[Variant]:
     tl_sig = {**_ptrs("fp32", "lp_ptr", "ent_ptr", "old_ptr", "ref_ptr", "teacher_ptr", "tmask_ptr", "adv_ptr",
                       "w_ptr", "a_ptr", "b_ptr", "stats_ptr"), "N": "i32",
               **{k: "fp32" for k in ("clip_low", "clip_high", "dual_clip", "kl_coef", "entropy_coef", "opd_coef",
-                                     "opd_beta")}}
-    def loss_flags(entropy, kl_kind, opd, gate):
+                                     "opd_beta", "opd_adv_clip")}}
+    def loss_flags(entropy, kl_kind, opd, gate, opd_mode=token_loss.OPD_GATE):
         return dict(HAS_ENTROPY=entropy, HAS_DUAL_CLIP=True, KL_KIND=kl_kind, HAS_OPD=opd, HAS_TMASK=opd,
-                    GATE=gate, WRITE_B=entropy)
+                    GATE=gate, OPD_MODE=opd_mode, WRITE_B=entropy)
 
-    # Every branch of the kernel: the three KL kinds and the three gates, and the plain policy loss.
+    # Every branch of the kernel: the three KL kinds and the three gates, the advantage form, and the plain policy
+    # loss (also what the divergence forms run: no teacher term).
     loss_variants = (("k3+soft_or+H", loss_flags(True, 3, True, 2)), ("k1+gap", loss_flags(False, 1, True, 0)),
-                     ("k2+entropy gate", loss_flags(True, 2, True, 1)), ("pg only", loss_flags(False, 0, False, 0)))
+                     ("k2+entropy gate", loss_flags(True, 2, True, 1)),
+                     ("k3+advantage", loss_flags(False, 3, True, 0, token_loss.OPD_ADVANTAGE)),
+                     ("pg only", loss_flags(False, 0, False, 0, token_loss.OPD_NONE)))
     for label, flags in loss_variants:
         out.append(Variant("token_loss", label, token_loss.token_loss_kernel, tl_sig, flags,
                            tuple(k for k in tl_sig if k.endswith("_ptr")),
                            _same_for_all(triton.Config({"BLOCK": C.TOKEN_LOSS_BLOCK},
                                                        num_warps=C.TOKEN_LOSS_NUM_WARPS))))
+    out += divergence_variants(dtype, prec)
     # A micro-batch's token count is rarely a multiple of 16: the JIT then compiles a variant without N's hint.
-    for v in [v for v in out if (v.kernel, v.name) in (("fwd", "single+entropy"), ("grad_logits", "a+b"))]:
+    for v in [v for v in out if (v.kernel, v.name) in (("fwd", "single+entropy"), ("grad_logits", "a+b"),
+                                                       ("div_stats", "reverse_kl"), ("div_grad", "jsd"))]:
         out.append(Variant(v.kernel, v.name + " N%16!=0", v.fn, v.signature, v.constexprs,
                            tuple(k for k in v.divisible if k != "N"), v.configs))
     return out
@@ -281,7 +346,7 @@ def _job(args):
 
 
 def _uses_dot(kernel: str) -> bool:
-    return kernel in ("fwd", "grad_logits")
+    return kernel in ("fwd", "grad_logits", "div_stats", "div_sums", "div_grad")
 
 
 def check(rows: list[dict]) -> list[str]:
@@ -360,8 +425,8 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", type=int, action="append", choices=ARCHS, help="default: 90 and 80")
     parser.add_argument("--dtype", action="append", choices=("bf16", "fp16", "fp32"), help="default: bf16, fp32")
     parser.add_argument("--only", action="append",
-                        help="only this kernel (fwd, reduce, grad_logits, row_stats, grad_rows, token_loss) or "
-                             "kernel/variant")
+                        help="only this kernel (fwd, reduce, grad_logits, row_stats, grad_rows, token_loss, "
+                             "div_stats, div_merge, div_sums, div_grad) or kernel/variant")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=RESULTS, help="the file to put this Triton version's report in (others "
                         "kept; default: the committed one)")

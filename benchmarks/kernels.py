@@ -170,6 +170,65 @@ def design_phases(design: str, n: int, d: int, vocab: int, sms: int = 132, e: in
     raise ValueError(f"unknown design {design!r}")
 
 
+def _divergence_pass(name: str, n: int, d: int, vocab: int, e: int, sms: int, partials: int) -> dict:
+    """One Triton pass of the divergence kernels over V: student and teacher logits on each W tile (2 GEMMs' worth,
+    4NVd), 128x64 tiles in vocabulary splits (the forward's grid); W read once per token-block group, both hidden
+    matrices once per split, `partials` fp32 [splits, N] buffers written and read back."""
+    from seedfast.ops.triton_backend import wave_splits
+
+    blocks = math.ceil(n / 128)
+    splits = wave_splits(blocks, math.ceil(vocab / 64), sms)
+    group = min(blocks, 16)
+    w_reads = math.ceil(blocks / group)
+    programs = blocks * splits
+    phase = _phase(name, "triton", 4.0 * n * vocab * d,
+                   w_reads * vocab * d * e + splits * 2 * n * d * e + splits * n * 4 * partials * 2)
+    phase.update(splits=splits, group=group, w_reads=w_reads, waves=programs / sms,
+                 wave_eff=programs / (math.ceil(programs / sms) * sms))
+    return phase
+
+
+def divergence_phases(design: str, n: int, d: int, vocab: int, sms: int = 132, e: int = 2) -> list[dict]:
+    """Phases of the divergence kernels (docs/kernels.md, "Divergence kernels"; designs div_<kind>_fwd and
+    div_<kind>_fwd_bwd). Forward: reverse_kl / forward_kl one online pass (4NVd), jsd a pass for both lse and a pass
+    for the sums (8NVd). Backward: per 256 MiB chunk of G, G recomputed from both contexts (Triton, 4NVd), then
+    dW = Gᵀ·h and dH += G·W (cuBLAS, 2NVd each; dH accumulated in fp32 over the chunks)."""
+    kind = design.removeprefix("div_").removesuffix("_fwd_bwd").removesuffix("_fwd")
+    phases = [_divergence_pass("online lse + cross term (Triton, 2 contexts)" if kind != "jsd"
+                               else "lse of both (Triton, 2 contexts)", n, d, vocab, e, sms, 5 if kind != "jsd" else 4),
+              _phase("merge splits", "memory", exposed=n * 4 * 8)]
+    if kind == "jsd":
+        phases.append(_divergence_pass("sums with M (Triton, 2 contexts)", n, d, vocab, e, sms, 2))
+    if not design.endswith("_fwd_bwd"):
+        return phases
+    budget = 256 * 2**20
+    chunk = max(256, min(int(budget // (n * e)) // 256 * 256, math.ceil(vocab / 256) * 256))
+    chunks = math.ceil(vocab / chunk)
+    g = n * vocab * e
+    phases.append(_phase("h with coef-0 rows zeroed (dW operand)", "memory", exposed=2 * n * d * e))
+    phases.append(_phase("G = recomputed divergence gradient (Triton, 2 contexts)", "triton", 4.0 * n * vocab * d,
+                         overlapped=g + chunks * 2 * n * d * e + vocab * d * e))
+    phases.append(_phase("dW = G^T.h", "cublas", 2.0 * n * vocab * d,
+                         overlapped=g + chunks * n * d * e + vocab * d * e,
+                         measured_as="chunk_dw" if chunks > 1 else "dw"))
+    dh_extra = chunks * n * d * (4 - e) + (chunks - 1) * n * d * 4 if chunks > 1 else 0
+    phases.append(_phase("dH += G.W", "cublas", 2.0 * n * vocab * d, overlapped=g + vocab * d * e, exposed=dh_extra,
+                         measured_as="chunk_dh_f32c" if chunks > 1 else "dh"))
+    phases[-1].update(chunk=chunk, chunks=chunks)
+    if chunks > 1:
+        phases.append(_phase("dH fp32 -> bf16", "memory", exposed=n * d * (4 + e)))
+    return phases
+
+
+def useful_gemms(design: str) -> int:
+    """GEMMs of useful work a design is rated against: the logits forward 1, forward + backward 3 (logits, dW, dH); a
+    divergence needs two contexts' logits: forward 2, forward + backward 4 (jsd's second pass and every backward
+    recompute are executed, not useful)."""
+    if design.startswith("div_"):
+        return 4 if design.endswith("_fwd_bwd") else 2
+    return 1 if design.endswith("_fwd") else 3
+
+
 def predict(design: str, n: int, d: int, vocab: int, gemm_tflops: float, hbm_tbs: float, sms: int = 132,
             triton_eff: float = TRITON_EFF, measured: dict | None = None) -> dict:
     """Roofline prediction of one design at a cuBLAS GEMM rate (measured, or stated with its source): executed and
@@ -180,7 +239,7 @@ def predict(design: str, n: int, d: int, vocab: int, gemm_tflops: float, hbm_tbs
     kernel's measured bytes per second. So no phase is faster than the GEMMs it contains at the rate it is priced."""
     if not 0.0 < triton_eff <= 1.0:
         raise ValueError(f"triton_eff must be in (0, 1], got {triton_eff}")
-    phases = design_phases(design, n, d, vocab, sms)
+    phases = (divergence_phases if design.startswith("div_") else design_phases)(design, n, d, vocab, sms)
     by_shape = (measured or {}).get("gemm_tflops_by_shape", {})
     total_ms = 0.0
     for p in phases:
@@ -199,7 +258,7 @@ def predict(design: str, n: int, d: int, vocab: int, gemm_tflops: float, hbm_tbs
             p["ms"] = 1e3 * (max(compute, p["bytes_overlapped"] / bandwidth) + p["bytes_exposed"] / bandwidth)
             p["priced_by"] = "model"
         total_ms += p["ms"]
-    useful = 2.0 * n * vocab * d * (1 if design.endswith("_fwd") else 3)
+    useful = 2.0 * n * vocab * d * useful_gemms(design)
     executed = sum(p["flops"] for p in phases)
     return {"design": design, "N": n, "d": d, "V": vocab, "gemm_tflops": gemm_tflops, "hbm_tbs": hbm_tbs,
             "useful_tflop": useful / 1e12, "executed_tflop": executed / 1e12,
@@ -212,9 +271,15 @@ def predict(design: str, n: int, d: int, vocab: int, gemm_tflops: float, hbm_tbs
 
 DESIGNS = ("before_fwd", "after_fwd", "before_fwd_bwd", "after_two_pass_fwd_bwd", "after_single_pass_fwd_bwd")
 MODEL_SHAPES = ((16384, 4096, 152064), (4096, 4096, 152064), (1024, 4096, 152064), (16384, 3584, 152064))
+# The divergence kernels at Qwen2.5-0.5B's LM head (d = 896, V = 151936, a 4096-token micro-batch) and 7B's
+# (d = 3584, V = 152064, 16384 tokens).
+DIVERGENCE_DESIGNS = tuple(f"div_{kind}_{phase}" for kind in ("reverse_kl", "forward_kl", "jsd")
+                           for phase in ("fwd", "fwd_bwd"))
+DIVERGENCE_SHAPES = ((4096, 896, 151936), (16384, 3584, 152064))
 
 
-def model_report(shapes=MODEL_SHAPES, gemm_ref: dict | None = None) -> dict:
+def model_report(shapes=MODEL_SHAPES, gemm_ref: dict | None = None,
+                 divergence_shapes=DIVERGENCE_SHAPES) -> dict:
     """Predictions at the cuBLAS rates of `gemm_ref` (benchmarks/gemm_reference.py's JSON, measured in the same run;
     its per-block and per-chunk GEMMs and row passes price the phases they measure at its shape) or, without one, at
     both ends of the stated range (ASSUMED_DEVICE, INPUTS), for each assumed Triton efficiency."""
@@ -228,11 +293,12 @@ def model_report(shapes=MODEL_SHAPES, gemm_ref: dict | None = None) -> dict:
     else:
         device = ASSUMED_DEVICE
     rows = []
-    for n, d, vocab in shapes:
+    plan = [(shape, DESIGNS) for shape in shapes] + [(shape, DIVERGENCE_DESIGNS) for shape in divergence_shapes]
+    for (n, d, vocab), designs in plan:
         same = measured and (ref_shape.get("N"), ref_shape.get("d"), ref_shape.get("V")) == (n, d, vocab)
         for gemm_tflops in sorted(set(device["gemm_tflops_range"])):
             for eff in TRITON_EFFS:
-                for design in DESIGNS:
+                for design in designs:
                     rows.append(predict(design, n, d, vocab, gemm_tflops, device["hbm_tbs"], device["sms"], eff,
                                         measured=gemm_ref if same else None))
     return {"device": device, "gemm_rate_measured": measured, "inputs": INPUTS if not measured else
@@ -285,6 +351,37 @@ def prediction_table(report: dict, n: int = 16384, d: int = 4096) -> str:
         if bold:
             label, cells = f"**{label}**", [f"**{c}**" for c in cells]
         lines.append(f"| {label} | {slow['executed_tflop']:.3g} | {slow['hbm_gb']:.3g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n" + divergence_table(report)
+
+
+DIVERGENCE_LABELS = {"reverse_kl": "reverse KL", "forward_kl": "forward KL", "jsd": "JSD"}
+
+
+def divergence_table(report: dict) -> str:
+    """The divergence kernels' predictions (DIVERGENCE_DESIGNS at DIVERGENCE_SHAPES) from results/kernel_model.json:
+    per kind and phase the executed FLOPs, the predicted time over the two cuBLAS rates at each assumed Triton
+    efficiency, and the useful work (2 logits GEMMs forward, + dW and dH with the backward) as a share of the time."""
+    lines = ["Divergence kernels (`divergence_forward`, `divergence_backward`; two contexts on each W tile), predicted "
+             "the same way; \"% of GEMM\" counts 2 GEMMs of useful work forward, 4 forward + backward:", "",
+             "| shape | divergence | executed TFLOP | HBM GB | predicted ms, Triton at 0.7 | at 0.6 | % of GEMM |",
+             "|---|---|---|---|---|---|---|"]
+    for n, d, vocab in DIVERGENCE_SHAPES:
+        for design in DIVERGENCE_DESIGNS:
+            at = {(r["triton_eff"], r["gemm_tflops"]): r for r in report["rows"]
+                  if (r["N"], r["d"], r["V"], r["design"]) == (n, d, vocab, design)}
+            rates = sorted({rate for _, rate in at})
+            if len(at) != 2 * len(TRITON_EFFS) or len(rates) != 2:
+                raise ValueError(f"kernel_model.json: {design} at N {n}, d {d}, V {vocab}: expected one prediction "
+                                 f"per cuBLAS rate and Triton efficiency, got {len(at)} rows")
+            ms = {eff: f"{_ms(at[eff, rates[1]]['predicted_ms'])}–{_ms(at[eff, rates[0]]['predicted_ms'])}"
+                  for eff in TRITON_EFFS}
+            pct = sorted(at[eff, rates[0]]["predicted_pct_of_gemm"] for eff in TRITON_EFFS)
+            kind = design.removeprefix("div_").removesuffix("_fwd_bwd").removesuffix("_fwd")
+            phase = "forward + backward" if design.endswith("_fwd_bwd") else "forward"
+            slow = at[TRITON_EFFS[-1], rates[0]]
+            lines.append(f"| N {n:,}, d {d}, V {vocab:,} | {DIVERGENCE_LABELS[kind]} {phase} | "
+                         f"{slow['executed_tflop']:.3g} | {slow['hbm_gb']:.3g} | {ms[0.7]} | {ms[0.6]} | "
+                         f"{pct[0]:.0f}–{pct[1]:.0f} |")
     return "\n".join(lines)
 
 
@@ -423,6 +520,71 @@ def _variants(torch, n, d, vocab, modes, device="cuda"):
     return variants, outputs_mib, check
 
 
+def _divergence_variants(torch, n, d, vocab, modes, device="cuda"):
+    """name -> (forward fn, forward+backward fn) of the divergence kernels, one per kind (div_reverse_kl,
+    div_forward_kl, div_jsd at β = 0.5), called through the Triton backend's protocol as the autograd op does:
+    divergence_forward, then divergence_backward with per-token-mean coefficients. The fwd_bwd fn returns dH."""
+    from seedfast.ops import triton_backend as tb
+
+    g = torch.Generator(device=device).manual_seed(0)
+    hidden = (torch.randn(n, d, device=device, generator=g) / d**0.5).to(torch.bfloat16)
+    teacher = (hidden.float() + 0.5 * torch.randn(n, d, device=device, generator=g) / d**0.5).to(torch.bfloat16)
+    weight = (torch.randn(vocab, d, device=device, generator=g) * 2).to(torch.bfloat16)
+    coef = torch.full((n,), 1.0 / n, device=device)
+    active = coef != 0
+
+    def variant(kind):
+        setup = dict(kind=kind, beta=0.5, temperature=1.0)
+
+        def fwd():
+            return tb.divergence_forward(hidden, teacher, weight, active, **setup)[0]
+
+        def fwd_bwd():
+            _, center, lse, tlse = tb.divergence_forward(hidden, teacher, weight, active, **setup)
+            return tb.divergence_backward(hidden, teacher, weight, lse, tlse, center, coef, **setup)[0]
+
+        return fwd, fwd_bwd
+
+    variants = {"cublas_gemm": (lambda: hidden @ weight.T, None)}
+    variants.update({f"div_{kind}": variant(kind) for kind in ("reverse_kl", "forward_kl", "jsd")})
+    outputs_mib = {"fwd": n * 4 * 4 / 2**20, "fwd_bwd": (n * d + vocab * d) * 2 / 2**20}
+    return variants, outputs_mib, _DivergenceCheck(torch, hidden, teacher, weight, coef)
+
+
+class _DivergenceCheck:
+    """Max relative error of a divergence variant against fp64 on a fixed sample of rows (a row's D and its dH row
+    depend on that row alone): forward variants return D [N], forward + backward ones dH."""
+
+    ROWS = 256
+
+    def __init__(self, torch, hidden, teacher, weight, coef):
+        n = hidden.shape[0]
+        self.rows = torch.linspace(0, n - 1, min(n, self.ROWS), device=hidden.device).long()
+        self.ref = {}
+        w = weight.double()
+        for kind in ("reverse_kl", "forward_kl", "jsd"):
+            h = hidden[self.rows].double().requires_grad_()
+            ls = torch.log_softmax(h @ w.T, -1)
+            lt = torch.log_softmax(teacher[self.rows].double() @ w.T, -1)
+            if kind == "reverse_kl":
+                value = (ls.exp() * (ls - lt)).sum(-1)
+            elif kind == "forward_kl":
+                value = (lt.exp() * (lt - ls)).sum(-1)
+            else:
+                lm = torch.logaddexp(ls, lt) - math.log(2.0)
+                value = 0.5 * ((lt.exp() * (lt - lm)).sum(-1) + (ls.exp() * (ls - lm)).sum(-1))
+            (value * coef[self.rows].double()).sum().backward()
+            self.ref[f"div_{kind}", "fwd"] = value.detach()
+            self.ref[f"div_{kind}", "fwd_bwd"] = h.grad
+
+    def __call__(self, name: str, phase: str, out) -> float | None:
+        ref = self.ref.get((name, phase))
+        if ref is None or out is None:
+            return None
+        got = out[self.rows].double()
+        return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
 class _ErrorCheck:
     """Max relative error of a variant's output against fp64 on a fixed sample of rows (a row's log-prob and its dH
     row depend on that row alone, so the sample needs no [N, V] in fp64): forward variants return log-probs
@@ -460,7 +622,7 @@ class _ErrorCheck:
 
 def _path_of(name: str, counts: dict) -> str:
     """The path a variant's call took: the op paths triton_backend recorded (a silent fallback shows here)."""
-    if not name.startswith("ours"):
+    if not name.startswith(("ours", "div_")):
         return {"cublas_gemm": "cublas", "eager": "eager, materialized logits", "liger_flce": "liger-kernel",
                 "torch_compile": "torch.compile"}.get(name, name)
     return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none recorded"
@@ -481,7 +643,7 @@ def measure_bandwidth_tbs(torch, gib: float = 1.0, reps: int = 5) -> float:
 
 
 def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | None = None,
-        gemm_ref: dict | None = None) -> list[dict]:
+        gemm_ref: dict | None = None, divergence: bool = False) -> list[dict]:
     import torch
 
     from seedfast.ops import triton_backend
@@ -492,7 +654,8 @@ def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | No
     rows = []
     for d, vocab in dvs:
         for n in ns:
-            variants, outputs, check = _variants(torch, n, d, vocab, modes, "cuda" if cuda else "cpu")
+            make = _divergence_variants if divergence else _variants
+            variants, outputs, check = make(torch, n, d, vocab, modes, "cuda" if cuda else "cpu")
             flops = {"fwd": 2.0 * n * vocab * d, "fwd_bwd": 6.0 * n * vocab * d}
             gemm_ms = None
             for name, fns in variants.items():
@@ -508,7 +671,9 @@ def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | No
                         del result
                         ms = _time_ms(torch, fn, reps, warmup=0)
                         contexts = 2 if name.startswith("ours_dual") else 1  # teacher rows: twice the logits
-                        row.update(ms=ms, tflops=contexts * flops[phase] / ms / 1e9,
+                        work = (2.0 * n * vocab * d * useful_gemms(f"{name}_{phase}") if name.startswith("div_")
+                                else contexts * flops[phase])
+                        row.update(ms=ms, tflops=work / ms / 1e9,
                                    peak_extra_mib=_peak_extra_mib(torch, fn), outputs_mib=outputs[phase])
                     except oom:
                         row.update(error="out of memory")
@@ -520,8 +685,8 @@ def run(ns, dvs, reps: int, modes, on_shape_done=None, bandwidth_tbs: float | No
                         gemm_ms = row["ms"]
                     if "ms" in row and gemm_ms:
                         # Same FLOP rate as the GEMM = 100%; forward + backward is 3 GEMMs of work.
-                        row["pct_of_gemm"] = 100.0 * gemm_ms * (1 if phase == "fwd" else 3) / row["ms"]
-                        design = MODEL_OF.get((name, phase))
+                        design = MODEL_OF.get((name, phase)) or (f"{name}_{phase}" if name.startswith("div_") else None)
+                        row["pct_of_gemm"] = 100.0 * gemm_ms * useful_gemms(design or f"x_{phase}") / row["ms"]
                         if design and bandwidth_tbs:  # the roofline from this run's GEMM rate and bandwidth
                             gemm_tflops = flops["fwd"] / gemm_ms / 1e9
                             ref = gemm_ref if gemm_ref and (gemm_ref.get("shape", {}).get("N"),
@@ -601,13 +766,16 @@ def dry_run() -> int:
 
     patch_interpreter()  # the interpreter's bf16 dot and cast, as the GPU computes them; its scalar indices
 
-    rows = run((96,), ((32, 300),), reps=1, modes=set(), bandwidth_tbs=measure_bandwidth_tbs(torch, gib=1 / 16, reps=1))
+    bandwidth = measure_bandwidth_tbs(torch, gib=1 / 16, reps=1)
+    rows = run((96,), ((32, 300),), reps=1, modes=set(), bandwidth_tbs=bandwidth)
+    rows += run((96,), ((32, 300),), reps=1, modes=set(), bandwidth_tbs=bandwidth, divergence=True)
     bad = [r for r in rows if "error" in r]
     print_table(rows, ["N", "d", "V", "variant", "phase", "ms", "predicted_ms", "pct_of_gemm", "max_rel_err", "path",
                        "error"], title="\ndry run (interpreter, CPU: times mean nothing)")
     expected = {("cublas_gemm", "fwd"), ("ours", "fwd"), ("ours", "fwd_bwd"), ("ours_loss", "fwd_bwd"),
                 ("ours_loss_two_pass", "fwd_bwd"), ("ours_dual", "fwd"), ("ours_dual_stacked", "fwd"), ("eager", "fwd"),
-                ("eager", "fwd_bwd")}
+                ("eager", "fwd_bwd")} | {(f"div_{kind}", phase) for kind in ("reverse_kl", "forward_kl", "jsd")
+                                         for phase in ("fwd", "fwd_bwd")}
     missing = expected - {(r["variant"], r["phase"]) for r in rows}
     # bf16 inputs: a log-prob or dH row within 2% of fp64 (the gpu tests' tolerance); the loss ran its single pass
     wrong = [r for r in rows if (r.get("max_rel_err") or 0.0) > 2e-2 or (
@@ -637,6 +805,9 @@ def main(argv=None) -> int:
     parser.add_argument("--model", action="store_true",
                         help="no GPU needed: the model's prediction (before/after) -> results/kernel_model.json, at "
                              "the cuBLAS rate of --gemm-ref or, without it, the assumed H200 range")
+    parser.add_argument("--divergence", action="store_true",
+                        help="the divergence kernels instead (every kind, forward and forward + backward, beside a "
+                             "cuBLAS GEMM of the shape); default shape Qwen2.5-0.5B's head, N=4096 d=896 V=151936")
     parser.add_argument("--n", type=int, nargs="+", default=None,
                         help="token counts (default: by --quick); with --n the shape is --d x --v, the model's")
     parser.add_argument("--d", type=int, default=MODEL_D, help=f"hidden size with --n (default {MODEL_D})")
@@ -682,8 +853,11 @@ def main(argv=None) -> int:
 
     ns = tuple(args.n) if args.n else QUICK_N if args.quick else FULL_N
     dvs = ((args.d, args.v),) if args.n else QUICK_DV if args.quick else FULL_DV
+    if args.divergence:
+        ns, dvs = (tuple(args.n), ((args.d, args.v),)) if args.n else ((4096,), ((896, 151936),))
+        meta["flop_convention"] = "two contexts: fwd 4NVd, fwd+bwd 8NVd (useful); executed_tflop: what runs"
     print(f"shapes: N in {ns} x (d, V) in {dvs}", flush=True)
-    rows = run(ns, dvs, args.reps, modes, save_partial, bandwidth, meta.get("gemm_reference"))
+    rows = run(ns, dvs, args.reps, modes, save_partial, bandwidth, meta.get("gemm_reference"), args.divergence)
     columns = ["N", "d", "V", "variant", "phase", "ms", "predicted_ms", "predicted_ms_bound", "tflops", "pct_of_gemm",
                "max_rel_err", "executed_tflop", "hbm_gb", "peak_extra_mib", "outputs_mib", "path", "error"]
     print_table(rows, columns, title=f"\nfused linear log-prob, bf16, {torch.cuda.get_device_name(0)}")

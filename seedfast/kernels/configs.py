@@ -79,8 +79,10 @@ DIVERGENCE_GRAD_CONFIGS = {
         _cfg(8, 3, BLOCK_N=128, BLOCK_V=64, BLOCK_D=64, GROUP_N=8),
     ],
 }
-FP32_DIVERGENCE_CONFIGS = {90: _FP32, 80: _FP32}
-FP32_DIVERGENCE_GRAD_CONFIGS = {90: _FP32_GRAD_LOGITS, 80: _FP32_GRAD_LOGITS}
+# fp32 with two accumulators: the single-context fp32 tiles spill on sm_90 (stats 28 B at 64x64x32, 8 warps; G 8 B
+# at 4 warps; sums at 8 warps spill 8 B on sm_80): statistics and sums take a 16-deep K step at 4 warps, G 8 warps.
+FP32_DIVERGENCE_CONFIGS = {arch: [_cfg(4, 2, BLOCK_N=64, BLOCK_V=64, BLOCK_D=16)] for arch in (90, 80)}
+FP32_DIVERGENCE_GRAD_CONFIGS = {arch: [_cfg(8, 2, BLOCK_N=64, BLOCK_V=64, BLOCK_D=32, GROUP_N=8)] for arch in (90, 80)}
 REDUCE_BLOCK = 1024
 TOKEN_LOSS_BLOCK = 1024
 TOKEN_LOSS_NUM_WARPS = 4

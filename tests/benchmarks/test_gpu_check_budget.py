@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-ORDER = ["gemm", "kernels", "tests", "fsdp", "step", "rest"]
+ORDER = ["gemm", "kernels", "divergence", "tests", "fsdp", "step", "rest"]
 
 # Records each call; writes the files a real run would (--out X, --junitxml=X, gemm_reference's OUT); `-c` probes
 # succeed; `-` (the JUnit merge, stdlib only) runs on the real interpreter. A pytest call on a file matching $CRASH
@@ -115,6 +115,7 @@ def test_all_steps_in_order_with_python3_and_at_most_8_files(tmp_path):
         return next(i for i, line in enumerate(lines) if re.search(pattern, line))
 
     order = [first(r"-m benchmarks\.gemm_reference "), first(r"-m benchmarks\.kernels --n 16384 --d 4096 --v 152064"),
+             first(r"-m benchmarks\.kernels --divergence --n 4096 --d 896 --v 151936"),
              first(r"-m pytest -m gpu tests/kernels/"), first(r"-m pytest -m gpu tests/distributed/test_fsdp_one"),
              first(r"-m benchmarks\.step_gpu .*--attn sdpa --commit 0123abc"), first(r"-m pytest -m gpu tests/model/")]
     assert order == sorted(order), calls
@@ -125,7 +126,7 @@ def test_all_steps_in_order_with_python3_and_at_most_8_files(tmp_path):
     files = list(out.iterdir())
     assert all(f.is_file() for f in files) and len(files) <= 8, sorted(f.name for f in files)
     assert {f.name for f in files} == {"summary.txt", "window.log", "gemm_reference.json", "kernels.json",
-                                       "pytest_gpu.log", "pytest_gpu.xml", "step_gpu.json"}
+                                       "divergence.json", "pytest_gpu.log", "pytest_gpu.xml", "step_gpu.json"}
     merged = (out / "pytest_gpu.xml").read_text()
     assert merged.count("<testsuite ") == len(pytest_calls)  # every file's JUnit, merged into one
 
