@@ -14,7 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # The heaviest variant of each GEMM-like kernel, first autotune candidate (the full list: run the script).
-ONLY = ["fwd/single+entropy", "fwd/dual+entropy", "grad_logits/a+b", "grad_rows/a+b"]
+ONLY = ["fwd/single+entropy", "fwd/dual+entropy", "grad_logits/a+b", "grad_rows/a+b", "div_stats/reverse_kl",
+        "div_grad/jsd"]
 
 
 OTHER = {"versions": {"triton": "0.0.0"}, "rows": [], "problems": []}  # another Triton's report, already there

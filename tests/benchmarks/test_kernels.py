@@ -123,3 +123,24 @@ def test_committed_model_json_is_the_assumption_and_possible():
     assert set(saved["inputs"]) >= {"gemm_tflops", "hbm_tbs", "triton_eff", "per_block_and_chunk_gemms", "row_passes"}
     assert saved["triton_eff_assumed"] == [0.6, 0.7]
     assert all(r["predicted_pct_of_gemm"] <= 100.0 for r in saved["rows"])
+
+
+def test_divergence_model_counts_its_gemms_and_is_never_faster_than_them(bench):
+    # forward: 2 GEMMs of logits (jsd: 4, a second pass for M); backward: G recomputed from both contexts (2 GEMMs)
+    # plus dW and dH; rated against the 2 (forward) or 4 (forward + backward) GEMMs of useful work
+    n, d, vocab = 4096, 896, 151936
+    gemm = 2.0 * n * vocab * d
+    for kind, fwd_gemms in (("reverse_kl", 2), ("forward_kl", 2), ("jsd", 4)):
+        fwd = bench.predict(f"div_{kind}_fwd", n, d, vocab, 780.0, 4.3)
+        both = bench.predict(f"div_{kind}_fwd_bwd", n, d, vocab, 780.0, 4.3)
+        assert fwd["executed_tflop"] == pytest.approx(fwd_gemms * gemm / 1e12)
+        assert both["executed_tflop"] == pytest.approx((fwd_gemms + 4) * gemm / 1e12)
+        assert fwd["useful_tflop"] == pytest.approx(2 * gemm / 1e12)
+        assert both["useful_tflop"] == pytest.approx(4 * gemm / 1e12)
+        for row in (fwd, both):
+            assert row["predicted_ms"] >= row["gemm_ms_of_useful_work"]
+            assert all(p["ms"] >= p["gemm_ms"] * (1 - 1e-12) for p in row["phases"])
+    saved = bench.model_report()
+    shapes = {(r["N"], r["d"], r["V"]) for r in saved["rows"] if r["design"].startswith("div_")}
+    assert shapes == {(4096, 896, 151936), (16384, 3584, 152064)}  # Qwen2.5-0.5B's head and 7B's
+    assert "Divergence kernels" in bench.prediction_table(saved)
