@@ -38,7 +38,8 @@ def teacher_logprob_with_prefix(
     *,
     temperature: float = 1.0,
     attn_backend: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    return_hidden: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ℓskill under the model's current parameters, from a prefix KV the caller already has.
 
     prefix_kv holds one sequence per sample, in order, starting at position 0 and at least
@@ -47,7 +48,9 @@ def teacher_logprob_with_prefix(
     Returns (teacher_logprob [ΣA] fp32, teacher_mask [ΣA] bool), packed in sample order like
     `Scores.logprob`; rows of samples without a teacher are 0 and masked out. A teacher context that several samples
     hold (the same P[:n] and splice(P)[n:]) runs once, each sample's response against its keys and values
-    (docs/performance.md, 'The teacher reuses the prefix KV').
+    (docs/performance.md, 'The teacher reuses the prefix KV'). `return_hidden` adds the teacher's final hidden rows
+    (after the final norm, what the LM head reads for each log-prob) as a third result, teacher_hidden [ΣA, d] in the
+    model's dtype, packed alike, zeros for samples without a teacher.
     """
     if not isinstance(prefix_kv, PackedKV):
         raise TypeError(f"prefix_kv must be a PackedKV, got {type(prefix_kv).__name__}")
@@ -61,6 +64,9 @@ def teacher_logprob_with_prefix(
     mask = torch.zeros(sum(n_resp), dtype=torch.bool, device=device)
     chosen = [i for i, s in enumerate(samples) if s.has_teacher]
     if not chosen:
+        if return_hidden:
+            weight = model.lm_head_weight
+            return teacher_logprob, mask, weight.new_zeros(sum(n_resp), weight.shape[1])
         return teacher_logprob, mask
     lengths = [shared_prefix_length(samples[i]) for i in chosen]
     for i, need in zip(chosen, lengths):
@@ -91,4 +97,10 @@ def teacher_logprob_with_prefix(
     where = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in chosen]).to(device)
     teacher_logprob[where] = out.logprob
     mask[where] = True
-    return teacher_logprob, mask
+    if not return_hidden:
+        return teacher_logprob, mask
+    if len(chosen) == len(samples):  # the rows are already in sample order
+        return teacher_logprob, mask, hidden
+    teacher_hidden = hidden.new_zeros(sum(n_resp), hidden.shape[1])
+    teacher_hidden[where] = hidden
+    return teacher_logprob, mask, teacher_hidden

@@ -27,7 +27,10 @@ class Scores:
 
     `logprob` is ℓold from `score` (ℓref from `score_reference`). `teacher_logprob` is 0 where
     `teacher_mask` is False (samples without a valid teacher), so it can go straight into a loss
-    together with the mask. `len()`, indexing and iteration give per-sample `ScoreResult`s.
+    together with the mask. `teacher_hidden` (`score(..., keep_teacher_hidden=True)`) holds the teacher's final hidden
+    state of each row, the one its log-prob comes from (after the final norm, what the LM head reads; zeros where
+    `teacher_mask` is False): full-vocabulary divergences recompute the teacher's distribution from it without
+    [N, V] logits. `len()`, indexing and iteration give per-sample `ScoreResult`s.
     """
 
     offsets: torch.Tensor  # [B + 1] int64, on CPU
@@ -35,6 +38,7 @@ class Scores:
     teacher_logprob: torch.Tensor | None  # [N] fp32 or None (single-context scoring)
     teacher_mask: torch.Tensor | None  # [N] bool or None
     entropy: torch.Tensor | None  # [N] fp32 or None
+    teacher_hidden: torch.Tensor | None = None  # [N, d] in the model's dtype, or None unless asked
 
     @property
     def old_logprob(self) -> torch.Tensor:

@@ -50,8 +50,10 @@ def _head(model, hidden: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor
                                   teacher_hidden=teacher_hidden, temperature=temperature, with_entropy=with_entropy)
 
 
-def _scatter_scores(samples: list[StepSample], parts, with_entropy: bool, with_teacher: bool) -> Scores:
-    """Assemble per-micro-batch results (indices, logprob, teacher, entropy) into sample order."""
+def _scatter_scores(samples: list[StepSample], parts, with_entropy: bool, with_teacher: bool,
+                    teacher_hidden: torch.Tensor | None = None) -> Scores:
+    """Assemble per-micro-batch results (indices, logprob, teacher, entropy[, teacher hidden]) into sample order;
+    `teacher_hidden`, an empty [0, d] tensor, asks for the teacher's hidden rows (their width and dtype)."""
     lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.long)
     offsets = torch.zeros(len(samples) + 1, dtype=torch.long)
     offsets[1:] = torch.cumsum(lengths, 0)
@@ -60,26 +62,30 @@ def _scatter_scores(samples: list[StepSample], parts, with_entropy: bool, with_t
     total = int(offsets[-1])
 
     def place(pieces):
-        flat = torch.cat(pieces)
-        out = torch.empty(total, dtype=flat.dtype, device=flat.device)
+        flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        if bool((order == torch.arange(total)).all()):  # one micro-batch in sample order: nothing to move
+            return flat
+        out = torch.empty((total, *flat.shape[1:]), dtype=flat.dtype, device=flat.device)
         out[order.to(flat.device)] = flat
         return out
 
     if not parts:
         zeros = torch.zeros(0)
         return Scores(offsets, zeros, zeros if with_teacher else None,
-                      torch.zeros(0, dtype=torch.bool) if with_teacher else None, zeros if with_entropy else None)
+                      torch.zeros(0, dtype=torch.bool) if with_teacher else None, zeros if with_entropy else None,
+                      teacher_hidden)
     return Scores(
         offsets=offsets,
         logprob=place([p[1] for p in parts]),
         teacher_logprob=place([p[2] for p in parts]) if with_teacher else None,
         teacher_mask=place([p[3] for p in parts]) if with_teacher else None,
         entropy=place([p[4] for p in parts]) if with_entropy else None,
+        teacher_hidden=place([p[5] for p in parts]) if teacher_hidden is not None else None,
     )
 
 
 def _score_microbatch(model, samples: list[StepSample], temperature: float, with_entropy: bool,
-                      attn_backend: str | None):
+                      attn_backend: str | None, keep_teacher_hidden: bool = False):
     lengths = [shared_prefix_length(s) for s in samples]
     has_teacher = [s.has_teacher for s in samples]
     branches = pack_branches(samples, lengths, has_teacher)
@@ -92,11 +98,13 @@ def _score_microbatch(model, samples: list[StepSample], temperature: float, with
         hidden = forward_packed(model, branches, past=kv, past_owner=owner + teacher_of, attn_backend=attn_backend)
     else:
         hidden = forward_packed(model, branches, attn_backend=attn_backend)
-    return _dual_head(model, samples, branches, hidden, has_teacher, temperature, with_entropy)
+    return _dual_head(model, samples, branches, hidden, has_teacher, temperature, with_entropy, keep_teacher_hidden)
 
 
-def _dual_head(model, samples, branches: Packed, hidden, has_teacher, temperature, with_entropy):
-    """Log-probs from branch rows: student rows first (all samples), then teacher rows (has_teacher)."""
+def _dual_head(model, samples, branches: Packed, hidden, has_teacher, temperature, with_entropy,
+               keep_teacher_hidden: bool = False):
+    """Log-probs from branch rows: student rows first (all samples), then teacher rows (has_teacher); with
+    `keep_teacher_hidden`, also the teacher rows in the student rows' places ([n, d], zeros without a teacher)."""
     n_resp = [len(s.response_ids) for s in samples]
     n_student = sum(n_resp)
     rows = torch.arange(hidden.shape[0], device=hidden.device)  # hidden holds the scored rows alone, in order
@@ -120,7 +128,14 @@ def _dual_head(model, samples, branches: Packed, hidden, has_teacher, temperatur
             teacher[where] = out.teacher_logprob
         if with_entropy:
             entropy[where] = out.entropy
-    return logprob, teacher, paired.to(device), entropy
+    if not keep_teacher_hidden:
+        return logprob, teacher, paired.to(device), entropy
+    if bool(paired.all()):  # every sample has a teacher: its rows are already in the student rows' order
+        teacher_hidden = hidden[n_student:].clone()  # not a view: the student rows need not stay alive
+    else:
+        teacher_hidden = hidden.new_zeros(n_student, hidden.shape[1])
+        teacher_hidden[paired.to(device)] = hidden[teacher_rows]
+    return logprob, teacher, paired.to(device), entropy, teacher_hidden
 
 
 @torch.no_grad()
@@ -132,13 +147,16 @@ def score(
     token_budget: int = DEFAULT_TOKEN_BUDGET,
     temperature: float = 1.0,
     attn_backend: str | None = None,
+    keep_teacher_hidden: bool = False,
 ) -> Scores:
     """ℓold (and H) on P ⊕ A and ℓskill on P[:k] ⊕ S ⊕ P[k:] ⊕ A for every sample, sharing P[:k].
 
     Micro-batches hold consecutive samples with at most `token_budget` new tokens per model call
     (prefix call: Σ L; branch call: Σ student + teacher branch tokens); a sample that alone exceeds
     it raises a ValueError naming it. Returns packed `Scores` in sample order; samples without a teacher
-    have teacher_mask False (teacher_logprob 0 there, and None in their per-sample view).
+    have teacher_mask False (teacher_logprob 0 there, and None in their per-sample view). `keep_teacher_hidden`
+    also returns the teacher's final hidden rows, `Scores.teacher_hidden` [N, d] (the rows its log-probs come from,
+    zeros where teacher_mask is False), for full-vocabulary distillation against the teacher's distribution.
     """
     samples = check_samples(samples)
     _check_temperature(temperature)
@@ -151,8 +169,11 @@ def score(
     parts = []
     for idx in groups:
         batch = [samples[i] for i in idx]
-        parts.append((idx, *_score_microbatch(model, batch, temperature, with_entropy, attn_backend)))
-    return _scatter_scores(samples, parts, with_entropy, with_teacher=True)
+        parts.append((idx, *_score_microbatch(model, batch, temperature, with_entropy, attn_backend,
+                                              keep_teacher_hidden)))
+    weight = model.lm_head_weight
+    no_rows = weight.new_zeros(0, weight.shape[1]) if keep_teacher_hidden else None
+    return _scatter_scores(samples, parts, with_entropy, with_teacher=True, teacher_hidden=no_rows)
 
 
 @torch.no_grad()

@@ -12,29 +12,7 @@ from seedfast.scoring import StepSample, score, score_reference, shared_prompts
 from seedfast.scoring.packing import distinct_prefixes, pack, prompt_order
 from seedfast.scoring.shared_prompts import response_rows, sharing_pays
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
-from tests.scoring.scoring_helpers import hf_twin, make_config, random_samples, reference_scores
-
-
-def _copy(base: StepSample, response: torch.Tensor, sample_id: int) -> StepSample:
-    """base's prompt and teacher context, another response (a second trajectory of the same group)."""
-    return StepSample(prompt_ids=base.prompt_ids, response_ids=response, insertions=base.insertions,
-                      teacher_drops=base.teacher_drops, teacher_valid=base.teacher_valid, sample_id=sample_id)
-
-
-def repeated_prompts(seed: int = 5) -> list[StepSample]:
-    """In rollout order (trajectory-major): prompts a, b, c, d repeated 4, 3, 1 and 2 times and interleaved; d has a
-    one-token prompt (nothing to share before its last token)."""
-    gen = torch.Generator().manual_seed(seed)
-    base = random_samples(gen, n=6)
-    a, b, c = base[2], base[3], base[4]  # an insertion inside the prompt, two insertions, a truncated teacher
-    d = StepSample(prompt_ids=[7], response_ids=[1, 2], sample_id=99)
-    plan = [a, b, a, c, b, a, d, b, a, d]
-    samples = []
-    for i, s in enumerate(plan):
-        response = torch.randint(0, 101, (1 + i % 4,), generator=gen)
-        samples.append(_copy(s, response, i) if s is not d else StepSample(prompt_ids=[7], response_ids=response,
-                                                                          sample_id=i))
-    return samples
+from tests.scoring.scoring_helpers import hf_twin, make_config, reference_scores, repeated_prompts
 
 
 def test_distinct_prefixes_and_prompt_order_by_hand():
