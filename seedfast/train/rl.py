@@ -300,9 +300,9 @@ class Trainer:
             scores = None
             if self.plan.score_pass:
                 with unsharded(self.policy):  # ranks run different numbers of micro-batches: no collectives
-                    hidden_too = {"keep_teacher_hidden": True} if self._keeps_teacher_hidden() else {}
                     scores = score(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
-                                   temperature=cfg.rollout.temperature, **hidden_too)
+                                   temperature=cfg.rollout.temperature,
+                                   keep_teacher_hidden=self._keeps_teacher_hidden())
             # the rollout correction (docs/algorithms.md, 'Rollout correction'): ℓold against the engine's log-probs;
             # without a scoring pass (on-policy, mode none) the update's forward gives the diagnostics
             pg_weight = None
@@ -353,7 +353,7 @@ class Trainer:
         per_token = {"old": scores.logprob if scores is not None else None, "ref": scored.ref_logprob,
                      "pg_weight": pg_weight, "teacher": scores.teacher_logprob if from_scores else None,
                      "teacher_mask": scores.teacher_mask if from_scores else None,
-                     "teacher_hidden": getattr(scores, "teacher_hidden", None) if from_scores else None}
+                     "teacher_hidden": scores.teacher_hidden if from_scores else None}
         if behaviour_old and pg_weight is None:  # π_θ / π_behaviour in the PPO ratio (train/staleness.py)
             per_token["old"] = behaviour_logprob(samples)
         # with a correction mode a stale batch keeps ℓold = θ_old's scores and the weight π_θold / π_behaviour carries

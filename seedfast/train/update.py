@@ -286,9 +286,8 @@ def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, r
     old = None if batch.old_logprob is None else _gather(batch.old_logprob, batch, micro).to(device)
     teacher_hidden = None
     if run.teacher_here:
-        hidden_too = {"return_hidden": True} if run.divergence is not None else {}
         teacher = teacher_logprob_with_prefix(model, kv, micro_samples, temperature=run.temperature,
-                                              attn_backend=run.attn_backend, **hidden_too)
+                                              attn_backend=run.attn_backend, return_hidden=run.divergence is not None)
         teacher_logprob, teacher_mask = teacher[:2]
         teacher_hidden = teacher[2] if run.divergence is not None else None
         del kv, teacher
