@@ -19,6 +19,8 @@ RUN_STRIDE, STEP_STRIDE, RANK_STRIDE = 1_000_003, 7_919, 104_729
 EVAL_GAME_SEED_OFFSET = 1_000_000
 # numpy SeedSequence tag of the fixed RL task pool, apart from the per-step task draws ([run.seed, step]).
 _TASK_POOL_TAG = 0x9001
+# numpy SeedSequence tag of the shuffled-skill control's derangements (docs/study.md), apart from every other stream.
+_SKILL_SHUFFLE_TAG = 0x5EED
 
 
 def step_seed(run_seed: int, step: int) -> int:
@@ -58,6 +60,13 @@ def task_choice_seed(run_seed: int, step: int) -> list[int]:
     """numpy entropy of update `step`'s task draw from the pool: the same on every rank (each then plays its
     share), and a function of the step alone, so a resumed run draws the same games."""
     return [run_seed, step]
+
+
+def skill_shuffle_seed(run_seed: int, step: int) -> list[int]:
+    """numpy entropy of update `step`'s skill derangement (skill.shuffle=derange, the shuffled-skill control of
+    docs/study.md): which game's skills each game's trajectories read, a function of (run.seed, step) alone, tagged
+    apart from the task draws of the same update."""
+    return [run_seed, step, _SKILL_SHUFFLE_TAG]
 
 
 def eval_seed(run_seed: int) -> int:

@@ -43,6 +43,14 @@ def test_task_draws_are_frozen():
     assert list(np.random.default_rng(seeds.task_choice_seed(5, 2)).choice(10, size=3, replace=False)) == [7, 6, 2]
 
 
+def test_skill_shuffle_draws_are_frozen():
+    """skill.shuffle=derange's stream (docs/study.md, 'The shuffled-skill control'), tagged apart from the task
+    draws."""
+    assert seeds.skill_shuffle_seed(5, 0) == [5, 0, 0x5EED]
+    assert list(np.random.default_rng(seeds.skill_shuffle_seed(5, 0)).permutation(8)) == [2, 6, 1, 3, 7, 4, 5, 0]
+    assert list(np.random.default_rng(seeds.skill_shuffle_seed(11, 7)).permutation(8)) == [3, 2, 5, 0, 6, 1, 7, 4]
+
+
 def test_sft_and_game_seeds_are_frozen():
     assert seeds.copy_warmup_seed(3, 4) == 3 * 1_000_003 + 4
     assert seeds.replay_seed(0, "g1") == "0:g1"

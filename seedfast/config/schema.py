@@ -230,6 +230,9 @@ class SkillConfig:
     max_analysis_tokens: int = opt(512, "tokens the analyzer may generate (summary + skill JSON)", ge=1)
     analysis_temperature: float = opt(0.0, "sampling temperature when the policy analyzes (0 = greedy)", ge=0)
     library: str | None = opt(None, "static skill library file (SDAR provider); null = per-task skills")
+    shuffle: Literal["none", "derange"] = opt(
+        "none", "the shuffled-skill control (docs/study.md): derange = each trajectory reads the analyzer's skills of "
+        "the same-index trajectory of another game of its update (a seeded derangement of the update's games)")
 
 
 @dataclass

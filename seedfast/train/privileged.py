@@ -8,19 +8,27 @@
 - grpo: none.
 A trajectory whose text failed (parse error, analyzer error) gets None: it leaves OPD, never RL (docs/algorithms.md,
 'OPD gate'). Every writer takes `(ctx, trajectories)`: a `WriterContext` holds what any of them may read.
+
+skill.shuffle=derange (SEED's writer, the shuffled-skill control of docs/study.md): after the analyzer has written
+every trajectory's skills, trajectory j of the update's i-th game reads those of trajectory j of game π(i), π a
+derangement of the update's games drawn from seeds.skill_shuffle_seed(run.seed, update) (`shuffle_skills`).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from seedfast.algo import grsd as grsd_math
 from seedfast.config import Config
 from seedfast.envs.trajectory import Trajectory
 from seedfast.sampling_params import SamplingParams
+from seedfast.seeds import skill_shuffle_seed
 from seedfast.skills import reflection as grsd_text
 from seedfast.skills.analyzers import make_analyzer
 from seedfast.skills.chat_client import ChatClient
@@ -44,7 +52,7 @@ class Reflections:
 class WriterContext:
     """What a writer may read, each taking its part: the run's config; the policy's engine and tokenizer (the `self`
     analyzer, GRSD's reflections and guidance); each trajectory's group (GRSD's contrast groups); the judge and the
-    analyzer the run built once (None: the writer builds them from the config)."""
+    analyzer the run built once (None: the writer builds them from the config); the update's index."""
 
     cfg: Config
     engine: Any
@@ -52,6 +60,7 @@ class WriterContext:
     group_of: Sequence[int] = ()
     judge: Any = None
     analyzer: Any = None
+    step: int = 0  # the RL update the trajectories belong to (skill.shuffle's derangement is drawn per update)
 
 
 @dataclass
@@ -113,7 +122,72 @@ def seed_skills(ctx: WriterContext, trajectories: Sequence[Trajectory]) -> Privi
     for reason, count in reasons.items():
         if reason != "ok":
             metrics[f"skill/fail_{reason}"] = count / n
+    if cfg.skill.shuffle == "derange":
+        episode, step, shuffled = shuffle_skills(trajectories, episode, step, cfg.run.seed, ctx.step)
+        metrics.update(shuffled)
     return Privileged(episode, step, metrics)
+
+
+def derangement(rng: np.random.Generator, n: int) -> list[int]:
+    """A uniform derangement of range(n) (π(i) != i for every i): permutations drawn from `rng` until one is
+    (docs/study.md, 'The shuffled-skill control'); about e ≈ 2.7 draws on average. n < 2 has none."""
+    if n < 2:
+        raise ValueError(f"no derangement of {n} item(s): it needs at least 2")
+    while True:
+        perm = rng.permutation(n)
+        if not (perm == np.arange(n)).any():
+            return [int(i) for i in perm]
+
+
+def game_groups(trajectories: Sequence[Trajectory]) -> list[list[int]]:
+    """The update's games in draw order (the order the rollout played them: group_id, else game id, by first
+    appearance), each the indices of its trajectories in order (trajectory j of the game is its j-th)."""
+    groups: dict[Any, list[int]] = {}
+    for i, t in enumerate(trajectories):
+        groups.setdefault(t.meta.get("group_id", t.game_id), []).append(i)
+    return list(groups.values())
+
+
+def shuffle_sources(trajectories: Sequence[Trajectory], run_seed: int, step: int
+                    ) -> tuple[list[int], list[int] | None]:
+    """Per trajectory, the index of the trajectory whose skills it reads under skill.shuffle=derange, and π (None
+    when the update has fewer than two games: then every trajectory keeps its own). Trajectory j of game i reads
+    trajectory j of game π(i) (j modulo that game's count, should the games have played different counts)."""
+    groups = game_groups(trajectories)
+    source = list(range(len(trajectories)))
+    if len(groups) < 2:
+        return source, None
+    perm = derangement(np.random.default_rng(skill_shuffle_seed(run_seed, step)), len(groups))
+    for i, members in enumerate(groups):
+        donor = groups[perm[i]]
+        for j, t in enumerate(members):
+            source[t] = donor[j % len(donor)]
+    return source, perm
+
+
+def shuffle_skills(trajectories: Sequence[Trajectory], episode: list[str | None], step: list[dict[int, str]],
+                   run_seed: int, update: int) -> tuple[list[str | None], list[dict[int, str]], dict[str, float]]:
+    """The skills as skill.shuffle=derange hands them out (`shuffle_sources`): episode skills and step skills as
+    written, step skills keeping their step indices. Metrics: skill/shuffled, the share of trajectories reading
+    another trajectory's skill (another game's: the update's games are distinct); skill/shuffle_games, the games
+    deranged (0 when left unshuffled); skill/shuffle_unshuffled, the share left with their own skill because the
+    update had one game (counted and warned, never silent); skill/shuffle_mask_moved, the share whose teacher-valid
+    status changed (0 whenever every skill parses, as the oracle's do)."""
+    source, perm = shuffle_sources(trajectories, run_seed, update)
+    n = max(len(trajectories), 1)
+    if perm is None and trajectories:
+        warnings.warn(f"skill.shuffle=derange: update {update} has one game, so its {len(trajectories)} trajectories "
+                      "keep their own skills (skill/shuffle_unshuffled)", stacklevel=2)
+    has = [e is not None or bool(s) for e, s in zip(episode, step)]
+    new_episode = [episode[k] for k in source]
+    new_step = [dict(step[k]) for k in source] if step else step
+    metrics = {
+        "skill/shuffled": sum(k != i for i, k in enumerate(source)) / n,
+        "skill/shuffle_games": float(0 if perm is None else len(perm)),
+        "skill/shuffle_unshuffled": (len(trajectories) if perm is None else 0) / n,
+        "skill/shuffle_mask_moved": sum(has[i] != has[k] for i, k in enumerate(source)) / n,
+    }
+    return new_episode, new_step, metrics
 
 
 def sdar_skills(ctx: WriterContext, trajectories: Sequence[Trajectory]) -> Privileged:

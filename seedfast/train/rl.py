@@ -274,7 +274,7 @@ class Trainer:
             return None
         with timer.phase("analyze"), self._generating():
             ctx = WriterContext(self.cfg, self.engine, self.tokenizer, group_of=group_of, judge=self.judge,
-                                analyzer=self.analyzer)
+                                analyzer=self.analyzer, step=step)
             privileged = privileged_text(ctx, trajectories)
         metrics.update(privileged.metrics)
         if self.is_main:
