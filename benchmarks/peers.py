@@ -52,6 +52,7 @@ from benchmarks.common import (
 
 LEGS = ("reference", "liger", "seedfast")
 ALGOS = ("seed", "grpo")
+OPD_MODES = ("gate", "advantage", "reverse_kl", "jsd")  # loss.opd_mode (seedfast.algo.losses.OPD_MODES)
 PHASES = ("old", "ref", "teacher", "forward", "backward", "fwd_bwd", "optimizer")
 MALLOC_PINNED = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 WARMUP_BATCH = dict(tasks=1, trajectories=2, prompt=24, skill=4, response=4)
@@ -189,9 +190,11 @@ def step_samples(samples: list[dict]) -> list:
     return out
 
 
-def seedfast_update(policy, ref, optimizer, samples: list, hp: dict, use_opd: bool, phase: Phases) -> float:
+def seedfast_update(policy, ref, optimizer, samples: list, hp: dict, use_opd: bool, phase: Phases,
+                    opd_mode: str = "gate") -> float:
     """What Trainer.learn does after the rollout (seedfast/train/rl.py), on-policy: ℓref by score_reference,
-    GRPO advantages, one mini-batch through minibatch_loss_backward, grad clip, optimizer step."""
+    GRPO advantages, one mini-batch through minibatch_loss_backward, grad clip, optimizer step; `opd_mode` is
+    loss.opd_mode (the teacher term's form, --opd-modes)."""
     import torch
 
     from seedfast.algo import advantage as adv_math
@@ -200,7 +203,7 @@ def seedfast_update(policy, ref, optimizer, samples: list, hp: dict, use_opd: bo
     from seedfast.scoring import score_reference
     from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 
-    loss_cfg = LossConfig()
+    loss_cfg = LossConfig(opd_mode=opd_mode)
     optimizer.zero_grad(set_to_none=True)
     with phase("ref"):
         ref_lp = score_reference(ref, samples, token_budget=TOKEN_BUDGET, temperature=hp["temperature"]).logprob
@@ -267,15 +270,15 @@ def make_optimizer(model, hp: dict, leg: str):
     return optimizer
 
 
-def make_update(leg: str, algo: str, policy, ref, optimizer, samples: list[dict], hp: dict, device: str
-                ) -> Callable[[Phases], float]:
+def make_update(leg: str, algo: str, policy, ref, optimizer, samples: list[dict], hp: dict, device: str,
+                opd_mode: str = "gate") -> Callable[[Phases], float]:
     """A closure running one update of `leg` for `algo` on `samples`; it returns the loss."""
     from benchmarks import peers_reference as reference
 
     use_opd = algo == "seed"
     if leg == "seedfast":
         steps = step_samples(samples)
-        return lambda phase: seedfast_update(policy, ref, optimizer, steps, hp, use_opd, phase)
+        return lambda phase: seedfast_update(policy, ref, optimizer, steps, hp, use_opd, phase, opd_mode)
     x = reference.build_inputs(samples, hp, use_opd, device)
     if leg == "reference":
         return lambda phase: reference.reference_update(policy, ref, optimizer, x, hp, use_opd, phase)
@@ -339,7 +342,7 @@ def worker(args: argparse.Namespace) -> dict:
     optimizer = make_optimizer(policy, hp, args.leg)
     cfg = model_config(args.shape, args.layers)
     samples = make_samples(SHAPES[args.shape]["batch"], cfg["vocab_size"], args.insertion)
-    update = make_update(args.leg, args.algo, policy, ref, optimizer, samples, hp, args.device)
+    update = make_update(args.leg, args.algo, policy, ref, optimizer, samples, hp, args.device, args.opd_mode)
     sync = torch.cuda.synchronize if args.device == "cuda" else None
     warm_up(args, policy, ref, optimizer, hp, cfg["vocab_size"])
     gc.collect()
@@ -368,7 +371,7 @@ def warm_up(args: argparse.Namespace, policy, ref, optimizer, hp: dict, vocab: i
 
     start = {name: p.detach().clone() for name, p in policy.named_parameters()}
     small = make_samples(WARMUP_BATCH, vocab, args.insertion, seed=1)
-    make_update(args.leg, args.algo, policy, ref, optimizer, small, hp, args.device)(Phases())
+    make_update(args.leg, args.algo, policy, ref, optimizer, small, hp, args.device, args.opd_mode)(Phases())
     with torch.no_grad():
         for name, p in policy.named_parameters():
             p.copy_(start[name])
@@ -399,7 +402,7 @@ def liger_version() -> str | None:
     return versions("liger-kernel")["liger-kernel"] or "unknown"
 
 
-def run_leg(args: argparse.Namespace, leg: str, algo: str, ckpt: Path, dump: Path) -> dict:
+def run_leg(args: argparse.Namespace, leg: str, algo: str, ckpt: Path, dump: Path, opd_mode: str = "gate") -> dict:
     argv = ["-m", __spec__.name, "--worker", leg, algo, "--shape", args.shape, "--ckpt", str(ckpt),
             "--device", args.device,
             "--dtype", args.dtype, "--insertion", args.insertion, "--reps", str(args.reps), "--dump", str(dump)]
@@ -408,6 +411,8 @@ def run_leg(args: argparse.Namespace, leg: str, algo: str, ckpt: Path, dump: Pat
             argv += [flag, str(value)]
     if args.checkpointing:
         argv.append("--checkpointing")
+    if opd_mode != "gate":
+        argv += ["--opd-mode", opd_mode]
     try:
         return run_worker(argv, timeout=args.timeout, env=MALLOC_PINNED)
     except RuntimeError as err:  # e.g. killed for memory: a result too
@@ -474,6 +479,32 @@ def run_shape(args: argparse.Namespace) -> dict:
     return {"liger_kernel": liger or "not available", "results": results}
 
 
+def run_opd_modes(args: argparse.Namespace) -> dict:
+    """One SEED update of the seedfast leg per teacher-term form (loss.opd_mode), each in a fresh process from the
+    same weights and step samples; time and peak memory against `gate` (the reference recipe has only `gate`)."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="seedfast_peers_") as tmp:
+        ckpt = write_checkpoint(model_config(args.shape, args.layers), Path(tmp) / "hf")
+        for mode in args.opd_modes:
+            row = {"opd_mode": mode, **run_leg(args, "seedfast", "seed", ckpt, Path(tmp) / f"{mode}.safetensors",
+                                                mode)}
+            print(f"  {args.shape} seed opd_mode={mode}: " + (row.get("error") or
+                  f"{row['phases_s']['total']:.2f} s, +{row['peak_extra_bytes'] / 2**20:.0f} MiB"), file=sys.stderr)
+            rows.append(row)
+    base = next((r for r in rows if r["opd_mode"] == "gate" and "phases_s" in r), None)
+    for r in rows:
+        if base is not None and "phases_s" in r:
+            r["time_vs_gate"] = r["phases_s"]["total"] / base["phases_s"]["total"]
+            r["memory_vs_gate"] = r["peak_extra_bytes"] / max(base["peak_extra_bytes"], 1)
+    table = [{"opd_mode": r["opd_mode"], "total_s": r.get("phases_s", {}).get("total"),
+              "x_gate": r.get("time_vs_gate"), "teacher": r.get("phases_s", {}).get("teacher"),
+              "fwd_bwd": r.get("phases_s", {}).get("fwd_bwd"),
+              "peak_MiB": r["peak_extra_bytes"] / 2**20 if "peak_extra_bytes" in r else None,
+              "mem_x_gate": r.get("memory_vs_gate"), "loss": r.get("loss"), "note": r.get("error")} for r in rows]
+    print_table(table, list(table[0]), title=f"one SEED update per loss.opd_mode, seedfast, shape {args.shape}")
+    return {"algo": "seed", "leg": "seedfast", "opd_modes": rows}
+
+
 def print_rows(shape: str, results: dict) -> None:
     table = []
     for algo, rows in results.items():
@@ -516,7 +547,7 @@ def result_key(args: argparse.Namespace) -> str:
     """The JSON entry of a run: the shape, its cut depth, and whether activations were checkpointed."""
     full = SHAPES[args.shape]["model"]["num_hidden_layers"]
     cut = f"_{args.layers}layers" if args.layers and args.layers != full else ""
-    return args.shape + cut + ("_ckpt" if args.checkpointing else "")
+    return args.shape + cut + ("_ckpt" if args.checkpointing else "") + ("_opd_modes" if args.opd_modes else "")
 
 
 # ----------------------------------------------------------------------------------------- docs/performance.md
@@ -605,6 +636,26 @@ def full_depth_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+OPD_MODES_ENTRY = "qwen0.5b_2layers_opd_modes"
+
+
+def opd_modes_table(data: dict) -> str:
+    """One SEED update of seedfast per loss.opd_mode against `gate` (docs/performance.md, 'Full-vocabulary
+    divergences without logits'), from the OPD_MODES_ENTRY of results/peers_cpu.json (make docs)."""
+    e = data["shapes"][OPD_MODES_ENTRY]
+    m = e["model"]
+    shape = f"{DOC_NAMES['qwen0.5b']} cut to {m['num_hidden_layers']} layers"
+    lines = [f"| one SEED update, {shape} (d {m['hidden_size']}, V {_count(m['vocab_size'])}), {e['samples']} "
+             f"samples, {_where([e])} | time | vs gate | peak memory | vs gate |", "|---|---|---|---|---|"]
+    for r in e["opd_modes"]:
+        if "phases_s" not in r:
+            lines.append(f"| `loss.opd_mode={r['opd_mode']}` | – | – | – | {r['error']} |")
+            continue
+        lines.append(f"| `loss.opd_mode={r['opd_mode']}` | {r['phases_s']['total']:.1f} s | {r['time_vs_gate']:.2f}× | "
+                     f"{r['peak_extra_bytes'] / 2**30:.2f} GiB | {r['memory_vs_gate']:.2f}× |")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=list(SHAPES), default="tiny")
@@ -620,6 +671,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="activation checkpointing on every leg's policy (recompute each layer in backward)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per process")
     ap.add_argument("--out", help="JSON path (default benchmarks/results/peers_<device>.json; shapes are merged)")
+    ap.add_argument("--opd-modes", nargs="+", choices=OPD_MODES, help="instead of the legs: one SEED update of "
+                    "seedfast per loss.opd_mode (gate first: the ratios' baseline), entry <shape>..._opd_modes")
+    ap.add_argument("--opd-mode", choices=OPD_MODES, default="gate", help=argparse.SUPPRESS)
     ap.add_argument("--worker", nargs=2, metavar=("LEG", "ALGO"), help=argparse.SUPPRESS)
     ap.add_argument("--ckpt", help=argparse.SUPPRESS)
     ap.add_argument("--dump", help=argparse.SUPPRESS)
@@ -634,6 +688,14 @@ def main() -> None:
     if args.worker:
         args.leg, args.algo = args.worker
         print(json.dumps(worker(args)))
+        return
+    if args.opd_modes:
+        if args.opd_modes[0] != "gate":
+            sys.exit("peers.py: --opd-modes starts with gate, the baseline of its ratios")
+        start = time.perf_counter()
+        result = run_opd_modes(args)
+        path = save(args, result)
+        print(f"wrote {path} in {time.perf_counter() - start:.0f} s")
         return
     if "reference" not in args.legs:
         sys.exit("peers.py: the reference leg is the baseline of every ratio and check; keep it in --legs")

@@ -93,6 +93,12 @@ def _peers_full_depth() -> str:
     return peers.full_depth_table(_json("benchmarks/results/peers_cpu.json"))
 
 
+def _divergences() -> str:
+    from benchmarks import divergence
+
+    return divergence.docs_table(_json("benchmarks/results/divergence_cpu.json"))
+
+
 # The memory plans of docs/scaling.md: `seedfast plan CONFIG --world N --json benchmarks/results/plan_*.json` per recipe
 # of configs/. The package writes them and must not read committed results, and no script of benchmarks/ owns
 # them, so their table is made here.
@@ -146,6 +152,7 @@ SECTIONS = (
     Section("docs/kernels.md", "h200 prediction", _kernel_prediction),
     Section("docs/performance.md", "peers side by side", _peers_side_by_side),
     Section("docs/performance.md", "peers at full depth", _peers_full_depth),
+    Section("docs/performance.md", "divergences without logits", _divergences),
     Section("docs/scaling.md", "memory plans", _memory_plans),
 )
 

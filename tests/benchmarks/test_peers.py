@@ -85,3 +85,33 @@ def test_each_depth_and_checkpointing_has_its_own_entry():
     assert key() == "qwen0.5b"
     assert key("--layers", "2") == "qwen0.5b_2layers"
     assert key("--layers", "24", "--checkpointing") == "qwen0.5b_ckpt"
+    assert key("--layers", "2", "--opd-modes", "gate", "jsd") == peers.OPD_MODES_ENTRY
+
+
+def test_each_opd_mode_runs_its_own_teacher_term(checkpoint):
+    """--opd-modes: the seedfast leg's update with each loss.opd_mode; the forms give different updates (the same
+    GRPO part, another teacher term), and the same form twice the same one."""
+    updates = {}
+    for mode in peers.OPD_MODES:
+        torch.manual_seed(0)
+        hp = peers.hyper_params()
+        policy, ref = peers.load_models("seedfast", checkpoint, "cpu", "fp32")
+        optimizer = peers.make_optimizer(policy, hp, "seedfast")
+        samples = peers.make_samples(BATCH, peers.SHAPES["tiny"]["model"]["vocab_size"], "before_response")
+        loss = peers.make_update("seedfast", "seed", policy, ref, optimizer, samples, hp, "cpu", mode)(peers.Phases())
+        updates[mode] = (loss, {n: p.grad.detach().clone() for n, p in policy.named_parameters()})
+    assert updates["gate"][0] == one_update("seedfast", "seed", checkpoint, "before_response")[0]
+    modes = list(updates)
+    for i, a in enumerate(modes):
+        for b in modes[i + 1:]:
+            assert max_diff(updates[a][1], updates[b][1]) > 0, (a, b)
+
+
+def test_opd_modes_table_reads_its_entry():
+    entry = {"model": peers.model_config("qwen0.5b", 2), "samples": 8, "device": "cpu", "dtype": "fp32",
+             "opd_modes": [{"opd_mode": "gate", "phases_s": {"total": 8.0}, "peak_extra_bytes": 2 << 30,
+                            "time_vs_gate": 1.0, "memory_vs_gate": 1.0},
+                           {"opd_mode": "jsd", "phases_s": {"total": 9.0}, "peak_extra_bytes": 3 << 30,
+                            "time_vs_gate": 1.125, "memory_vs_gate": 1.5}]}
+    table = peers.opd_modes_table({"shapes": {peers.OPD_MODES_ENTRY: entry}})
+    assert "| `loss.opd_mode=jsd` | 9.0 s | 1.12× | 3.00 GiB | 1.50× |" in table
