@@ -1,9 +1,10 @@
 """Teacher probe: does a correct skill, inserted the way the RL teacher inserts it, raise the walkthrough's actions?
 
-    python -m experiments.teacher_probe RUN [--name NAME] [--games 32] [overrides ...]
+    python -m experiments.teacher_probe RUN [--name NAME] [--games 32] [--config CONFIG] [overrides ...]
     python -m experiments.teacher_probe tp_step --name episode_step   # e.g. after `seedfast sft ... run.name=tp_step`
 
-RUN is a run folder with an SFT policy (runs/RUN/sft, from `seedfast sft configs/demo_cpu.yaml run.name=RUN`). Every
+RUN is a run folder with an SFT policy (runs/RUN/sft, from `seedfast sft CONFIG run.name=RUN`; CONFIG is --config,
+default configs/demo_cpu.yaml, e.g. configs/smollm2-135m_textworld_cpu.yaml for the real model's start). Every
 step of the walkthroughs of `--games` games of the RL pool and of as many held-out games is prompted the agent loop's
 way (the walkthrough's own history); its response is the walkthrough's action `<action>CMD</action>` + end of turn.
 Each skill-format candidate is put in the teacher context by the RL path itself (train/batch.build_samples: the
@@ -230,25 +231,36 @@ def reader_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+DEFAULT_CONFIG = "configs/demo_cpu.yaml"
+
+
+def probe_config(config: str | Path, run: str, overrides: list[str]):
+    """The probe's config: CONFIG (relative to the repository's root unless absolute) with the run's name, in-process
+    environments and a 64-game pool (the demo's pool when teacher_probe.json's probes were measured; the demo's is
+    smaller since its 10-minute cut), then the command line's overrides."""
+    path = Path(config)
+    return load_config(path if path.is_absolute() else ROOT / path,
+                       [f"run.name={run}", "env.isolation=inline", "rollout.task_pool=64", *overrides])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run")
     parser.add_argument("--name", default=None)
     parser.add_argument("--games", type=int, default=32)
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="the recipe RUN's SFT was made with")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_intermixed_args()
-    # the demo's pool when teacher_probe.json's probes were measured (the demo's is smaller since its 10-minute cut)
-    cfg = load_config(ROOT / "configs" / "demo_cpu.yaml", [f"run.name={args.run}", "env.isolation=inline",
-                                                           "rollout.task_pool=64", *args.overrides])
+    cfg = probe_config(args.config, args.run, args.overrides)
     t0 = time.perf_counter()
     policy_dir = cfg.run_dir / "sft"
     policy = load_policy(cfg, policy_dir, torch.device("cpu"), trainable=False)
     tokenizer = load_run_tokenizer(cfg, policy_dir)
     pool = task_pool(load_tasks(cfg, "train"), cfg.rollout.task_pool, cfg.run.seed)[: args.games]
     heldout = load_tasks(cfg, "eval")[: args.games]
-    out: dict = {"run": args.run, "insertion": cfg.skill.insertion, "skill_mode": cfg.skill.skill_mode,
-                 "teacher_mode": cfg.skill.teacher_mode, "max_skill_tokens": cfg.skill.max_skill_tokens,
-                 "temperature": cfg.rollout.temperature, "splits": {}}
+    out: dict = {"run": args.run, "config": str(args.config), "insertion": cfg.skill.insertion,
+                 "skill_mode": cfg.skill.skill_mode, "teacher_mode": cfg.skill.teacher_mode,
+                 "max_skill_tokens": cfg.skill.max_skill_tokens, "temperature": cfg.rollout.temperature, "splits": {}}
     for split, tasks in (("train_pool", pool), ("heldout", heldout)):
         replays = replay_games(tasks, seed=cfg.run.seed)
         steps = walkthrough_steps(cfg, tokenizer, replays)
