@@ -57,6 +57,12 @@ def _smollm2_sparse() -> str:
     return real_model.sparse_docs_section(real_model.sparse_results())
 
 
+def _study() -> str:
+    from experiments import study
+
+    return study.docs_section(json.loads(study.RESULT.read_text(encoding="utf-8")) if study.RESULT.exists() else {})
+
+
 def _rollout_engines() -> str:
     from benchmarks import rollout
 
@@ -146,6 +152,7 @@ SECTIONS = (
     Section("docs/demo.md", "seed in the sparse regime", _seed_sparse),
     Section("docs/demo.md", "smollm2 results", _smollm2_table),
     Section("docs/demo.md", "smollm2 in a sparse pool", _smollm2_sparse),
+    Section("docs/study.md", "study result", _study),
     Section("docs/performance.md", "rollout engines", _rollout_engines),
     Section("docs/architecture.md", "asynchronous rollouts", _async_rollout),
     Section("docs/reference.md", "commands and options", _reference),
