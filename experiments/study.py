@@ -235,10 +235,12 @@ def deviation(data: dict, what: str, why: str) -> None:
 
 
 def code_changes() -> list[str]:
-    """Tracked files changed in the tree that a run reads (the package, the experiments, the configs)."""
+    """Tracked files changed in the tree that a run reads (the package, the experiments, the configs, benchmarks'
+    helpers), results left out."""
     out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "seedfast", "experiments",
                           "configs", "benchmarks"], capture_output=True, text=True, cwd=ROOT, check=False)
-    return [line[3:] for line in out.stdout.splitlines() if line.strip()]
+    paths = [line[3:] for line in out.stdout.splitlines() if line.strip()]
+    return [p for p in paths if not p.startswith("experiments/results/")]  # the study's own file is not code
 
 
 def check_study_commit(what: str, allow: str | None) -> None:
