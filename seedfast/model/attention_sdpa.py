@@ -1,7 +1,8 @@
 """SDPA backend: pad the packed sequences into one batch and mask per sequence.
 
 Padded query rows are allowed to see every key (their output is dropped): a fully masked row would give NaN
-in forward and NaN gradients for the real keys in backward.
+in forward and NaN gradients for the real keys in backward. Where every sequence has as many keys as queries the
+batch needs no mask at all: plain causal attention gives each real row what it sees (a padded row sees key 0 at least).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def prepare(plan: VarlenLayout, device: torch.device) -> SdpaState:
     q_gather, q_real = padding(plan.cu_q_list, max_q, device)
     k_gather, k_real = padding(plan.cu_k_list, max_k, device)
     q_valid = q_real.reshape(-1).nonzero().squeeze(1)
-    no_padding = all(lq == max_q for lq in plan.lens_q) and all(lk == max_q for lk in plan.lens_k)
-    if no_padding:
+    if list(plan.lens_q) == list(plan.lens_k):
+        # as many keys as queries in every sequence, padded at the end: a real query i sees exactly keys 0..i under
+        # the plain causal mask, which lets the kernel skip the blocks above the diagonal (a mask would not)
         return SdpaState(B, max_q, max_k, q_gather, k_gather, q_valid, None, True)
     iq = torch.arange(max_q, device=device)
     ik = torch.arange(max_k, device=device)

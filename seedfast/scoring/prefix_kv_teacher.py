@@ -91,7 +91,9 @@ def teacher_logprob_with_prefix(
     else:
         past = _leading_tokens(prefix_kv, chosen, lengths)
         branches = pack([torch.cat([c, a[:-1]]) for c, a in zip(contexts, responses)], lengths, responses)
-        hidden = forward_packed(model, branches, past=past, attn_backend=attn_backend)  # the scored rows alone
+        # each branch reads its own prefix where it lies, not through a merged copy, where that pays (sharing_pays)
+        hidden = forward_packed(model, branches, past=past, past_owner=list(range(len(chosen))),
+                                attn_backend=attn_backend)  # the scored rows alone
     out = head_logprob_op(model)(hidden, model.lm_head_weight, branches.targets.to(device), temperature=temperature)
     offsets = torch.tensor([0, *n_resp]).cumsum(0).tolist()
     where = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in chosen]).to(device)

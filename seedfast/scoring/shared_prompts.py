@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 
 from seedfast.context.sample import StepSample
+from seedfast.model.attention_shared_past import fused as shared_past_fused
 from seedfast.model.kv import PackedKV
 from seedfast.scoring.packing import Packed, distinct_prefixes, pack, pack_prefixes, pack_single, student_branch
 
@@ -39,10 +40,14 @@ def forward_packed(model, packed: Packed, past: PackedKV | None = None, return_k
 
 def sharing_pays(packed: Packed, past: PackedKV, past_owner: Sequence[int]) -> bool:
     """Whether sequences that share a past should read it where it is held once (model/attention_shared_past.py)
-    rather than from a copy per sequence through the backend's varlen kernel. The shared form computes each sequence's
-    attention to its own tokens unfused (their [L, L] scores in memory), so it pays where those are the smaller part:
-    sequences no longer than their past on the whole, e.g. a response after a long prompt, not a long prompt tail after
-    a short prefix (docs/performance.md, 'Responses that share a teacher context')."""
+    rather than from a copy per sequence through the backend's varlen kernel. Where the shared form runs fused (CPU)
+    it always does: both forms pad the sequences alike, and the copies' kernel masks the past and the sequence
+    together (no causal block skipping) where the shared form's own part is plainly causal. Elsewhere it computes each
+    sequence's attention to its own tokens unfused (their [L, L] scores in memory), so it pays where those are the
+    smaller part: sequences no longer than their past on the whole, e.g. a response after a long prompt, not a long
+    prompt tail after a short prefix (docs/performance.md, 'Responses that share a teacher context')."""
+    if shared_past_fused(past.keys[0].device, past.keys[0].dtype):
+        return True
     own = packed.cu_seqlens.diff().long()
     shared = past.lengths.to(own.device)[torch.as_tensor(past_owner, dtype=torch.long, device=own.device)]
     return bool((own * own).sum() <= (own * shared).sum())

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from seedfast.model import attention_shared_past
 from seedfast.model.decoder import build_decoder
 from seedfast.scoring import StepSample, score, score_reference
 from tests.scoring.scoring_helpers import VOCAB, hf_twin, make_config, random_samples, reference_scores
@@ -103,3 +104,15 @@ def test_bad_input_is_named():
         score(model, [fine], temperature=0.0)
     with pytest.raises(ValueError, match="input_ids must lie in"):
         score(model, [StepSample(prompt_ids=[VOCAB + 5, 1], response_ids=[1])])
+
+
+def test_the_unfused_shared_past_attention_scores_alike(monkeypatch):
+    """Off the CPU kernel (model/attention_shared_past.py: the scores in memory, as on GPU) the scores agree, with the
+    branches reading their prefixes in place wherever they are the shorter part."""
+    model, _ = models_for("qwen3")
+    samples = random_samples(torch.Generator().manual_seed(12), n=10)
+    fused = score(model, samples, with_entropy=True, temperature=0.9)
+    monkeypatch.setattr(attention_shared_past, "_FLASH_CPU", None)
+    unfused = score(model, samples, with_entropy=True, temperature=0.9)
+    for name in ("logprob", "teacher_logprob", "entropy"):
+        torch.testing.assert_close(getattr(unfused, name), getattr(fused, name), rtol=0, atol=1e-5)

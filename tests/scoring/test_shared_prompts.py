@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from seedfast.config import LossConfig
-from seedfast.model import PackedKV, make_cu_seqlens
+from seedfast.model import PackedKV, attention_shared_past, make_cu_seqlens
 from seedfast.model.decoder import build_decoder
 from seedfast.scoring import StepSample, score, score_reference, shared_prompts
 from seedfast.scoring.packing import distinct_prefixes, pack, prompt_order
@@ -137,7 +137,12 @@ def test_the_update_with_shared_prompts_equals_one_sample_per_micro_batch(teache
         torch.testing.assert_close(grads_a[name], grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
-def test_a_shared_past_is_read_in_place_only_where_the_sequences_are_the_shorter_part():
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_shared_past_is_read_in_place_where_it_pays(monkeypatch, fused):
+    """Fused (CPU): always. Unfused (the scores of a sequence's own part in memory): only where the sequences are the
+    shorter part."""
+    monkeypatch.setattr(shared_prompts, "shared_past_fused", lambda device, dtype: fused)
+
     def kv(lengths):
         cu = make_cu_seqlens(lengths)
         keys = [torch.zeros(int(cu[-1]), 1, 2)]
@@ -146,4 +151,10 @@ def test_a_shared_past_is_read_in_place_only_where_the_sequences_are_the_shorter
     responses = pack([torch.zeros(24, dtype=torch.long)] * 3, [600] * 3, [torch.zeros(24, dtype=torch.long)] * 3)
     assert sharing_pays(responses, kv([600, 500]), [0, 0, 1])  # responses after long prompts: in place
     tails = pack([torch.zeros(1500, dtype=torch.long)] * 2, [96] * 2, [torch.zeros(128, dtype=torch.long)] * 2)
-    assert not sharing_pays(tails, kv([96]), [0, 0])  # long prompt tails after a short prefix: the varlen kernel
+    assert sharing_pays(tails, kv([96]), [0, 0]) == fused  # long prompt tails after a short prefix: varlen if unfused
+
+
+def test_fused_where_the_cpu_kernel_runs():
+    assert attention_shared_past.fused(torch.device("cpu"), torch.float32)
+    assert attention_shared_past.fused(torch.device("cpu"), torch.bfloat16)  # computed in fp32
+    assert not attention_shared_past.fused(torch.device("meta"), torch.float32)
