@@ -9,8 +9,10 @@ scores the same token under θ_old, ℓtrain_t. With log ρ_t = ℓtrain_t − �
     seq_geo_mask  w_t = 1[geo_low ≤ exp(mean_s log ρ_s) ≤ geo_high]           (geometric-mean sequence mask)
     token_mask    w_t = ρ_t · 1[token_low ≤ ρ_t ≤ token_high]                (IcePop: two-sided token mask)
 
-w is stop-gradient and multiplies the policy (PG) term only. Inputs are [B, T] (one sequence per row) with a mask of
-the response tokens, as in losses.py; values at masked positions may hold anything.
+w is stop-gradient. It multiplies the policy (PG) term; a token whose w is 0 is dropped from every term of the loss
+(train/update.py: the masking rule). Inputs are [B, T] (one row per step sample) with a mask of the response tokens,
+as in losses.py; values at masked positions may hold anything. The sequence of the seq_* modes is a row, or, given
+`groups` [B], every row of one group together (the rows of one trajectory: Σ_s and mean_s run over all of them).
 
 The diagnostics are sums (`CorrectionSums`), so micro-batches and data-parallel ranks add them up before
 `correction_metrics` turns them into means: the gap |ℓtrain − ℓrollout| (mean, max), the k3 estimate of
@@ -73,10 +75,12 @@ class Correction(NamedTuple):
 
 
 def rollout_correction(train_logprob: torch.Tensor, rollout_logprob: torch.Tensor, mask: torch.Tensor,
-                       options: CorrectionOptions = NO_CORRECTION) -> Correction:
+                       options: CorrectionOptions = NO_CORRECTION, groups: torch.Tensor | None = None) -> Correction:
     """The PG term's per-token weight for `options.mode` and the diagnostics' sums; no gradient reaches any input.
 
-    A sequence without response tokens (an all-False mask row) has no weight and counts in no sequence share.
+    `groups` [B] (integers): rows with the same value are one sequence for the seq_* modes' weight (the diagnostics
+    stay per row). A row without response tokens (an all-False mask row) has no weight and counts in no sequence
+    share.
     """
     func = "rollout_correction"
     options.check(func)
@@ -85,6 +89,10 @@ def rollout_correction(train_logprob: torch.Tensor, rollout_logprob: torch.Tenso
     check_2d(func, "train_logprob", train_logprob)
     check_same_shape(func, "train_logprob", train_logprob, rollout_logprob=rollout_logprob)
     valid = check_mask(func, "mask", mask, train_logprob, "train_logprob")
+    if groups is not None and (groups.shape != train_logprob.shape[:1] or groups.dtype.is_floating_point
+                               or (groups.numel() and int(groups.min()) < 0)):
+        raise ValueError(f"{func}: groups must be [{train_logprob.shape[0]}] non-negative integers, got "
+                         f"{tuple(groups.shape)} {groups.dtype}")
     dtype = torch.promote_types(torch.promote_types(train_logprob.dtype, rollout_logprob.dtype), torch.float32)
     with torch.no_grad():
         train = torch.where(valid, train_logprob.detach().to(dtype), 0.0)
@@ -92,13 +100,22 @@ def rollout_correction(train_logprob: torch.Tensor, rollout_logprob: torch.Tenso
         for name, t in (("train_logprob", train), ("rollout_logprob", rollout)):
             if not torch.isfinite(t).all():
                 raise ValueError(f"{func}: {name} holds a non-finite value at a response token")
-        weight, truncated = _weights(train - rollout, valid, options)
+        weight, truncated = _weights(train - rollout, valid, options, groups)
         masked = valid & (weight == 0)
         return Correction(weight, masked, truncated, _sums(train, rollout, valid, weight, masked, truncated))
 
 
-def _weights(log_ratio: torch.Tensor, valid: torch.Tensor,
-             options: CorrectionOptions) -> tuple[torch.Tensor, torch.Tensor]:
+def _per_sequence(rows: torch.Tensor, groups: torch.Tensor | None) -> torch.Tensor:
+    """[B] per-row sums -> [B, 1]: each row's own, or its group's total."""
+    if groups is not None:
+        groups = groups.to(rows.device, torch.long)
+        totals = torch.zeros(int(groups.max()) + 1 if groups.numel() else 0, dtype=rows.dtype, device=rows.device)
+        rows = totals.index_add_(0, groups, rows)[groups]
+    return rows[:, None]
+
+
+def _weights(log_ratio: torch.Tensor, valid: torch.Tensor, options: CorrectionOptions,
+             groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight, truncated) per token; log_ratio is 0 outside `valid`."""
     safe = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ones = valid.to(log_ratio.dtype)
@@ -113,8 +130,8 @@ def _weights(log_ratio: torch.Tensor, valid: torch.Tensor,
         ratio = torch.exp(safe)
         keep = valid & (ratio >= options.token_low) & (ratio <= options.token_high)
         return torch.where(keep, ratio, 0.0), none
-    counts = valid.sum(-1, keepdim=True)
-    seq_log = log_ratio.sum(-1, keepdim=True)
+    counts = _per_sequence(valid.sum(-1).to(log_ratio.dtype), groups)
+    seq_log = _per_sequence(log_ratio.sum(-1), groups)
     if options.mode == "seq_tis":
         ratio = torch.exp(seq_log.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
         truncated = valid & (ratio > options.seq_clip)

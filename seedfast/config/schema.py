@@ -154,6 +154,10 @@ class CorrectionConfig:
     geo_high: float = opt(1.01, "seq_geo_mask: highest geometric-mean ratio a sequence may have and stay", gt=0)
     token_low: float = opt(0.5, "token_mask: tokens with a ratio below this are masked out", gt=0)
     token_high: float = opt(5.0, "token_mask: tokens with a ratio above this are masked out", gt=0)
+    seq_unit: Literal["trajectory", "step"] = opt(
+        "trajectory", "seq_tis, seq_geo_mask: the sequence whose token ratios make one weight: trajectory = every "
+                      "step sample of one trajectory shares the weight of all its response tokens (its advantage is "
+                      "the trajectory's), step = each step sample alone (docs/algorithms.md, 'Rollout correction')")
     warn_masked_share: float = opt(0.3, "warn (once per update) when the correction masks more than this share of "
                                         "the response tokens or of the sequences", ge=0, le=1)
 
@@ -196,6 +200,10 @@ class RolloutConfig:
     max_staleness: int = opt(0, "asynchronous RL: a rollout producer in its own process rolls out update s on the "
                                 "policy of update s - max_staleness (docs/architecture.md, 'Asynchronous rollouts'); "
                                 "0 = the synchronous loop (rollout, then update, on the same weights)", ge=0)
+    producer_timeout_s: float | None = opt(
+        1800.0, "asynchronous RL: seconds the trainer waits for the rollout producer (its start, one update's rollout, "
+                "one weight send) before it ends the run with one line naming the update and the resume point; null = "
+                "wait for ever (docs/architecture.md, 'Asynchronous rollouts')", gt=0)
     correction: CorrectionConfig = section(
         CorrectionConfig, "train/rollout mismatch correction: importance weights or masks from the log-probs the "
                           "engine sampled with, and their diagnostics")

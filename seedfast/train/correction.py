@@ -90,13 +90,25 @@ def behaviour_logprobs(samples: Sequence[StepSample], *, required: bool, why: st
     return out
 
 
+def trajectory_groups(samples: Sequence[StepSample]) -> torch.Tensor:
+    """[S]: one integer per trajectory, shared by its step samples (`meta["trajectory_index"]`, rollout/records.py);
+    a sample that names no trajectory is one of its own."""
+    ids: dict[object, int] = {}
+    out = []
+    for i, s in enumerate(samples):
+        key = s.meta.get("trajectory_index", ("sample", i))
+        out.append(ids.setdefault(key, len(ids)))
+    return torch.tensor(out, dtype=torch.long)
+
+
 def correction_weights(train_logprob: torch.Tensor, samples: Sequence[StepSample], correction: CorrectionConfig,
                        tally: CorrectionTally | None = None) -> tuple[torch.Tensor | None, CorrectionTally]:
     """(weight [N] on train_logprob's device or None with mode none, the tally with these samples added).
 
     `train_logprob` [N] is packed over the samples' response tokens in sample order. With mode none nothing is
     weighted and samples without behaviour log-probs are counted and left out of the diagnostics; any other mode
-    needs every sample's."""
+    needs every sample's. The seq_* modes weigh a whole trajectory (`rollout.correction.seq_unit`, default) or each
+    step sample alone."""
     tally = tally if tally is not None else CorrectionTally()
     options = correction_options(correction)
     lengths = [len(s.response_ids) for s in samples]
@@ -122,7 +134,10 @@ def correction_weights(train_logprob: torch.Tensor, samples: Sequence[StepSample
         train[r, :n] = flat[starts[i]:starts[i + 1]]
         rollout[r, :n] = behaviour[i].double()
         mask[r, :n] = True
-    result = rollout_correction(train, rollout, mask, options)
+    groups = None
+    if options.mode.startswith("seq_") and correction.seq_unit == "trajectory":
+        groups = trajectory_groups([samples[i] for i in have])
+    result = rollout_correction(train, rollout, mask, options, groups)
     tally.add(result.sums)
     if options.mode == "none":
         return None, tally

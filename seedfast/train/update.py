@@ -42,11 +42,15 @@ class UpdateBatch:
     # "current" otherwise.
     teacher_from_forward: bool = False
     # the rollout correction's stop-gradient weight of the policy term per response token [N] (train/correction.py);
-    # folded into the advantages: w·pg(A) = pg(w·A) for w >= 0 (docs/algorithms.md, 'Rollout correction')
+    # folded into the advantages: w·pg(A) = pg(w·A) for w >= 0, and a token of weight 0 is dropped from every term
+    # (`kept`; docs/algorithms.md, 'Rollout correction': the masking rule)
     pg_weight: torch.Tensor | None = None
     # [N, d]: the teacher context's final hidden rows from the scoring pass (θ_old), for the full-vocabulary forms of
     # the teacher term (loss.opd_mode reverse_kl / jsd); N × d, never N × V
     teacher_hidden: torch.Tensor | None = None
+    # no scoring pass ran (the plan is on-policy): the update's forward, under θ_old, gives the train/rollout
+    # diagnostics, whatever ℓold is (a stale batch's behaviour log-probs included)
+    diagnose_in_update: bool = False
 
     def __post_init__(self) -> None:
         if self.teacher_from_forward and (self.teacher_logprob is not None or self.teacher_mask is not None):
@@ -69,13 +73,22 @@ class UpdateBatch:
         elif self.advantages.shape != (n,):
             raise ValueError(f"UpdateBatch.advantages must be [{len(self.samples)}] per sample or [{n}] per token, "
                              f"got {tuple(self.advantages.shape)}")
+        # the response tokens that enter the loss: all, or those the correction gives a weight above 0
+        self.kept: torch.Tensor | None = None
         if self.pg_weight is not None:
             if not bool((self.pg_weight >= 0).all()):
                 raise ValueError("UpdateBatch.pg_weight must be >= 0 (an importance weight or a mask)")
             self.advantages = self.advantages * self.pg_weight.detach().to(self.advantages)
+            self.kept = self.pg_weight.detach() > 0
 
     def token_slice(self, i: int) -> slice:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
+
+    def kept_tokens(self, index: list[int]) -> int:
+        """How many response tokens of the samples `index` enter the loss (the masking rule)."""
+        if self.kept is None:
+            return sum(len(self.samples[i].response_ids) for i in index)
+        return sum(int(self.kept[self.token_slice(i)].sum()) for i in index)
 
 
 def _token_weights(batch: UpdateBatch, index: list[int], agg: str, dp: DataParallel | None = None) -> torch.Tensor:
@@ -131,6 +144,8 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
     if share_prompts:
         index = prompt_order(batch.samples, index)
     weights_all = _token_weights(batch, index, loss_cfg.agg, dp) * batch.loss_scale
+    if batch.kept is not None:  # the masking rule: out of every term's numerator, still in the denominator
+        weights_all = weights_all * _gather(batch.kept, batch, index).to(weights_all)
     pos = {i: k for k, i in enumerate(index)}
     local_offsets = torch.zeros(len(index) + 1, dtype=torch.long)
     local_offsets[1:] = torch.cumsum(torch.tensor([len(batch.samples[i].response_ids) for i in index]), 0)
@@ -313,7 +328,7 @@ def _micro_batch(model, batch: UpdateBatch, micro: list[int], w: torch.Tensor, r
     loss.backward()
     if sums is None:
         return
-    if old is None:  # on-policy: this forward's ℓθ is θ_old's, and the correction is off (step_plan.py)
+    if old is None or batch.diagnose_in_update:  # no scoring pass: this forward's ℓθ is θ_old's (step_plan.py)
         correction_weights(logprob, micro_samples, _NO_CORRECTION, sums.correction)
     twsum = float((w.to(device) * teacher_mask.float()).sum()) if teacher_logprob is not None else 0.0
     if run.evidence is not None and teacher_logprob is not None:

@@ -207,3 +207,40 @@ def test_all_masked_leaves_no_policy_gradient():
     loss, _ = losses.policy_loss(lp, lp.detach() - 0.1, torch.ones(2, dtype=torch.float64)[:, None] * w, MASK)
     loss.backward()
     assert loss.item() == 0.0 and float(lp.grad.abs().sum()) == 0.0
+
+
+@pytest.mark.parametrize("mode", ["seq_tis", "seq_geo_mask"])
+def test_rows_of_one_group_share_one_sequence_weight_by_hand(mode):
+    """`groups`: the rows of one trajectory are one sequence. Rows 0 and 1 are one trajectory (log ratios 0.1, 0.2 and
+    -0.05: Σ 0.25 over 3 tokens), row 2 another (0.4 over 2 tokens)."""
+    logs = [[0.1, 0.2], [-0.05, 0.0], [0.3, 0.1]]
+    mask = torch.tensor([[True, True], [True, False], [True, True]])
+    rollout = torch.full((3, 2), -1.0, dtype=torch.float64)
+    train = rollout + torch.tensor(logs, dtype=torch.float64)
+    options = CorrectionOptions(mode=mode, seq_clip=100.0, geo_low=0.95, geo_high=1.1)
+    grouped = rollout_correction(train, rollout, mask, options, groups=torch.tensor([0, 0, 1]))
+    alone = rollout_correction(train, rollout, mask, options)
+    if mode == "seq_tis":
+        traj = [math.exp(0.25), math.exp(0.25), math.exp(0.4)]
+        step = [math.exp(0.3), math.exp(-0.05), math.exp(0.4)]
+    else:  # geometric means: trajectory 0 exp(0.25 / 3) = 1.087 (kept), trajectory 1 exp(0.2) = 1.22 (masked);
+        traj = [1.0, 1.0, 0.0]  # alone: exp(0.15) = 1.16 masked, exp(-0.05) = 0.951 kept, 1.22 masked
+        step = [0.0, 1.0, 0.0]
+    _close(grouped.weight, [[w * m for m in row] for w, row in zip(traj, mask.tolist())])
+    _close(alone.weight, [[w * m for m in row] for w, row in zip(step, mask.tolist())])
+    # the diagnostics stay per row, whatever the grouping
+    assert grouped.sums["seqs"] == alone.sums["seqs"] == 3
+    assert float(grouped.sums["gap_abs"]) == pytest.approx(float(alone.sums["gap_abs"]))
+    # groups change nothing for the token modes
+    for token_mode in ("token_tis", "token_mask"):
+        opts = CorrectionOptions(mode=token_mode)
+        together = rollout_correction(train, rollout, mask, opts, groups=torch.tensor([0, 0, 1]))
+        torch.testing.assert_close(together.weight, rollout_correction(train, rollout, mask, opts).weight)
+
+
+def test_bad_groups_are_refused():
+    train, rollout = _inputs()
+    with pytest.raises(ValueError, match="groups must be"):
+        rollout_correction(train, rollout, MASK, CorrectionOptions(mode="seq_tis"), groups=torch.tensor([0]))
+    with pytest.raises(ValueError, match="groups must be"):
+        rollout_correction(train, rollout, MASK, CorrectionOptions(mode="seq_tis"), groups=torch.tensor([0.0, 1.0]))
