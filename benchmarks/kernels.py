@@ -524,7 +524,7 @@ def _divergence_variants(torch, n, d, vocab, modes, device="cuda"):
     """name -> (forward fn, forward+backward fn) of the divergence kernels, one per kind (div_reverse_kl,
     div_forward_kl, div_jsd at β = 0.5), called through the Triton backend's protocol as the autograd op does:
     divergence_forward, then divergence_backward with per-token-mean coefficients. The fwd_bwd fn returns dH."""
-    from seedfast.ops import triton_backend as tb
+    from seedfast.ops import triton_divergence as tb
 
     g = torch.Generator(device=device).manual_seed(0)
     hidden = (torch.randn(n, d, device=device, generator=g) / d**0.5).to(torch.bfloat16)

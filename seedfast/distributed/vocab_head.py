@@ -129,8 +129,7 @@ def tp_fused_divergence(hidden: torch.Tensor, teacher_hidden: torch.Tensor, weig
                         "seedfast.ops.fused_divergence for a whole LM head")
     local, _, group = local_vocab(weight)
     return vocab_parallel_divergence(hidden, local, teacher_hidden, token_weights=token_weights, kind=kind, beta=beta,
-                                     temperature=temperature, group=group,
-                                     backend=get_backend(backend, hidden.device))
+                                     temperature=temperature, group=group, backend=backend)
 
 
 def gumbel_noise(rows: int, vocab: int, start: int, stop: int, generator: torch.Generator,

@@ -67,3 +67,13 @@ def get_backend(name: str, device: torch.device | str) -> ModuleType:
                           RuntimeWarning, stacklevel=3)
             _warned_fallback = True
         return chunked
+
+
+def get_divergence_backend(name: str, device: torch.device | str) -> ModuleType:
+    """The module with the divergence protocol (ops/divergence.py) for `name` and `device`: the torch backend itself
+    (seedfast/ops/chunked.py re-exports chunked_divergence.py), or seedfast/ops/triton_divergence.py beside the Triton
+    backend, which it uses and which does not import it."""
+    backend = get_backend(name, device)
+    if backend is chunked:
+        return chunked
+    return importlib.import_module("seedfast.ops.triton_divergence")

@@ -5,7 +5,8 @@ from their hidden states and the LM head, with no [N, V] logits (docs/algorithms
 
 D is the reverse KL, the forward KL or the generalized JSD_β (TRL's GKD convention). The teacher side is stop-gradient
 (its hidden rows and its use of W): the gradient reaches the student's hidden rows and W through the student's logits
-only. Backend protocol (seedfast/ops/dispatch.py backends, torch: chunked_divergence.py, Triton: triton_divergence.py):
+only. Backend protocol (seedfast/ops/dispatch.py get_divergence_backend; torch: chunked_divergence.py, Triton:
+triton_divergence.py):
 
     divergence_forward(hidden, teacher_hidden, weight, active, *, kind, beta, temperature)
         -> (value, center, lse, teacher_lse) [N] fp32, 0 on inactive rows
@@ -26,7 +27,7 @@ from types import ModuleType
 import torch
 from torch.autograd.function import once_differentiable
 
-from .dispatch import get_backend
+from .dispatch import get_divergence_backend
 from .validate import check_per_token
 
 KINDS = ("reverse_kl", "forward_kl", "jsd")
@@ -115,7 +116,7 @@ def fused_divergence(hidden: torch.Tensor, teacher_hidden: torch.Tensor, weight:
     w.r.t. hidden and weight, once (no retain_graph)."""
     func = "fused_divergence"
     coef = check_divergence_inputs(func, hidden, teacher_hidden, weight, token_weights, kind, beta, temperature)
-    impl = get_backend(backend, hidden.device)
+    impl = get_divergence_backend(backend, hidden.device)
     teacher_hidden = teacher_hidden.detach()
     temperature, beta = float(temperature), float(beta)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):

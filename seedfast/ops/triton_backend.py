@@ -6,8 +6,8 @@ backward     two passes over V (8·N·V·d): per vocabulary chunk, the logits gr
 fused_forward_backward   the training loss in one pass (6·N·V·d): per block of R tokens, the logits [R, V] once
              (cuBLAS, fp32 out), row statistics, token loss and G (Triton), dH and dW (cuBLAS)
 token_loss   the per-token loss (docs/algorithms.md), a_t, b_t and metric sums in one launch
-divergence_forward / divergence_partial / divergence_backward   student-teacher divergences over the full vocabulary
-             (seedfast/ops/triton_divergence.py, imported at the end of this module)
+The student-teacher divergences over the full vocabulary (ops/divergence.py) launch from
+seedfast/ops/triton_divergence.py, which uses this module's helpers (dispatch.get_divergence_backend finds it).
 
 On CUDA the autotuned kernels run; on CPU tensors the kernels run only when they were created under
 TRITON_INTERPRET=1 (tests), with one small fixed configuration; the GEMMs are then torch's CPU matmuls on
@@ -695,9 +695,3 @@ def token_loss(logprob, entropy, old_logprob, ref_logprob, teacher_logprob, teac
         for key in ("teacher_weight", "gate", "opd_term") if opd_mode == OPD_GATE else ("teacher_weight", "opd_term"):
             sums[key] = col[key].sum()
     return col["loss"].sum(), a, b, sums
-
-
-
-# ----------------------------------------------------------------------------------------- divergences
-# Student-teacher divergences over the full vocabulary (docs/kernels.md, "Divergence kernels"): their own module.
-from .triton_divergence import divergence_backward, divergence_forward, divergence_partial  # noqa: E402, F401

@@ -8,8 +8,8 @@ divergence_partial   the value and center sums over this weight's rows with give
 divergence_backward  two passes, as linear_logprob's backward: per vocabulary chunk G = coef·∂D/∂z_s from recomputed
                      logits of both contexts (Triton), then dW[chunk] = Gᵀ·h and dH += G·W[chunk] (cuBLAS)
 
-Imported into seedfast/ops/triton_backend.py (the backend module of the dispatch); its helpers are looked up at call
-time, so either module may be imported first.
+The divergence ops find it through seedfast/ops/dispatch.py get_divergence_backend; it uses triton_backend's launch
+helpers (that module never imports this one).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import triton
 from seedfast.kernels import autotuned, configs
 from seedfast.kernels import divergence as kernels
 
+from . import triton_backend as tb
+
 KINDS = {"reverse_kl": kernels.KIND_REVERSE_KL, "forward_kl": kernels.KIND_FORWARD_KL, "jsd": kernels.KIND_JSD}
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # name -> (kernel, 16-bit candidates per arch, fp32 candidates per arch, autotune key)
@@ -35,12 +37,6 @@ _SPECS = {
                  configs.FP32_DIVERGENCE_GRAD_CONFIGS, ["D", "KIND", "DOT_PRECISION"]),
 }
 _built: dict = {}
-
-
-def _tb():
-    from . import triton_backend
-
-    return triton_backend
 
 
 def candidates(name: str, arch: int, fp32: bool = False) -> list:
@@ -63,7 +59,6 @@ def _tuned(name: str, capability: int, fp32: bool, n_tokens: int):
 def _launch(name: str, grid, args: tuple, flags: dict, config, n: int, hidden: torch.Tensor) -> None:
     """One launch of kernel `name`: the given candidate, the interpreter's configuration, or the autotuner's pick.
     `grid` maps the block sizes to the grid."""
-    tb = _tb()
     kernel = _SPECS[name][0]
     if config is not None:
         kernel[grid(config.kwargs)](*args, **flags, **tb._launch_options(config))
@@ -76,7 +71,6 @@ def _launch(name: str, grid, args: tuple, flags: dict, config, n: int, hidden: t
 
 
 def _validate(hidden, teacher_hidden, weight, kind, beta, temperature, **per_token) -> int:
-    tb = _tb()
     for name, t in (("hidden", hidden), ("teacher_hidden", teacher_hidden), ("weight", weight)):
         tb._reject_dtensor(name, t)
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
@@ -108,7 +102,6 @@ def _validate(hidden, teacher_hidden, weight, kind, beta, temperature, **per_tok
 def _splits(n: int, vocab: int, dev: torch.device, config) -> tuple[int, int]:
     """(vocabulary splits, token blocks per program group): whole waves for the first candidate's tile (or `config`'s),
     as the forward of linear_logprob (triton_backend.wave_splits)."""
-    tb = _tb()
     if config is not None:
         block_n, block_v = config.kwargs["BLOCK_N"], config.kwargs["BLOCK_V"]
     elif tb._interpreted():
@@ -136,14 +129,14 @@ def _stats(hidden, teacher_hidden, weight, code, temperature, splits, group_n, c
     x = torch.empty((splits, n), **f32) if has_x else ms
     args = (hidden, teacher_hidden, weight, ms, ss, mt, st, x, n, vocab, d, splits, group_n,
             *_hidden_args(hidden, teacher_hidden, weight), 1.0 / temperature)
-    flags = dict(KIND=code, DOT_PRECISION=_tb()._dot_precision(hidden.dtype))
-    _launch("div_stats", lambda c: (_tb()._cdiv(n, c["BLOCK_N"]) * splits,), args, flags, config, n, hidden)
+    flags = dict(KIND=code, DOT_PRECISION=tb._dot_precision(hidden.dtype))
+    _launch("div_stats", lambda c: (tb._cdiv(n, c["BLOCK_N"]) * splits,), args, flags, config, n, hidden)
     lse, tlse = torch.empty(n, **f32), torch.empty(n, **f32)
     kl = torch.empty(n, **f32) if has_x else lse
     # forward_kl's cross term is weighed by the teacher: its side is `a` of the merge
     a, b = ((ms, ss), (mt, st)) if code != kernels.KIND_FORWARD_KL else ((mt, st), (ms, ss))
     lse_a, lse_b = (lse, tlse) if code != kernels.KIND_FORWARD_KL else (tlse, lse)
-    block = configs.INTERPRET_REDUCE_BLOCK if _tb()._interpreted() else configs.REDUCE_BLOCK
+    block = configs.INTERPRET_REDUCE_BLOCK if tb._interpreted() else configs.REDUCE_BLOCK
     kernels.divergence_merge_kernel[(math.ceil(n / block),)](*a, *b, x, lse_a, lse_b, kl, n, splits, HAS_X=has_x,
                                                              BLOCK=block)
     return lse, tlse, kl if has_x else None
@@ -159,8 +152,8 @@ def _sums(hidden, teacher_hidden, weight, lse, teacher_lse, code, beta, temperat
     args = (hidden, teacher_hidden, weight, lse.float().contiguous(), teacher_lse.float().contiguous(), value, center,
             n, vocab, d, splits, group_n, *_hidden_args(hidden, teacher_hidden, weight), 1.0 / temperature,
             float(beta))
-    flags = dict(KIND=code, DOT_PRECISION=_tb()._dot_precision(hidden.dtype))
-    _launch("div_sums", lambda c: (_tb()._cdiv(n, c["BLOCK_N"]) * splits,), args, flags, config, n, hidden)
+    flags = dict(KIND=code, DOT_PRECISION=tb._dot_precision(hidden.dtype))
+    _launch("div_sums", lambda c: (tb._cdiv(n, c["BLOCK_N"]) * splits,), args, flags, config, n, hidden)
     value = value.sum(0)  # a fixed order over the splits: deterministic
     if code == kernels.KIND_JSD:
         return value, center.sum(0)
@@ -178,7 +171,6 @@ def divergence_forward(hidden, teacher_hidden, weight, active, *, kind: str, bet
 
     center is D for reverse_kl, K = Σ p_s (log p_s − log M) for jsd, 0 for forward_kl (what the backward needs).
     config: one autotune candidate of configs.DIVERGENCE_CONFIGS launched directly (tests check every one)."""
-    tb = _tb()
     code = _validate(hidden, teacher_hidden, weight, kind, beta, temperature, active=active)
     n = hidden.shape[0]
     vocab = weight.shape[0]
@@ -202,7 +194,6 @@ def divergence_partial(hidden, teacher_hidden, weight, active, lse, teacher_lse,
                        temperature: float = 1.0, config=None):
     """-> (value_part [N], center_part [N]) fp32: the sums of divergence_forward over this weight's rows only, with
     the global normalizers `lse`, `teacher_lse` (a vocabulary shard's share; the shards' parts add up to the value)."""
-    tb = _tb()
     code = _validate(hidden, teacher_hidden, weight, kind, beta, temperature, active=active, lse=lse,
                      teacher_lse=teacher_lse)
     n = hidden.shape[0]
@@ -236,7 +227,6 @@ def divergence_backward(hidden, teacher_hidden, weight, lse, teacher_lse, center
     fp16, G is scaled by a power of two before it is rounded (triton_backend._grad_scale, bound: grad_bound).
     chunk: vocabulary columns per G chunk (default: triton_backend.choose_grad_chunk's budget); config: one
     candidate of configs.DIVERGENCE_GRAD_CONFIGS launched directly."""
-    tb = _tb()
     _validate(hidden, teacher_hidden, weight, kind, beta, temperature, lse=lse, teacher_lse=teacher_lse,
               center=center, coef=coef)
     if not (need_hidden_grad or need_weight_grad):
@@ -254,7 +244,6 @@ def divergence_backward(hidden, teacher_hidden, weight, lse, teacher_lse, center
 
 def _backward(hidden, teacher_hidden, weight, lse, teacher_lse, center, coef, kind, beta, temperature,
               need_hidden_grad, need_weight_grad, chunk, config):
-    tb = _tb()
     n, d = hidden.shape
     vocab = weight.shape[0]
     off = coef == 0

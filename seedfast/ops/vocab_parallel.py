@@ -193,9 +193,9 @@ def vocab_parallel_divergence(hidden: torch.Tensor, weight_shard: torch.Tensor, 
     coef = check_divergence_inputs("vocab_parallel_divergence", hidden, teacher_hidden, weight_shard, token_weights,
                                    kind, beta, temperature)
     if isinstance(backend, str):
-        from .dispatch import get_backend
+        from .dispatch import get_divergence_backend
 
-        backend = get_backend(backend, hidden.device)
+        backend = get_divergence_backend(backend, hidden.device)
     extra: dict = {}
     loss = _VocabParallelDivergence.apply(hidden, weight_shard, teacher_hidden.detach(), coef, group, backend, kind,
                                           float(beta), float(temperature), extra)

@@ -6,7 +6,8 @@ fp16's gradient scale."""
 import pytest
 import torch
 
-from seedfast.ops import triton_backend as tb
+from seedfast.ops import triton_backend
+from seedfast.ops import triton_divergence as tb
 from tests.kernels.divergence_reference import KINDS, reference_divergence
 from tests.kernels.triton_reference import INTERPRETER, TOL, assert_close
 
@@ -131,7 +132,7 @@ def test_fp16_gradient_scale(kind, monkeypatch):
     gh, gw = grads()
     assert_close(gh * norm_h, ref["grad_hidden"] * norm_h, 2e-2, "grad_hidden")
     assert_close(gw[quiet] * norm_w, ref["grad_weight"][quiet] * norm_w, 0.1, "grad_weight of the quiet words")
-    monkeypatch.setattr(tb, "_grad_scale", lambda *args: 1.0)
+    monkeypatch.setattr(triton_backend, "_grad_scale", lambda *args: 1.0)
     with pytest.raises(AssertionError):
         assert_close(grads()[1][quiet] * norm_w, ref["grad_weight"][quiet] * norm_w, 0.1, "unscaled")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from seedfast.kernels import configs
-from seedfast.ops import triton_backend as tb
+from seedfast.ops import triton_divergence as tb
 from tests.kernels.divergence_reference import KINDS, reference_divergence
 from tests.kernels.triton_reference import TOL, assert_close
 
