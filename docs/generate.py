@@ -105,6 +105,12 @@ def _divergences() -> str:
     return divergence.docs_table(_json("benchmarks/results/divergence_cpu.json"))
 
 
+def _opd_modes() -> str:
+    from benchmarks import peers
+
+    return peers.opd_modes_table(_json("benchmarks/results/peers_cpu.json"))
+
+
 # The memory plans of docs/scaling.md: `seedfast plan CONFIG --world N --json benchmarks/results/plan_*.json` per recipe
 # of configs/. The package writes them and must not read committed results, and no script of benchmarks/ owns
 # them, so their table is made here.
@@ -160,6 +166,7 @@ SECTIONS = (
     Section("docs/performance.md", "peers side by side", _peers_side_by_side),
     Section("docs/performance.md", "peers at full depth", _peers_full_depth),
     Section("docs/performance.md", "divergences without logits", _divergences),
+    Section("docs/performance.md", "opd modes in one update", _opd_modes),
     Section("docs/scaling.md", "memory plans", _memory_plans),
 )
 
