@@ -11,7 +11,12 @@ per bucket of `weight_push.buckets`.
 
 The group is built from its own TCPStore, never the default process group, so it lives beside torchrun's group of
 a sharded trainer. Both sides derive the same bucket layout from the same module (names, shapes, dtype), so only
-the flat buckets travel. A version of -1 tells the receiver that no more weights come.
+the flat buckets travel. A version of -1 tells the receiver that no more weights come. `close()` ends the group and
+the store (their threads and sockets), on either side.
+
+Timeouts: `timeout_s` bounds the rendezvous and, by default, every broadcast; None waits for ever. A receiver that
+waits for the next version while the trainer learns connects with `wait_forever` (the producer's lifeline ends it
+when the trainer dies).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch.distributed as dist
 from seedfast.distributed.weight_push import buckets, hf_named_tensors
 
 STOP = -1
+FOREVER = datetime.timedelta(days=365)  # "no timeout" for the store and gloo, which need one
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,14 @@ def backend_for(device: torch.device) -> str:
 
 def _group(store: dist.Store, rank: int, device: torch.device, timeout: datetime.timedelta) -> dist.ProcessGroup:
     if backend_for(device) == "nccl":
-        return dist.ProcessGroupNCCL(store, rank, 2, dist.ProcessGroupNCCL.Options())
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, 2, options)
     return dist.ProcessGroupGloo(store, rank, 2, timeout)
+
+
+def _delta(seconds: float | None) -> datetime.timedelta:
+    return FOREVER if seconds is None else datetime.timedelta(seconds=seconds)
 
 
 def bucket_layout(model: torch.nn.Module, bucket_bytes: int, dtype: torch.dtype | None = None) -> Layout:
@@ -92,30 +104,43 @@ class WeightChannel:
     """One side of the trainer -> producer weight group; the group itself is built on first use (building it waits
     for the other rank)."""
 
-    def __init__(self, store: dist.Store, rank: int, device: torch.device, timeout_s: float) -> None:
+    def __init__(self, store: dist.Store, rank: int, device: torch.device, op_timeout: datetime.timedelta) -> None:
         self.rank = rank
         self.device = device
         self.port: int = store.port
-        self._store = store
-        self._timeout = datetime.timedelta(seconds=timeout_s)
+        self._store: dist.Store | None = store
+        self._timeout = op_timeout
         self.group: dist.ProcessGroup | None = None
 
     @classmethod
-    def listen(cls, device: torch.device, timeout_s: float = 600.0) -> WeightChannel:
+    def listen(cls, device: torch.device, timeout_s: float | None = 600.0) -> WeightChannel:
         """The trainer's side, rank 0: a store on a free local port (`port`, handed to the producer)."""
-        store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=timeout_s))
-        return cls(store, 0, device, timeout_s)
+        store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False, timeout=_delta(timeout_s))
+        return cls(store, 0, device, _delta(timeout_s))
 
     @classmethod
-    def connect(cls, port: int, device: torch.device, timeout_s: float = 600.0) -> WeightChannel:
-        """The producer's side, rank 1."""
-        store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=timeout_s))
-        return cls(store, 1, device, timeout_s)
+    def connect(cls, port: int, device: torch.device, timeout_s: float | None = 600.0, *,
+                wait_forever: bool = False) -> WeightChannel:
+        """The producer's side, rank 1. `wait_forever`: no timeout on the broadcasts (the rendezvous keeps
+        `timeout_s`)."""
+        store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=_delta(timeout_s))
+        return cls(store, 1, device, FOREVER if wait_forever else _delta(timeout_s))
 
     def open(self) -> None:
+        if self._store is None:
+            raise RuntimeError("the weight channel is closed")
         if self.group is None:
             self.group = _group(self._store, self.rank, self.device, self._timeout)
+
+    def close(self) -> None:
+        """End the group and drop the store (the listening side's server socket closes with its last reference);
+        a no-op the second time. Call it once the other side is gone or done: a broadcast in flight fails."""
+        group, self.group, self._store = self.group, None, None
+        if group is not None:
+            try:
+                group.shutdown()
+            except RuntimeError:  # the peer died first: the group is torn down all the same
+                pass
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()

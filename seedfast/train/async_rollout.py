@@ -13,20 +13,28 @@ version `staleness.rollout_version(s)` while the trainer learns from earlier bat
 Every episode finishes on the weights it started with: a batch is one version (no partial rollouts), so each token's
 version is its trajectory's (`Trajectory.meta["policy_version"]`). The producer dies with the trainer whatever ends
 it (envs/lifeline.py: PR_SET_PDEATHSIG and a lifeline pipe; its environment workers die with it in turn), and the
-trainer gets one `RolloutProducerError` naming the producer's exit, or its traceback, when the producer fails.
+trainer gets one `RolloutProducerError` naming the producer's exit (`ProducerExit`), or carrying its traceback, when
+the producer fails, and one naming the update it waited for when the producer sends nothing for
+`rollout.producer_timeout_s`. The producer is known dead only from its results pipe's end (every message before it
+has been read), never from the process alone.
 """
 
 from __future__ import annotations
 
+import ctypes
+import enum
 import os
 import pickle
 import queue
+import signal
+import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing import get_context, util
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +49,76 @@ from seedfast.distributed.weight_channel import (
     loaded_fingerprint,
 )
 from seedfast.distributed.weight_push import hf_named_tensors
-from seedfast.envs.lifeline import die_with_owner
 from seedfast.runtime.precision import DTYPES
 from seedfast.train.staleness import VERSION_KEY, Produced, check_weights, rollout_version
 
 POLL_S = 0.2
+# after the process ended, how long its results pipe may stay open (the reader still reading its last messages)
+# before the producer is called dead without the pipe's end
+READER_GRACE_S = 30.0
+
+
+class ProducerExit(enum.IntEnum):
+    """The producer process's exit codes (the one place they are defined). 1 stays Python's own: an error before the
+    producer's handler ran (its import, its start)."""
+
+    DONE = 0  # every update it was asked for rolled out and sent
+    FAILED = 3  # an exception: its traceback went to the trainer first
+    TRAINER_GONE = 4  # its lifeline closed: the trainer died, or ended it (RolloutProducer.close)
+
+
+def describe_exit(code: int | None) -> str:
+    """A producer's exit code in words."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by signal {-code}"
+    try:
+        return f"exit code {code}, {ProducerExit(code).name.lower().replace('_', ' ')}"
+    except ValueError:
+        return f"exit code {code}"
 
 
 class RolloutProducerError(RuntimeError):
-    """The rollout producer died or failed: the run cannot go on (the traceback of its failure, when it had one)."""
+    """The rollout producer died, failed or went silent: the run cannot go on. A failure's traceback (the
+    producer's, or the trainer's reader thread's) is `trace`, and the cause this error is raised from, so that the run's
+    errors.log holds it while the run's one line stays one line."""
+
+    def __init__(self, message: str, trace: str | None = None) -> None:
+        super().__init__(message)
+        self.trace = trace
+
+    def resumable(self, point: str) -> RolloutProducerError:
+        """This error with where a `--resume auto` starts (runtime/checkpoint.py) added to its line."""
+        return type(self)(f"{self}; {point}", self.trace)
+
+
+class RolloutProducerTimeout(RolloutProducerError):
+    """The producer sent nothing for rollout.producer_timeout_s."""
+
+
+def resume_point(ckpt_dir: Path) -> str:
+    """Where a `--resume auto` of the run whose checkpoints are in `ckpt_dir` continues."""
+    from seedfast.runtime.checkpoint import list_checkpoints
+
+    ckpts = list_checkpoints(ckpt_dir)
+    if not ckpts:
+        return "no checkpoint yet: a rerun starts at update 0"
+    step = ckpts[-1].name.removeprefix("step_")
+    return f"--resume auto continues at update {step} from {ckpts[-1]}"
+
+
+class _RemoteTraceback(Exception):
+    """A traceback from another thread or process, as text (raised from, so that it prints with the error)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _error(message: str, trace: str) -> RolloutProducerError:
+    err = RolloutProducerError(message, trace)
+    err.__cause__ = _RemoteTraceback(trace)
+    return err
 
 
 @dataclass
@@ -64,6 +133,98 @@ class _Ready:
     pid: int
 
 
+@dataclass
+class _ReaderFailed:
+    """The trainer's reader thread could not take a message in (its traceback)."""
+
+    error: str
+    trace: str
+
+
+_EOF = None  # the results pipe ended: every message the producer sent was read before it
+
+
+class Inbox:
+    """The producer's messages, taken in by a reader thread as they come (the producer never blocks on a full pipe).
+
+    The producer is dead when its pipe ends (the reader's EOF, after every message it sent), or when the process has
+    ended and the reader has not finished within READER_GRACE_S; never merely because the process ended while the
+    reader still unpickles its last message. Any other failure of the reader reaches `get` with its traceback."""
+
+    def __init__(self, process: Any, conn: Connection, timeout_s: float | None,
+                 decode: Callable[[bytes], Any] = pickle.loads) -> None:
+        self.process = process
+        self.timeout_s = timeout_s
+        self._conn = conn
+        self._decode = decode
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._ended = False
+        self.reader = threading.Thread(target=self._read, name="rollout-producer-reader", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._conn.recv_bytes()
+            except (EOFError, OSError):
+                self._queue.put(_EOF)
+                return
+            try:
+                msg = self._decode(data)
+            except BaseException as err:  # noqa: BLE001 - handed to the trainer's thread, which raises it
+                self._queue.put(_ReaderFailed(repr(err), traceback.format_exc()))
+                return
+            self._queue.put(msg)
+
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
+    def died(self, doing: str) -> RolloutProducerError:
+        self.process.join(timeout=5)
+        return RolloutProducerError(f"the rollout producer (pid {self.process.pid}) ended "
+                                    f"({describe_exit(self.process.exitcode)}) while the trainer {doing}")
+
+    def get(self, doing: str) -> Any:
+        """The next message; raises RolloutProducerError when the producer ended, failed or sent nothing for
+        `timeout_s` (None: waits as long as it takes)."""
+        if self._ended:
+            raise self.died(doing)
+        start = time.monotonic()
+        dead_since: float | None = None
+        while True:
+            try:
+                msg = self._queue.get(timeout=POLL_S)
+            except queue.Empty:
+                now = time.monotonic()
+                if self.timeout_s is not None and now - start > self.timeout_s:
+                    raise RolloutProducerTimeout(
+                        f"the rollout producer (pid {self.process.pid}, {describe_exit(self.process.exitcode)}) "
+                        f"sent nothing for {self.timeout_s:g} s (rollout.producer_timeout_s) while the trainer "
+                        f"{doing}") from None
+                if not self.process.is_alive():  # its pipe's end is what counts; this is the fallback
+                    dead_since = now if dead_since is None else dead_since
+                    if now - dead_since > READER_GRACE_S:
+                        self._ended = True
+                        raise self.died(f"{doing} (its results pipe never ended)") from None
+                continue
+            if msg is _EOF:
+                self._ended = True
+                raise self.died(doing)
+            if isinstance(msg, _ReaderFailed):
+                self._ended = True
+                raise _error(f"the trainer's reader of the rollout producer failed ({msg.error}) while the trainer "
+                             f"{doing}", msg.trace)
+            if isinstance(msg, _Failure):
+                self._ended = True
+                raise _error(f"the rollout producer failed at update {msg.step}: {msg.error}", msg.trace)
+            return msg
+
+    def close(self, timeout: float = 10.0) -> None:
+        """After the process ended: the reader gets the pipe's end and stops; then the pipe closes."""
+        self.reader.join(timeout=timeout)
+        self._conn.close()
+
+
 class RolloutProducer:
     """The trainer's handle on the producer process (the module docstring)."""
 
@@ -72,7 +233,8 @@ class RolloutProducer:
         self.cfg = cfg
         self.dtype = DTYPES[cfg.model.dtype]
         self.bucket_bytes = cfg.rollout.sync_bucket_mb << 20
-        self.channel = WeightChannel.listen(device)
+        timeout = cfg.rollout.producer_timeout_s
+        self.channel = WeightChannel.listen(device, timeout_s=timeout)
         ctx = get_context("spawn")  # the producer's parent is the trainer: PR_SET_PDEATHSIG reaches it
         lifeline_r, self._lifeline_w = ctx.Pipe(duplex=False)  # only the trainer holds the write end
         self._results_r, results_w = ctx.Pipe(duplex=False)
@@ -84,66 +246,48 @@ class RolloutProducer:
         self.process.start()
         results_w.close()
         lifeline_r.close()
-        self._inbox: queue.Queue[Any] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, name="rollout-producer-reader", daemon=True)
-        self._reader.start()
+        self.inbox = Inbox(self.process, self._results_r, timeout)
         self._ready = False
         self.sent: dict[int, int] = {}  # version -> fingerprint of the weights sent as it
-        self._finalizer = util.Finalize(self, _end, args=(self.process, self._lifeline_w), exitpriority=10)
+        self._exit: list[int | None] = [None]  # the exit code, kept when close() releases the process
+        self._finalizer = util.Finalize(self, _end, exitpriority=10,
+                                        args=(self.process, self._lifeline_w, self.inbox, self.channel, self._exit))
 
-    def _read(self) -> None:
-        """Every message of the producer into the inbox as it comes (the producer never blocks on a full pipe)."""
-        while True:
-            try:
-                msg = pickle.loads(self._results_r.recv_bytes())
-            except (EOFError, OSError):
-                self._inbox.put(None)
-                return
-            self._inbox.put(msg)
+    @property
+    def exitcode(self) -> int | None:
+        """The producer's exit code (ProducerExit, or -signal), None while it runs."""
+        return self._exit[0] if self._exit[0] is not None else self.inbox.exitcode()
 
-    def _died(self, doing: str) -> RolloutProducerError:
-        self.process.join(timeout=5)
-        code = self.process.exitcode
-        how = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
-        return RolloutProducerError(f"the rollout producer (pid {self.process.pid}) ended ({how}) while the trainer "
-                                    f"{doing}")
-
-    def _get(self, doing: str) -> Any:
-        while True:
-            try:
-                msg = self._inbox.get(timeout=POLL_S)
-            except queue.Empty:
-                if not self.process.is_alive() and self._inbox.empty():
-                    raise self._died(doing) from None
-                continue
-            if msg is None:
-                raise self._died(doing)
-            if isinstance(msg, _Failure):
-                raise RolloutProducerError(f"the rollout producer failed at update {msg.step}: {msg.error}\n"
-                                           f"{msg.trace}")
-            return msg
+    def _started(self) -> None:
+        if not self._ready:  # the producer's group side exists once it said so: never wait on a dead one
+            msg = self.inbox.get("waited for it to start")
+            if not isinstance(msg, _Ready):
+                raise RolloutProducerError(f"the rollout producer sent {type(msg).__name__} where its start was due")
+            self._ready = True
 
     def push(self, policy: torch.nn.Module, version: int) -> dict[str, float]:
         """Send `policy`'s weights as `version` (a collective with the producer's receiver thread)."""
         start = time.perf_counter()
-        if not self._ready:  # the producer's group side exists once it said so: never wait on a dead one
-            self._get("waited for it to start")
-            self._ready = True
+        self._started()
         if not self.process.is_alive():
-            raise self._died(f"sent it policy version {version}")
+            raise self.inbox.died(f"sent it policy version {version}")
         try:
             stats = self.channel.send(version, hf_named_tensors(policy, dtype=self.dtype), self.bucket_bytes)
-        except RuntimeError as err:  # the peer closed the group mid-broadcast
-            raise self._died(f"sent it policy version {version} ({err})") from err
+        except RuntimeError as err:  # the peer closed the group mid-broadcast, or the group's timeout passed
+            doing = f"sent it policy version {version} ({' '.join(str(err).split())[:300]})"
+            if self.process.is_alive():
+                raise RolloutProducerTimeout(
+                    f"the rollout producer (pid {self.process.pid}) took no weights for "
+                    f"{self.cfg.rollout.producer_timeout_s:g} s (rollout.producer_timeout_s) while the trainer "
+                    f"{doing}, after update {version - 1}") from err
+            raise self.inbox.died(doing) from err
         self.sent[version] = int(stats["fingerprint"])
         return {"async/push_seconds": time.perf_counter() - start, "async/push_bytes": stats["bytes"]}
 
     def next(self, step: int) -> Produced:
         """Update `step`'s batch (the producer sends them in order)."""
-        if not self._ready:
-            self._get("waited for it to start")
-            self._ready = True
-        msg = self._get(f"waited for the rollout of update {step}")
+        self._started()
+        msg = self.inbox.get(f"waited for the rollout of update {step}")
         if not isinstance(msg, Produced):
             raise RolloutProducerError(f"the rollout producer sent {type(msg).__name__} where update {step}'s "
                                        "rollout was due")
@@ -151,17 +295,37 @@ class RolloutProducer:
         return msg
 
     def close(self) -> None:
-        """End the producer now, whatever it is doing (its lifeline closes; its environment workers follow)."""
+        """End the producer now, whatever it is doing (its lifeline closes; its environment workers follow), then
+        its reader thread, its pipes and the weight group: nothing of it is left in this process."""
         self._finalizer()
-        self._results_r.close()
 
 
-def _end(process: Any, lifeline_w: Connection) -> None:
+def _end(process: Any, lifeline_w: Connection, inbox: Inbox, channel: WeightChannel, exit: list[int | None]
+         ) -> None:
     lifeline_w.close()
     process.join(timeout=10)
     if process.is_alive():
         process.kill()
         process.join()
+    exit[0] = process.exitcode
+    inbox.close()
+    channel.close()
+    process.close()  # its sentinel descriptor
+
+
+def _die_with_trainer(lifeline: Connection) -> None:
+    """envs/lifeline.py's die_with_owner, exiting ProducerExit.TRAINER_GONE: the kernel's SIGKILL when the trainer
+    (the parent: spawn) dies, and a thread that waits for the lifeline's end."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if lifeline.poll():  # the trainer was gone before the line above: no signal will come
+        os._exit(ProducerExit.TRAINER_GONE)
+
+    def watch() -> None:
+        wait([lifeline])
+        os._exit(ProducerExit.TRAINER_GONE)
+
+    threading.Thread(target=watch, name="trainer-lifeline", daemon=True).start()
 
 
 class _Staged:
@@ -204,18 +368,21 @@ class _Staged:
 def produce(cfg: Config, policy_dir: str, port: int, first_step: int, first_version: int, results: Connection,
             lifeline: Connection) -> None:
     """The producer process: rollouts of updates first_step.. in order, each on its version, sent to the trainer."""
-    die_with_owner(lifeline)
+    _die_with_trainer(lifeline)
     step = first_step
     try:
         for produced in _produce(cfg, Path(policy_dir), port, first_step, first_version, results):
             results.send_bytes(pickle.dumps(produced))
             step = produced.step + 1
     except BaseException as err:  # noqa: BLE001 - every failure reaches the trainer as one error
-        results.send_bytes(pickle.dumps(_Failure(step, repr(err), traceback.format_exc())))
-        results.close()
-        os._exit(1)
+        try:
+            results.send_bytes(pickle.dumps(_Failure(step, repr(err), traceback.format_exc())))
+            results.close()
+        except OSError:  # the trainer is gone: nobody to tell
+            pass
+        os._exit(ProducerExit.FAILED)
     results.close()
-    os._exit(0)  # the receiver thread may still sit in the group's broadcast: no interpreter teardown around it
+    os._exit(ProducerExit.DONE)  # the receiver thread may still sit in the group's broadcast: no teardown around it
 
 
 def _produce(cfg: Config, policy_dir: Path, port: int, first_step: int, first_version: int, results: Connection
@@ -243,7 +410,9 @@ def _produce(cfg: Config, policy_dir: Path, port: int, first_step: int, first_ve
     envs = make_env_slots(cfg, cfg.env.slots or max(cfg.rollout.tasks_per_batch * cfg.rollout.n, 1))
     agent = agent_config(cfg, n=cfg.rollout.n, temperature=cfg.rollout.temperature)
     engine = OwnRollout(model, seed=cfg.run.seed)
-    channel = WeightChannel.connect(port, device)
+    # the receiver waits for the next version as long as the trainer learns: no timeout (the lifeline ends it)
+    channel = WeightChannel.connect(port, device, timeout_s=cfg.rollout.producer_timeout_s,
+                                      wait_forever=True)
     staged = _Staged()
     results.send_bytes(pickle.dumps(_Ready(pid=os.getpid())))
     threading.Thread(target=staged.receive, args=(channel, layout, dtype), name="weights", daemon=True).start()

@@ -59,7 +59,7 @@ from seedfast.runtime.setup import (
 from seedfast.scoring import Scores, score, score_reference
 from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, update_seed
 from seedfast.train.algorithms import privileged_text
-from seedfast.train.async_rollout import RolloutProducer
+from seedfast.train.async_rollout import RolloutProducer, RolloutProducerError, resume_point
 from seedfast.train.batch import build_samples
 from seedfast.train.correction import correction_weights, warn_if_masked
 from seedfast.train.draws import choose_tasks, seed_everything, task_pool
@@ -368,7 +368,7 @@ class Trainer:
         batch = UpdateBatch(samples, advantages, per_token["old"], ref_logprob=per_token["ref"],
                             teacher_logprob=per_token["teacher"], teacher_mask=per_token["teacher_mask"],
                             teacher_from_forward=teacher_in_update, pg_weight=per_token["pg_weight"],
-                            teacher_hidden=per_token["teacher_hidden"])
+                            teacher_hidden=per_token["teacher_hidden"], diagnose_in_update=scores is None)
         return batch, use_opd, evidence if use_opd else None
 
     def _learn_from(self, batch: UpdateBatch, use_opd: bool, evidence: TeacherEvidence | None,
@@ -428,6 +428,8 @@ class Trainer:
         n = len(batch.samples)
         gen = torch.Generator().manual_seed(update_seed(cfg.run.seed, self.step))
         out: dict[str, float] = {}
+        if batch.kept is not None:  # a correction mode: mini-batches it masked whole (docs/algorithms.md)
+            out["train/skipped_all_masked"] = 0.0
         applied = 0
         for epoch in range(cfg.trainer.ppo_epochs):
             order = torch.randperm(n, generator=gen).tolist()
@@ -435,6 +437,11 @@ class Trainer:
             starts = range(0, n, size) if self.dp is None else range(0, size * cfg.trainer.mini_batches, size)
             for start in starts:  # sharded: mini_batches steps on every rank, whatever its sample count
                 index = sorted(order[start:start + size])
+                if batch.kept is not None and self._all_masked(batch, index):
+                    # nothing of it enters any term: no forward, no optimizer step (Adam's moments and the weight
+                    # decay would still move the policy on a zero gradient)
+                    out["train/skipped_all_masked"] += 1
+                    continue
                 self.optimizer.zero_grad(set_to_none=True)
                 loss, m = minibatch_loss_backward(
                     self.policy, batch, index, cfg.loss, use_kl=self.plan.kl, use_opd=use_opd,
@@ -461,6 +468,14 @@ class Trainer:
             raise FloatingPointError(
                 f"{self.bad_steps} non-finite updates in a row (trainer.max_bad_steps={cfg.trainer.max_bad_steps})")
         return out
+
+    def _all_masked(self, batch: UpdateBatch, index: list[int]) -> bool:
+        """The rollout correction gave every response token of the mini-batch weight 0 (on every data-parallel rank:
+        the ranks decide together, so their collectives stay paired)."""
+        kept = float(batch.kept_tokens(index))
+        if self.dp is not None:
+            kept = self.dp.sum([kept])[0]
+        return kept == 0
 
     # ------------------------------------------------------------------ the run
 
@@ -503,7 +518,6 @@ class Trainer:
                                      wandb_project=cfg.log.wandb_project)
         else:
             self.log = NullLogger()
-        self._start_producer(start, resumed)
         if resumed is not None and resumed.changes:  # the metrics record what the resumed run changed
             self.log.event({"event": "resume", "checkpoint": str(resumed.path), "first_step": start,
                             "changed": {k: list(v) for k, v in resumed.changes.items()}})
@@ -513,6 +527,7 @@ class Trainer:
         if bar is not None and resumed is not None:
             bar.phase(f"resumed from {resumed.path} at step {start}")
         try:
+            self._start_producer(start, resumed)
             for step in range(start, cfg.trainer.steps):
                 self.step = step
                 window.before_step(step)
@@ -546,6 +561,8 @@ class Trainer:
                 save_hf(self.policy, self.paths.hf)  # the module that computes: model.dtype
             if self.is_main:
                 self.tokenizer.save_pretrained(str(self.paths.hf))
+        except RolloutProducerError as err:  # one line: what failed, and where a --resume auto starts
+            raise err.resumable(resume_point(self.paths.ckpt)) from err.__cause__
         finally:
             if self.producer is not None:
                 self.producer.close()

@@ -90,3 +90,42 @@ def test_the_fingerprint_is_exact_and_order_free():
     flipped = a.clone()
     flipped.view(torch.int32)[500] ^= 1  # one bit of one weight
     assert fingerprint([flipped]) != fingerprint([a])
+
+
+def _threads_and_fds() -> tuple[int, int]:
+    import os
+
+    return len(os.listdir("/proc/self/task")), len(os.listdir("/proc/self/fd"))
+
+
+def test_close_ends_the_group_and_the_store_on_both_sides():
+    """Both ranks in this process (gloo, threads): after close() on each side no thread, descriptor or socket of
+    the group or the store is left, though the channels themselves are still referenced; closing twice is a no-op
+    and a closed channel refuses to send."""
+    import threading
+
+    import pytest
+
+    torch.set_num_threads(1)
+    cpu = torch.device("cpu")
+
+    def cycle() -> tuple[WeightChannel, WeightChannel]:
+        sender = WeightChannel.listen(cpu, timeout_s=60)
+        receiver = WeightChannel.connect(sender.port, cpu, timeout_s=60, wait_forever=True)
+        got = []
+        thread = threading.Thread(target=lambda: got.append(receiver.receive([], torch.float32)))
+        thread.start()
+        sender.send(5, [], BUCKET)
+        thread.join(timeout=60)
+        assert got == [(5, [])]
+        receiver.close()
+        sender.close()
+        sender.close()
+        return sender, receiver
+
+    kept = [cycle()]  # warm: gloo's first use
+    before = _threads_and_fds()
+    kept += [cycle() for _ in range(5)]
+    assert _threads_and_fds() == before
+    with pytest.raises(RuntimeError, match="closed"):
+        kept[-1][0].send(6, [], BUCKET)

@@ -151,6 +151,10 @@ def test_the_bound_holds_and_the_versions_are_in_the_metrics(overrides, train_ga
     assert [r["rollout/staleness_max"] for r in rows] == [min(s, n) for s in range(4)]
     assert [r["rollout/staleness_mean"] for r in rows] == [min(s, n) for s in range(4)]
     assert all(r["optim/updates_applied"] == 1.0 for r in rows)
+    # the mismatch diagnostics on every batch, mode none and no scoring pass included (the update's forward is θ_old's):
+    # rounding on policy, an older policy's log-probs on a stale batch
+    assert rows[0]["rollout/logprob_gap_max"] < 1e-4
+    assert all(r["rollout/logprob_gap_max"] > 1e-3 and r["rollout_corr/k3_kl"] > 0 for r in rows[1:])
     # one epoch, one mini-batch: on-policy the ratio is exactly 1; a stale batch's ℓold is its behaviour log-probs,
     # an older policy's, so π_θ / π_behaviour moves away from 1
     assert rows[0]["loss/ratio_min"] == rows[0]["loss/ratio_max"] == 1.0

@@ -139,6 +139,28 @@ def test_behaviour_logprobs_of_the_wrong_length_are_refused():
         correction_weights(scores.logprob, samples, CorrectionConfig())
 
 
+@pytest.mark.parametrize("unit", ["trajectory", "step"])
+def test_seq_modes_weigh_the_whole_trajectory_or_each_step(unit):
+    """Samples 0, 1, 2 are the steps of trajectory 7, sample 3 its own trajectory (and a sample that names none is
+    one of its own): with seq_unit trajectory every step of trajectory 7 has exp(Σ of all its log ratios)."""
+    samples = random_samples(torch.Generator().manual_seed(1), n=5)
+    lengths = [len(s.response_ids) for s in samples]
+    train = torch.linspace(-2.0, -0.5, sum(lengths))
+    shift = [0.1, -0.3, 0.05, 0.2, 0.15]  # log ρ of every token of sample i
+    for s, part, d, traj in zip(samples, train.split(lengths), shift, [7, 7, 7, 8, None]):
+        s.meta["rollout_logprobs"] = part - d
+        if traj is not None:
+            s.meta["trajectory_index"] = traj
+    weight, _ = correction_weights(train, samples, CorrectionConfig(mode="seq_tis", seq_clip=100.0, seq_unit=unit))
+    logs = [n * d for n, d in zip(lengths, shift)]
+    if unit == "trajectory":
+        per_sample = [math.exp(sum(logs[:3]))] * 3 + [math.exp(logs[3]), math.exp(logs[4])]
+    else:
+        per_sample = [math.exp(x) for x in logs]
+    expected = torch.cat([torch.full((n,), w) for n, w in zip(lengths, per_sample)])
+    torch.testing.assert_close(weight, expected)
+
+
 def test_the_warning_names_the_shares_and_comes_above_the_threshold_only():
     metrics = {"rollout_corr/token_masked_share": 0.25, "rollout_corr/seq_masked_share": 0.65}
     with pytest.warns(MaskedShareWarning, match=r"step 7: .* masked 25.0% of the response tokens and 65.0% of the "
@@ -162,13 +184,17 @@ def test_a_run_logs_the_diagnostics_and_a_run_that_masks_everything_warns(overri
                                                                           tmp_path):
     from seedfast.train.rl import Trainer
 
+    moved = {}
+
     def run(*extra):
         cfg = load_config(None, [*overrides(train_games, tmp_path / extra[0].split("=")[1]), "algorithm=grpo",
                                  "trainer.steps=1", "trainer.eval_every=0", *extra])
         trainer = Trainer(cfg, policy_dir=tiny_policy)
+        start = {k: v.clone() for k, v in trainer.trained.state_dict().items()}
         try:
             return trainer.run()[0]
         finally:
+            moved[extra[0]] = any(not torch.equal(v, start[k]) for k, v in trainer.trained.state_dict().items())
             trainer.close()
 
     row = run("rollout.correction.mode=token_tis")
@@ -176,9 +202,15 @@ def test_a_run_logs_the_diagnostics_and_a_run_that_masks_everything_warns(overri
     assert row["rollout/logprob_gap_max"] < 1e-4
     assert row["rollout_corr/weight_mean"] == pytest.approx(1.0, abs=1e-4)
     assert row["rollout_corr/token_masked_share"] == 0.0 and "rollout_corr/masked_share_warning" not in row
+    assert row["train/skipped_all_masked"] == 0.0 and row["optim/updates_applied"] == 1.0
     assert row["rollout_corr/training_ppl"] == pytest.approx(row["rollout_corr/rollout_ppl"], rel=1e-4)
     with pytest.warns(MaskedShareWarning, match="masked 100.0% of the response tokens"):
         row = run("rollout.correction.mode=seq_geo_mask", "rollout.correction.geo_low=1.5",
                   "rollout.correction.geo_high=2.0")
     assert row["rollout_corr/token_masked_share"] == row["rollout_corr/seq_masked_share"] == 1.0
     assert row["rollout_corr/masked_share_warning"] == 1.0
+    # nothing of the update enters any term: no optimizer step (Adam and the weight decay would move the policy on a
+    # zero gradient), counted
+    assert row["train/skipped_all_masked"] == 1.0 and row["optim/updates_applied"] == 0.0
+    assert "loss/total" not in row and "optim/grad_norm" not in row
+    assert moved == {"rollout.correction.mode=token_tis": True, "rollout.correction.mode=seq_geo_mask": False}

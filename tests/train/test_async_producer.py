@@ -1,0 +1,300 @@
+"""The rollout producer cannot hang or lie (train/async_rollout.py; docs/architecture.md, 'Asynchronous rollouts'):
+death is read from the results pipe's end, never from the process alone; a reader that fails says so with its
+traceback; a silent producer ends the run after rollout.producer_timeout_s naming the update and the resume point;
+its exit codes say why it ended; start/close cycles leave no thread, descriptor, socket or process behind; a
+producer killed mid-update gives one clear line and `--resume auto` repeats the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from seedfast.runtime.checkpoint import list_checkpoints
+from seedfast.train.async_rollout import (
+    Inbox,
+    ProducerExit,
+    RolloutProducer,
+    RolloutProducerError,
+    RolloutProducerTimeout,
+    describe_exit,
+)
+
+VOLATILE = ("time/", "throughput/", "memory/", "async/")
+
+
+# ------------------------------------------------------------------ the inbox, against a toy process
+
+
+def _send_and_exit(conn, messages: list, linger_s: float, code: int) -> None:
+    for m in messages:
+        conn.send_bytes(pickle.dumps(m))
+    time.sleep(linger_s)
+    conn.close()
+    os._exit(code)
+
+
+def _toy(messages: list, *, linger_s: float = 0.0, code: int = 0, timeout_s: float | None = 30.0, decode=None):
+    ctx = mp.get_context("spawn")
+    r, w = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_send_and_exit, args=(w, messages, linger_s, code))
+    proc.start()
+    w.close()
+    inbox = Inbox(proc, r, timeout_s, **({"decode": decode} if decode else {}))
+    return proc, inbox
+
+
+def _slow(data: bytes):
+    time.sleep(0.5)  # the reader still unpickles while the process has long ended
+    return pickle.loads(data)
+
+
+def _raises(data: bytes):
+    raise ValueError("cannot take this message in")
+
+
+def test_a_slow_reader_is_not_a_dead_producer():
+    proc, inbox = _toy(["update 0", "update 1"], decode=_slow)
+    proc.join()  # the process ended before the reader delivered anything
+    assert proc.exitcode == 0
+    assert inbox.get("waited for the rollout of update 0") == "update 0"
+    assert inbox.get("waited for the rollout of update 1") == "update 1"
+    with pytest.raises(RolloutProducerError, match=r"ended \(exit code 0, done\) while the trainer waited for the "
+                                                   r"rollout of update 2"):
+        inbox.get("waited for the rollout of update 2")
+    inbox.close()
+
+
+def test_a_failing_reader_surfaces_with_its_traceback_instead_of_hanging():
+    # the process stays alive and silent after its message: without the reader's report the trainer would wait
+    proc, inbox = _toy(["update 0"], linger_s=60, decode=_raises, timeout_s=None)
+    start = time.monotonic()
+    with pytest.raises(RolloutProducerError) as caught:
+        inbox.get("waited for the rollout of update 0")
+    assert time.monotonic() - start < 20
+    err = caught.value
+    assert not isinstance(err, RolloutProducerTimeout)
+    assert "reader of the rollout producer failed (ValueError('cannot take this message in'))" in str(err)
+    assert "\n" not in str(err)  # one line; the traceback rides as the cause (errors.log) and as `trace`
+    assert "Traceback" in err.trace and "_raises" in err.trace and "ValueError: cannot take" in err.trace
+    assert str(err.__cause__) == err.trace
+    proc.kill()
+    proc.join()
+    inbox.close()
+
+
+def test_a_silent_producer_times_out_naming_the_update():
+    proc, inbox = _toy([], linger_s=60, timeout_s=1.0)
+    start = time.monotonic()
+    with pytest.raises(RolloutProducerTimeout, match=r"sent nothing for 1 s \(rollout.producer_timeout_s\) while the "
+                                                     r"trainer waited for the rollout of update 3"):
+        inbox.get("waited for the rollout of update 3")
+    assert 1.0 <= time.monotonic() - start < 10
+    proc.kill()
+    proc.join()
+    inbox.close()
+
+
+def test_the_exit_codes_in_words():
+    assert [int(c) for c in ProducerExit] == [0, 3, 4]  # 1 stays Python's own (a failure before the handler)
+    assert describe_exit(ProducerExit.DONE) == "exit code 0, done"
+    assert describe_exit(ProducerExit.FAILED) == "exit code 3, failed"
+    assert describe_exit(ProducerExit.TRAINER_GONE) == "exit code 4, trainer gone"
+    assert describe_exit(1) == "exit code 1"
+    assert describe_exit(-9) == "killed by signal 9"
+
+
+def test_a_resume_point_is_added_to_the_line_and_the_cause_kept():
+    err = RolloutProducerTimeout("the producer sent nothing", "trace text")
+    again = err.resumable("--resume auto continues at update 2")
+    assert isinstance(again, RolloutProducerTimeout)
+    assert str(again) == "the producer sent nothing; --resume auto continues at update 2"
+    assert again.trace == "trace text"
+
+
+# ------------------------------------------------------------------ the real producer
+
+
+def _cfg(overrides, games, out, *extra):
+    from seedfast.config import load_config
+
+    return load_config(None, [*overrides(games, out), "algorithm=grpo", "rollout.max_staleness=1", *extra])
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _fds() -> tuple[int, int]:
+    """(open descriptors, sockets among them) of this process."""
+    fds = sockets = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        fds += 1
+        sockets += target.startswith("socket:")
+    return fds, sockets
+
+
+def _children() -> set[int]:
+    return {int(p.name) for p in Path("/proc").glob("[0-9]*")
+            if _ppid(p) == os.getpid()}
+
+
+def _ppid(proc: Path) -> int | None:
+    try:
+        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]) if fields[0] != "Z" else None
+
+
+def test_start_close_cycles_leave_nothing_behind(overrides, train_games, tiny_policy, tmp_path, one_torch_thread):
+    from seedfast.runtime.setup import load_policy
+
+    cfg = _cfg(overrides, train_games, tmp_path)
+    cpu = torch.device("cpu")
+    policy = load_policy(cfg, tiny_policy, cpu, trainable=False)
+
+    def cycle() -> int | None:
+        producer = RolloutProducer(cfg, tiny_policy, first_step=0, first_version=0, device=cpu)
+        try:
+            producer.push(policy, 0)
+        finally:
+            producer.close()
+        return producer.exitcode
+
+    assert cycle() == ProducerExit.TRAINER_GONE  # warm: multiprocessing's resource tracker, gloo's first use
+    threads, (fds, sockets), children = _threads(), _fds(), _children()
+    codes = [cycle() for _ in range(10)]
+    assert codes == [ProducerExit.TRAINER_GONE] * 10  # closed while it waited for the next version
+    assert _threads() == threads
+    assert _fds() == (fds, sockets)
+    assert _children() == children
+
+
+def test_a_producer_that_fails_says_where_with_its_traceback(overrides, train_games, tiny_policy, tmp_path):
+    cfg = _cfg(overrides, train_games, tmp_path)
+    producer = RolloutProducer(cfg, tmp_path / "no_policy_here", first_step=0, first_version=0,
+                               device=torch.device("cpu"))
+    try:
+        with pytest.raises(RolloutProducerError, match="the rollout producer failed at update 0: ") as caught:
+            producer.next(0)
+    finally:
+        producer.close()
+    assert "Traceback" in caught.value.trace and "no_policy_here" in caught.value.trace
+    assert producer.exitcode == ProducerExit.FAILED
+
+
+# ------------------------------------------------------------------ real runs
+
+
+def _args(overrides, games, out, policy, *extra):
+    return [sys.executable, "-m", "seedfast", "train", *overrides(games, out), "algorithm=grpo",
+            f"trainer.init_from={policy}", "trainer.keep_checkpoints=10", "rollout.max_staleness=1", *extra]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _lines(out: Path) -> list[dict]:
+    path = out / "t" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _stable(out: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in _lines(out) if "step" in r]
+
+
+def _start(cmd: list[str], ready, timeout: float = 300) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {proc.stderr.read().decode()[-3000:]}")
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+    return proc
+
+
+def _producer_pid(out: Path) -> int:
+    return [r["pid"] for r in _lines(out) if r.get("event") == "rollout_producer"][-1]
+
+
+def _one_line(err: bytes) -> str:
+    lines = [line for line in err.decode().splitlines() if line.startswith("seedfast train:")]
+    assert len(lines) == 1, err.decode()[-3000:]
+    return lines[0]
+
+
+def test_a_producer_killed_mid_update_gives_one_line_and_an_exact_resume(overrides, train_games, tiny_policy,
+                                                                        tmp_path):
+    extra = ("trainer.steps=4", "trainer.checkpoint_every=1", "env.step_delay_s=0.05")
+    straight = tmp_path / "straight"
+    subprocess.run(_args(overrides, train_games, straight, tiny_policy, *extra), env=_env(), check=True,
+                   capture_output=True)
+    out = tmp_path / "killed"
+    cmd = _args(overrides, train_games, out, tiny_policy, *extra)
+    proc = _start(cmd, lambda: any(r.get("step") == 1 for r in _lines(out)))
+    os.kill(_producer_pid(out), signal.SIGKILL)  # rolling out update 3 (or 2), its environments sleeping
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 5, err.decode()[-3000:]
+    line = _one_line(err)
+    newest = list_checkpoints(out / "t" / "ckpt")[-1]
+    assert "rollout producer" in line and "killed by signal 9" in line and "while the trainer" in line
+    assert f"--resume auto continues at update {newest.name.removeprefix('step_')} from {newest}" in line
+    subprocess.run([*cmd, "--resume", "auto"], env=_env(), check=True, capture_output=True)
+    assert [r["step"] for r in _stable(out)] == [0, 1, 2, 3]
+    assert _stable(out) == _stable(straight)
+
+
+def test_a_silent_producer_ends_the_run_with_one_line_naming_the_update(overrides, train_games, tiny_policy,
+                                                                       tmp_path):
+    out = tmp_path / "silent"
+    cmd = _args(overrides, train_games, out, tiny_policy, "trainer.steps=50", "rollout.producer_timeout_s=20",
+                "env.step_delay_s=0.05")
+    proc = _start(cmd, lambda: any("step" in r for r in _lines(out)))
+    producer = _producer_pid(out)
+    os.kill(producer, signal.SIGSTOP)  # alive, and silent
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert time.monotonic() - start < 90
+    assert proc.returncode == 5, err.decode()[-3000:]
+    line = _one_line(err)
+    # stopped while it rolled out (the trainer waits for a batch) or while it took weights (the send waits)
+    named = (r"(sent nothing|took no weights) for 20 s \(rollout.producer_timeout_s\) while the trainer "
+             r"(waited for the rollout of update \d+|sent it policy version \d+ .*, after update \d+)")
+    assert re.search(named, line), line
+    assert "--resume auto continues at update" in line
+    deadline = time.monotonic() + 15
+    while Path(f"/proc/{producer}").exists() and _ppid(Path(f"/proc/{producer}")) is not None:
+        assert time.monotonic() < deadline, "the stopped producer outlived its trainer"
+        time.sleep(0.1)
+
+
+def test_readers_do_not_pile_up_in_a_threaded_trainer():
+    """The reader is a daemon thread that ends with the pipe: none is left once an inbox has seen its end."""
+    before = threading.active_count()
+    for _ in range(3):
+        proc, inbox = _toy(["x"])
+        assert inbox.get("waited") == "x"
+        with pytest.raises(RolloutProducerError):
+            inbox.get("waited")
+        inbox.close()
+        proc.join()
+        proc.close()
+    assert threading.active_count() == before
