@@ -225,11 +225,20 @@ class Inbox:
         self._conn.close()
 
 
+def split_threads(total: int) -> tuple[int, int]:
+    """(trainer, producer) intra-op threads out of the trainer's `total` (torch.get_num_threads(): the cores, or
+    OMP_NUM_THREADS): half each, so that the two processes never oversubscribe the cores. Oversubscribed, the
+    trainer's float results varied from run to run at ~1e-6 (docs/architecture.md, 'Asynchronous rollouts':
+    repeatable); split, two runs with one seed are bitwise equal, as synchronous runs are."""
+    producer = max(1, total // 2)
+    return max(1, total - producer), producer
+
+
 class RolloutProducer:
     """The trainer's handle on the producer process (the module docstring)."""
 
     def __init__(self, cfg: Config, policy_dir: str | Path, *, first_step: int, first_version: int,
-                 device: torch.device) -> None:
+                 device: torch.device, threads: int | None = None) -> None:
         self.cfg = cfg
         self.dtype = DTYPES[cfg.model.dtype]
         self.bucket_bytes = cfg.rollout.sync_bucket_mb << 20
@@ -242,7 +251,8 @@ class RolloutProducer:
         # at exit by the finalizer below, and by the kernel or its lifeline if this process dies otherwise
         self.process = ctx.Process(
             target=produce, name="seedfast-rollout-producer",
-            args=(cfg, str(policy_dir), self.channel.port, first_step, first_version, results_w, lifeline_r))
+            args=(cfg, str(policy_dir), self.channel.port, first_step, first_version, results_w, lifeline_r,
+                  threads or torch.get_num_threads()))
         self.process.start()
         results_w.close()
         lifeline_r.close()
@@ -366,9 +376,10 @@ class _Staged:
 
 
 def produce(cfg: Config, policy_dir: str, port: int, first_step: int, first_version: int, results: Connection,
-            lifeline: Connection) -> None:
+            lifeline: Connection, threads: int) -> None:
     """The producer process: rollouts of updates first_step.. in order, each on its version, sent to the trainer."""
     _die_with_trainer(lifeline)
+    torch.set_num_threads(threads)
     step = first_step
     try:
         for produced in _produce(cfg, Path(policy_dir), port, first_step, first_version, results):

@@ -59,7 +59,7 @@ from seedfast.runtime.setup import (
 from seedfast.scoring import Scores, score, score_reference
 from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, update_seed
 from seedfast.train.algorithms import privileged_text
-from seedfast.train.async_rollout import RolloutProducer, RolloutProducerError, resume_point
+from seedfast.train.async_rollout import RolloutProducer, RolloutProducerError, resume_point, split_threads
 from seedfast.train.batch import build_samples
 from seedfast.train.correction import correction_weights, warn_if_masked
 from seedfast.train.draws import choose_tasks, seed_everything, task_pool
@@ -190,6 +190,7 @@ class Trainer:
             check_async(cfg, self.dp, self.device)
         self.start_dir = start
         self.producer: RolloutProducer | None = None
+        self.threads_before: int | None = None  # the intra-op threads before a producer took half of them
         self.ahead: dict[int, Produced] = {}  # rollouts read from the producer before their update
         self.versions_to_send: set[int] = set()
         make_analyzer = self.plan.algorithm.analyzer
@@ -567,6 +568,8 @@ class Trainer:
             if self.producer is not None:
                 self.producer.close()
                 self.producer = None
+            if self.threads_before is not None:
+                torch.set_num_threads(self.threads_before)
             if bar is not None:
                 bar.close()
             self.log.close()
@@ -583,8 +586,12 @@ class Trainer:
         self.versions_to_send = set(versions_needed(first_step, start, self.max_staleness, steps))
         if first_step >= steps:
             return
+        # the trainer and the producer share the cores without oversubscribing them: repeatable runs (split_threads)
+        self.threads_before = torch.get_num_threads()
+        trainer_threads, producer_threads = split_threads(self.threads_before)
+        torch.set_num_threads(trainer_threads)
         self.producer = RolloutProducer(self.cfg, self.start_dir, first_step=first_step, first_version=start,
-                                        device=self.device)
+                                        device=self.device, threads=producer_threads)
         self.log.event({"event": "rollout_producer", "pid": self.producer.process.pid, "first_step": first_step,
                         "first_version": start, "rollouts_kept": sorted(self.ahead)})
         if start in self.versions_to_send:
