@@ -289,7 +289,8 @@ def divergence_forward_backward(hidden: torch.Tensor, teacher_hidden: torch.Tens
         # Blocks [R, V], each context its own GEMM and log-softmax of one shape: a row's numbers then never depend
         # on its position (vector lanes, tails), so a student equal to its teacher gives exactly 0; and torch's CPU
         # log-softmax along the contiguous axis is both faster and ~20x more accurate than down the columns of
-        # [V, R] (its normalizer off by 2.5e-4 at V = 151,936: docs/performance.md, 'Full-vocabulary divergences').
+        # [V, R] (its normalizer off by 2.5e-4 at V = 151,936: docs/performance.md, 'Full-vocabulary divergences
+        # without logits').
         logp_s = _log_softmax_rows_(torch.mm(h, weight.t()))
         logp_t = _log_softmax_rows_(torch.mm(_scaled(teacher_hidden, sel, scale), weight.t()))
         want_grad = grad_hidden is not None or grad_weight is not None
