@@ -11,9 +11,11 @@ Measured for each insertion point (prepend / after_task / before_response) and p
 - student      score() on the same samples without privileged text (ℓold only)
 - teacher      whole - student: what the teacher context adds to scoring
 - teacher_kv   teacher_logprob_with_prefix from a prefix KV already in hand (teacher branches only)
+- whole_hidden whole with keep_teacher_hidden=True (the teacher's hidden rows kept for full-vocabulary divergences)
 Ratios: whole / (naive student + naive teacher), teacher / naive teacher (docs/performance.md: ≤ 0.3, issue 4: ≤ 0.25
-with before_response; whole ≤ 0.6). Timings interleave the variants; ratios use the fastest of --reps
-(the run least disturbed by other load), the JSON has the medians too.
+with before_response; whole ≤ 0.6), whole_hidden / whole. Both sides run at the same torch thread count (--threads,
+default torch's: one per core). Timings interleave the variants; ratios use the fastest of --reps (the run least
+disturbed by other load), `ratios_median` the medians.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def measure(model, samples, reps: int) -> dict:
         "whole": lambda: score(model, samples),
         "student": lambda: score(model, plain),
         "teacher_kv": lambda: teacher_logprob_with_prefix(model, prefix_kv, samples),
+        "whole_hidden": lambda: score(model, samples, keep_teacher_hidden=True),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     with torch.no_grad():
@@ -104,7 +107,9 @@ def measure(model, samples, reps: int) -> dict:
                 times[name].append(time.perf_counter() - start)
     t = {name: min(v) for name, v in times.items()}
     t["teacher"] = max(t["whole"] - t["student"], 0.0)
-    return t, {name: median(v) for name, v in times.items()}
+    medians = {name: median(v) for name, v in times.items()}
+    medians["teacher"] = max(medians["whole"] - medians["student"], 0.0)
+    return t, medians
 
 
 def ratios(t: dict) -> dict:
@@ -115,6 +120,7 @@ def ratios(t: dict) -> dict:
         "whole/naive_resp_pair": t["whole"] / (t["naive_resp_student"] + t["naive_resp_teacher"]),
         "teacher/naive_resp": t["teacher"] / t["naive_resp_teacher"],
         "teacher_kv/naive_resp": t["teacher_kv"] / t["naive_resp_teacher"],
+        "whole_hidden/whole": t["whole_hidden"] / t["whole"],
     }
 
 
@@ -158,14 +164,14 @@ def main() -> None:
         row = {"P": prompt_len, "S": args.skill, "A": args.response, "mode": mode,
                "k": samples[0].insert_at, "shared": shared_prefix_length(samples[0]),
                **{f"t_{name}": value for name, value in t.items()}, **ratios(t),
-               "median_s": medians}
+               "median_s": medians, "ratios_median": ratios(medians)}
         rows.append(row)
         print_table([row], ["P", "mode", "k", "t_naive_student", "t_naive_teacher", "t_whole", "t_student",
                             "t_teacher", "t_teacher_kv", "whole/naive_pair", "teacher/naive",
                             "teacher_kv/naive"])
         print(flush=True)
     columns = ["P", "mode", "whole/naive_pair", "teacher/naive", "teacher_kv/naive", "whole/naive_resp_pair",
-               "teacher/naive_resp", "teacher_kv/naive_resp"]
+               "teacher/naive_resp", "teacher_kv/naive_resp", "whole_hidden/whole"]
     print_table(rows, columns, title=f"ratios (seconds in the JSON); {machine_info()['cpu']}, "
                                      f"{torch.get_num_threads()} threads")
     path = write_results(args.name or ("scoring_quick" if args.quick else "scoring"), {
