@@ -6,7 +6,7 @@
 One forward + backward w.r.t. the student's hidden rows and W of the token-mean divergence Σ_t D_t / N between the
 student's logits h·Wᵀ and the teacher's ht·Wᵀ (stop-gradient), per variant:
 - fused_<kind>: seedfast.ops.fused_divergence, torch backend (ops/chunked_divergence.py: blocks of whole vocabulary
-  rows under SEEDFAST_OPS_DIVERGENCE_BYTES, 256 MiB by default).
+  rows under SEEDFAST_OPS_DIVERGENCE_BYTES, 512 MiB by default).
 - materialized_<kind>: the plain path at its best settings on this CPU: fp32 `torch.log_softmax` of h·Wᵀ and of
   ht·Wᵀ (the teacher's under no_grad), the divergence written out, autograd backward; eager, the same thread count.
 - trl_<kind>: TRL's GKD loss (`trl.experimental.gkd.GKDTrainer.generalized_jsd_loss`, reduction "batchmean", every
