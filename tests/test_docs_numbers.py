@@ -149,6 +149,11 @@ def before_response(key: str) -> J:
     return j(SCORING, "rows", {"P": 1536, "mode": "before_response"}, key)
 
 
+def scoring_row(mode: str, *keys: str) -> J:
+    """A value of scoring.json's P = 1536 row at insertion `mode`."""
+    return j(SCORING, "rows", {"P": 1536, "mode": mode}, *keys)
+
+
 def peer(shape: str, alg: str, leg: str, key: str, scale: float = 1.0) -> J:
     keys = ("shapes", shape, "results", alg, {"leg": leg}) + tuple(key.split("."))
     return J(PEERS, keys, scale)
@@ -309,6 +314,16 @@ REGISTRY: list[Q] = [
        lp(LP2, "naive_loss_seed", "extra_beyond_grads_mib"))),
     Q(PERF, "| {}× a full re-forward; whole scoring {}× two forwards |",
       (before_response("teacher/naive"), before_response("whole/naive_pair"))),
+    Q(PERF, "adds only {}× (`prepend`) and {}× (`after_task`) of a full re-forward (fastest of 7; medians {}× and {}×)",
+      (scoring_row("prepend", "teacher/naive"), scoring_row("after_task", "teacher/naive"),
+       scoring_row("prepend", "ratios_median", "teacher/naive"),
+       scoring_row("after_task", "ratios_median", "teacher/naive"))),
+    Q(PERF, "whole scoring at `before_response` costs {}× the pair (median {}×)",
+      (before_response("whole/naive_resp_pair"), scoring_row("before_response", "ratios_median",
+                                                             "whole/naive_resp_pair"))),
+    Q(PERF, "a ratio to plain scoring of {}–{} across the six shapes",
+      (Agg("min", tuple(j(SCORING, "rows", i, "whole_hidden/whole") for i in range(6))),
+       Agg("max", tuple(j(SCORING, "rows", i, "whole_hidden/whole") for i in range(6))))),
     Q(PERF, "SEED {}× GRPO (self analyzer), {}× (oracle skills, ~230-token skills); SDAR {}×",
       (step("seed (self analyzer)"), step("seed (oracle skills)"), step("sdar"))),
     Q(PERF, "2 PPO epochs takes {}–{} s (`time/step` of GRPO and SEED",
