@@ -67,6 +67,10 @@ class ProducerExit(enum.IntEnum):
     TRAINER_GONE = 4  # its lifeline closed: the trainer died, or ended it (RolloutProducer.close)
 
 
+# how long the trainer waits for a producer whose weight group failed to show as dead before calling it a timeout
+_DEATH_GRACE_S = 5.0
+
+
 def describe_exit(code: int | None) -> str:
     """A producer's exit code in words."""
     if code is None:
@@ -285,6 +289,9 @@ class RolloutProducer:
             stats = self.channel.send(version, hf_named_tensors(policy, dtype=self.dtype), self.bucket_bytes)
         except RuntimeError as err:  # the peer closed the group mid-broadcast, or the group's timeout passed
             doing = f"sent it policy version {version} ({' '.join(str(err).split())[:300]})"
+            # a killed peer's sockets close before the kernel reaps it: give its death a moment to show before
+            # calling it a timeout
+            self.process.join(timeout=_DEATH_GRACE_S)
             if self.process.is_alive():
                 raise RolloutProducerTimeout(
                     f"the rollout producer (pid {self.process.pid}) took no weights for "
@@ -323,9 +330,15 @@ def _end(process: Any, lifeline_w: Connection, inbox: Inbox, channel: WeightChan
     process.close()  # its sentinel descriptor
 
 
+# The producer's exit code once its lifeline closes: TRAINER_GONE, unless the producer has already told the trainer
+# how it ends (its failure, or its last rollout): the trainer, told, closes the lifeline at once, and the watcher
+# thread must not overwrite the code the main thread is about to exit with.
+_EXIT_ON_LIFELINE = [ProducerExit.TRAINER_GONE]
+
+
 def _die_with_trainer(lifeline: Connection) -> None:
-    """envs/lifeline.py's die_with_owner, exiting ProducerExit.TRAINER_GONE: the kernel's SIGKILL when the trainer
-    (the parent: spawn) dies, and a thread that waits for the lifeline's end."""
+    """envs/lifeline.py's die_with_owner, exiting _EXIT_ON_LIFELINE: the kernel's SIGKILL when the trainer (the
+    parent: spawn) dies, and a thread that waits for the lifeline's end."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     if lifeline.poll():  # the trainer was gone before the line above: no signal will come
@@ -333,7 +346,7 @@ def _die_with_trainer(lifeline: Connection) -> None:
 
     def watch() -> None:
         wait([lifeline])
-        os._exit(ProducerExit.TRAINER_GONE)
+        os._exit(_EXIT_ON_LIFELINE[0])
 
     threading.Thread(target=watch, name="trainer-lifeline", daemon=True).start()
 
@@ -386,12 +399,14 @@ def produce(cfg: Config, policy_dir: str, port: int, first_step: int, first_vers
             results.send_bytes(pickle.dumps(produced))
             step = produced.step + 1
     except BaseException as err:  # noqa: BLE001 - every failure reaches the trainer as one error
+        _EXIT_ON_LIFELINE[0] = ProducerExit.FAILED
         try:
             results.send_bytes(pickle.dumps(_Failure(step, repr(err), traceback.format_exc())))
             results.close()
         except OSError:  # the trainer is gone: nobody to tell
             pass
         os._exit(ProducerExit.FAILED)
+    _EXIT_ON_LIFELINE[0] = ProducerExit.DONE
     results.close()
     os._exit(ProducerExit.DONE)  # the receiver thread may still sit in the group's broadcast: no teardown around it
 
