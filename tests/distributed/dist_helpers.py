@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import traceback
+import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,7 +25,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, fn, args) -> None:
+def _entry(rank: int, world: int, port: int, fn, args, finished: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -36,12 +39,22 @@ def _entry(rank: int, world: int, port: int, fn, args) -> None:
         raise
     finally:
         end_process_group(done)  # as the CLI ends a command: a barrier first when every rank got there
+    Path(finished, str(rank)).touch()  # every check of fn ran, and the group ended
 
 
 def run_on_ranks(world: int, fn, *args) -> None:
     """fn(rank, world, *args) on `world` processes with a started gloo process group; a failure on any rank fails
-    the test (mp.spawn re-raises it)."""
-    mp.spawn(_entry, args=(world, _free_port(), fn, args), nprocs=world, join=True)
+    the test (mp.spawn re-raises it). A rank killed by a signal after fn returned and its group ended (gloo's
+    threads aborting at interpreter exit, "terminate called without an active exception": seen once in a clean-clone
+    run) is not a failure of the test: every check ran. Killed before that, it is."""
+    with tempfile.TemporaryDirectory() as finished:
+        try:
+            mp.spawn(_entry, args=(world, _free_port(), fn, args, finished), nprocs=world, join=True)
+        except mp.ProcessExitedException as err:
+            if err.signal_name is None or len(os.listdir(finished)) < world:
+                raise
+            warnings.warn(f"rank {err.error_index} died of {err.signal_name} at exit, after every check ran",
+                          RuntimeWarning, stacklevel=2)
 
 
 def grouped_samples(seed: int, n: int, group_size: int = 3):
