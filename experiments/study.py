@@ -326,6 +326,13 @@ def sft_command(seed: int) -> list[str]:
             "env.games_dir=runs/sparse/games", "sft.copy_warmup_steps=800", "env.n_eval=32", "sft.max_seconds=null"]
 
 
+def games_command() -> list[str]:
+    """The SFT games (the config's levels) in the study's games folder: `seedfast sft` reads a manifest and does not
+    generate (RL makes the levels 9-10 games itself); cached, so a second call makes nothing."""
+    return [sys.executable, "-m", "seedfast", "envs", "make", CONFIG, "env.games_dir=runs/sparse/games",
+            "env.n_eval=32"]
+
+
 def make_start(seed: int, allow: str | None) -> None:
     key = f"sparse/s{seed}"
     if load()["starts"].get(key, {}).get("sft") and (sft_dir(seed) / "config.json").exists():
@@ -338,6 +345,7 @@ def make_start(seed: int, allow: str | None) -> None:
         run_dir.rename(aside)
         print(f"{key}: {run_dir} moved to {aside}; the start is made again")
     t0 = time.perf_counter()
+    subprocess.run(games_command(), cwd=ROOT, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     subprocess.run(sft_command(seed), cwd=ROOT, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     with locked() as data:
         data["starts"].setdefault(key, {})["sft"] = {
