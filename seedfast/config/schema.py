@@ -200,6 +200,11 @@ class RolloutConfig:
     max_staleness: int = opt(0, "asynchronous RL: a rollout producer in its own process rolls out update s on the "
                                 "policy of update s - max_staleness (docs/architecture.md, 'Asynchronous rollouts'); "
                                 "0 = the synchronous loop (rollout, then update, on the same weights)", ge=0)
+    devices: list[int] | None = opt(
+        None, "asynchronous RL: the GPUs (CUDA indices as the trainer sees them, e.g. 6-7) the rollout producer's "
+              "engine runs on, apart from the trainer's (LOCAL_RANK 0..n-1 under torchrun, else GPU 0), the weights "
+              "sent over an NCCL group; as many as rollout.tensor_parallel with vLLM, one with the own engine; null = "
+              "the trainer's device (CPU only: docs/architecture.md, 'Asynchronous rollouts')", parse=_parse_levels)
     producer_timeout_s: float | None = opt(
         1800.0, "asynchronous RL: seconds the trainer waits for the rollout producer (its start, one update's rollout, "
                 "one weight send) before it ends the run with one line naming the update and the resume point; null = "

@@ -29,6 +29,18 @@ parameters themselves. What cannot be read off a parameter is counted from the m
     train peak                parameters + gradients + optimizer states + activations (checkpointing) + the
                               gathered units + the reduce-scatter copy; an estimate before allocator fragmentation
                               and temporaries
+
+With GPUs of the rollout's own (`rollout.devices`, asynchronous RL: runtime/placement.py), the trainer's GPUs hold no
+rollout, and the plan adds the producer's side, per rollout GPU (rollout tp = len(rollout.devices)), in the engine's
+dtype (rollout.vllm_dtype, else model.dtype):
+
+    rollout weights           the whole model / rollout tp (vLLM shards it over its GPUs; the own engine holds it)
+    staged versions           on the producer's first GPU: up to rollout.max_staleness whole versions received over
+                              the weight group and not rolled out yet (train/async_rollout.py, _Staged)
+    rollout KV cache          the whole batch (tasks_per_batch x rollout.n rows, not split over the trainer's ranks),
+                              each with room for max_prompt_length + max_response_tokens tokens, / rollout tp
+    rollout peak              the three summed, on the first GPU (vLLM books rollout.gpu_memory_utilization of each
+                              GPU whatever this says: it must be at least the weights and the KV cache)
 """
 
 from __future__ import annotations
@@ -140,6 +152,7 @@ class MemoryPlan:
     rollout_rows_per_rank: int
     rollout_tokens_per_row: int
     gib: dict[str, float]  # per GPU
+    rollout_side: dict[str, Any] | None = None  # per rollout GPU, with rollout.devices (module docstring)
 
     def to_json(self) -> dict[str, Any]:
         """The plan, with how it was made (no GPU: the meta device and torch's fake process group)."""
@@ -152,6 +165,12 @@ class MemoryPlan:
                  f"{self.master_dtype} master weights and AdamW states, gradients reduced in {self.reduce_dtype}; "
                  "per GPU:"]
         lines += [f"  {k:<34}{v:>10.2f} GiB" for k, v in self.gib.items()]
+        if self.rollout_side is not None:
+            r = self.rollout_side
+            lines.append(f"rollout on GPUs {r['devices']} of their own ({r['engine']} engine, tp={r['tp']}, "
+                         f"{r['dtype']}, {r['rows']} rows x {r['tokens_per_row']} tokens, up to "
+                         f"{r['staged_versions']} staged versions); per rollout GPU:")
+            lines += [f"  {k:<34}{v:>10.2f} GiB" for k, v in r["gib"].items()]
         return "\n".join(lines)
 
 
@@ -213,7 +232,31 @@ def memory_plan(cfg: Config, world: int) -> MemoryPlan:
         "logits_avoided_fp32": logits / GIB,
         "logits_and_grad_avoided_fp32": 2 * logits / GIB,
     }
+    if cfg.rollout.devices is not None:  # the trainer's GPUs roll nothing out (module docstring)
+        for key in ("rollout_weights_gathered", "rollout_kv_cache", "rollout_peak"):
+            del gib[key]
     return MemoryPlan(model=name, params_total=params_total, world=world, dp_shard=shape.dp_shard, tp=shape.tp,
                       compute_dtype=cfg.model.dtype, master_dtype=cfg.optim.master_dtype,
                       reduce_dtype=cfg.dist.reduce_dtype, micro_batch_tokens=tokens, rollout_rows_per_rank=rows,
-                      rollout_tokens_per_row=row_tokens, gib={k: round(v, 4) for k, v in gib.items()})
+                      rollout_tokens_per_row=row_tokens, gib={k: round(v, 4) for k, v in gib.items()},
+                      rollout_side=rollout_side(cfg, arch, params_total))
+
+
+def rollout_side(cfg: Config, arch: DecoderConfig, params_total: int) -> dict[str, Any] | None:
+    """The producer's memory per rollout GPU (module docstring), or None when rollouts run on the trainer's."""
+    r = cfg.rollout
+    if r.devices is None:
+        return None
+    tp = len(r.devices)
+    dtype = (r.vllm_dtype if r.engine == "vllm" else None) or cfg.model.dtype
+    bytes_ = DTYPE_BYTES[dtype]
+    rows = r.tasks_per_batch * r.n
+    tokens = r.max_prompt_length + r.max_response_tokens
+    whole = params_total * bytes_
+    kv = rows * tokens * 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim * bytes_
+    gib = {"rollout_weights": whole / tp / GIB, "staged_versions": r.max_staleness * whole / GIB,
+           "rollout_kv_cache": kv / tp / GIB}
+    gib["rollout_peak"] = sum(gib.values())
+    return {"devices": list(r.devices), "engine": r.engine, "tp": tp, "dtype": dtype, "rows": rows,
+            "tokens_per_row": tokens, "staged_versions": r.max_staleness,
+            "gib": {k: round(v, 4) for k, v in gib.items()}}

@@ -49,6 +49,7 @@ from seedfast.distributed.weight_channel import (
     loaded_fingerprint,
 )
 from seedfast.distributed.weight_push import hf_named_tensors
+from seedfast.runtime.placement import producer_device, producer_visible_devices
 from seedfast.runtime.precision import DTYPES
 from seedfast.train.staleness import VERSION_KEY, Produced, check_weights, rollout_version
 
@@ -257,7 +258,8 @@ class RolloutProducer:
             target=produce, name="seedfast-rollout-producer",
             args=(cfg, str(policy_dir), self.channel.port, first_step, first_version, results_w, lifeline_r,
                   threads or torch.get_num_threads()))
-        self.process.start()
+        with producer_visible_devices(cfg):  # rollout.devices: the producer sees only its GPUs
+            self.process.start()
         results_w.close()
         lifeline_r.close()
         self.inbox = Inbox(self.process, self._results_r, timeout)
@@ -427,7 +429,7 @@ def _produce(cfg: Config, policy_dir: Path, port: int, first_step: int, first_ve
     from seedfast.seeds import sampling_seed, step_seed
     from seedfast.train.draws import choose_tasks, seed_everything, task_pool
 
-    device = device_of(cfg)
+    device = producer_device(cfg, device_of(cfg))  # runtime/placement.py
     dtype = DTYPES[cfg.model.dtype]
     model = load_policy(cfg, policy_dir, device, trainable=False)
     layout = bucket_layout(model, cfg.rollout.sync_bucket_mb << 20, dtype=dtype)

@@ -35,6 +35,7 @@ from seedfast.runtime.checkpoint import save_checkpoint
 from seedfast.runtime.metrics import MetricsLogger, NullLogger, truncate_metrics
 from seedfast.runtime.optim import grad_norm_and_clip
 from seedfast.runtime.paths import RunPaths
+from seedfast.runtime.placement import check_placement
 from seedfast.runtime.precision import DTYPES
 from seedfast.runtime.profiling import PhaseTimer, ProfileWindow, mfu
 from seedfast.runtime.progress import ProgressBar, shows_progress
@@ -135,10 +136,6 @@ def check_async(cfg: Config, dp: DataParallel | None, device: torch.device) -> N
     if dp is not None:
         raise ConfigError(f"rollout.max_staleness={n}: asynchronous rollouts run with one trainer process (the "
                           "producer is fed by rank 0 alone); set rollout.max_staleness=0 under torchrun")
-    if device.type != "cpu":
-        raise ConfigError(f"rollout.max_staleness={n} on {device}: the rollout producer "
-                          "would share the trainer's GPU, and its NCCL weight group needs a GPU per rank (a producer "
-                          "device of its own is not built yet); set trainer.device=cpu or rollout.max_staleness=0")
     if cfg.rollout.engine != "own":
         raise ConfigError(f"rollout.max_staleness={n} with rollout.engine={cfg.rollout.engine}: the rollout producer "
                           "runs the own engine; set rollout.engine=own or rollout.max_staleness=0")
@@ -186,6 +183,8 @@ class Trainer:
                                     sleep=cfg.rollout.vllm_sleep, **vllm_options(cfg))
         # asynchronous RL (train/async_rollout.py): a producer process rolls out ahead, at most max_staleness updates
         self.max_staleness = cfg.rollout.max_staleness
+        # where the producer runs (runtime/placement.py): the trainer's device, or GPUs of its own
+        check_placement(cfg, self.device)
         if self.max_staleness > 0:
             check_async(cfg, self.dp, self.device)
         self.start_dir = start

@@ -74,3 +74,41 @@ def test_plan_refuses_a_mesh_that_does_not_fit(override, key):
     cfg = load_config(CONFIG, ["model.path=models/Qwen2.5-7B-Instruct", "dist.strategy=fsdp", override])
     with pytest.raises(ConfigError, match=key):
         memory_plan(cfg, 8)
+
+
+def test_plan_with_rollout_gpus_of_their_own_prints_both_sides(tmp_path, capsys):
+    """rollout.devices: the trainer's GPUs plan no rollout, and the producer's side is, per rollout GPU, the whole
+    model / rollout tp, up to max_staleness whole staged versions on the first GPU, and the whole batch's KV cache
+    / rollout tp, in the engine's dtype (hand arithmetic from Qwen2.5-7B's published shape)."""
+    out = tmp_path / "plan.json"
+    rc = main(["plan", CONFIG, "--world", "6", "--json", str(out), "model.path=models/Qwen2.5-7B-Instruct",
+               "rollout.engine=vllm", "rollout.tensor_parallel=2", "rollout.devices=6-7", "rollout.max_staleness=2",
+               "rollout.vllm_dtype=bf16", "dist.strategy=fsdp", f"run.out_dir={tmp_path}"])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert "rollout_peak" not in data["gib"] and "rollout_kv_cache" not in data["gib"]
+    side = data["rollout_side"]
+    assert side["devices"] == [6, 7] and side["tp"] == 2 and side["dtype"] == "bf16"
+    shape = QWEN25["Qwen2.5-7B"]
+    total, _ = _hand(shape, 1)
+    cfg = load_config(CONFIG, [])
+    rows = cfg.rollout.tasks_per_batch * cfg.rollout.n
+    tokens = cfg.rollout.max_prompt_length + cfg.rollout.max_response_tokens
+    head_dim = shape["hidden_size"] // shape["num_attention_heads"]
+    kv = rows * tokens * 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * head_dim * 2
+    assert side["rows"] == rows and side["tokens_per_row"] == tokens
+    assert side["gib"]["rollout_weights"] == pytest.approx(total * 2 / 2 / GIB, abs=1e-4)
+    assert side["gib"]["staged_versions"] == pytest.approx(2 * total * 2 / GIB, abs=1e-4)
+    assert side["gib"]["rollout_kv_cache"] == pytest.approx(kv / 2 / GIB, abs=1e-4)
+    printed = capsys.readouterr().out
+    assert "rollout on GPUs [6, 7] of their own (vllm engine, tp=2" in printed
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["rollout.devices=6"], "rollout.max_staleness >= 1"),
+    (["rollout.devices=6-7", "rollout.max_staleness=1", "rollout.engine=own"], "the own engine's one"),
+])
+def test_plan_refuses_a_placement_that_does_not_hold(overrides, match, capsys):
+    assert main(["plan", CONFIG, "--world", "6", "model.path=models/Qwen2.5-7B-Instruct", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert "seedfast plan: config error: rollout.devices=" in err and match in err

@@ -320,5 +320,4 @@ def test_what_asynchronous_rollouts_do_not_run_with_is_refused_by_name():
                     None, cpu)
     with pytest.raises(ConfigError, match="one trainer process"):
         check_async(load_config(None, ["rollout.max_staleness=2"]), object(), cpu)
-    with pytest.raises(ConfigError, match="rollout.max_staleness=1 on cuda:0"):
-        check_async(load_config(None, ["rollout.max_staleness=1"]), None, torch.device("cuda", 0))
+    # where the producer runs is runtime/placement.py's to check (tests/runtime/test_placement.py)
