@@ -318,7 +318,8 @@ def docs_section(data: dict) -> str:
         + f"{n(pool('sparse/s5/A_lam1_current_right_first', 'pool last half'))} over the last half). At 0.01 (D, the "
         "release weight) the teacher is ~1% of the update and A is GRPO; A and B ran at 0.3, where the teacher is a "
         "third of the update. The sweep and the arms of the first oracle ran with the current teacher. Held-out: "
-        "128 games × 4 plays.",
+        "its 64 games × 4 plays (256 episodes; `trainer.eval_games` 128 is a cap that does not bind at `env.n_eval` 32 "
+        "over two levels).",
         "",
         markdown_table(data),
         "",
