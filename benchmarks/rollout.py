@@ -267,14 +267,15 @@ def _torch_dtype(dtype: str) -> str:
 # ------------------------------------------------------------------------------------------------ the RL step
 
 
-def step_worker(engine: str, games_dir: Path, out: Path, updates: int) -> dict[str, Any]:
-    """`updates` updates of the recipe with rollout.engine=`engine`; each update's phase times and engine metrics."""
+def step_worker(engine: str, games_dir: Path, out: Path, updates: int, eager: bool = True) -> dict[str, Any]:
+    """`updates` updates of the recipe with rollout.engine=`engine` (vLLM: eager or compiled); each update's phase
+    times and engine metrics."""
     from seedfast.config import load_config
     from seedfast.train.rl import Trainer
 
     overrides = [*recipe_overrides(games_dir), f"run.out_dir={out}", f"run.name={engine}", f"rollout.engine={engine}",
                  f"trainer.steps={updates}", "trainer.checkpoint_every=0", "trainer.eval_games=1",
-                 "log.progress=false", "log.tensorboard=false", "rollout.vllm_enforce_eager=true",
+                 "log.progress=false", "log.tensorboard=false", f"rollout.vllm_enforce_eager={str(eager).lower()}",
                  "rollout.vllm_max_num_seqs=8", "rollout.vllm_max_model_len=2048"]
     cfg = load_config(str(CONFIG), overrides, command="train")
     trainer = Trainer(cfg, policy_dir=MODEL)
@@ -465,7 +466,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def worker_main(args: argparse.Namespace) -> None:
     batches = [int(b) for b in args.batches.split(",")]
     if args.worker == "step":
-        answer = step_worker(args.engine, Path(args.games_dir), Path(args.out), args.step_updates)
+        answer = step_worker(args.engine, Path(args.games_dir), Path(args.out), args.step_updates, bool(args.eager))
     else:
         data = json.loads(Path(args.data).read_text())
         if args.worker == "profile":
@@ -531,16 +532,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                     print(f"{label} {dtype}: done ({time.perf_counter() - t0:.0f} s)", flush=True)
         steps: dict[str, Any] = {}
         step_runs: dict[str, Any] = {}
-        if args.step_updates > 0:
+        if args.step_updates > 0:  # every engine as the per-call table names it: vLLM eager and compiled
             for engine in engines:
-                python = sys.executable if engine == "own" else VLLM_PYTHON
-                env = threads if engine == "own" else {**threads, **VLLM_ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}
-                run = run_python(python, ["--worker", "step", "--engine", engine, "--games-dir", args.games_dir,
-                                          "--out", str(Path(tmp) / "runs"), "--step-updates", str(args.step_updates),
-                                          "--batches", args.batches], env, args.timeout)
-                step_runs[engine] = run
-                steps[engine] = step_summary(run["updates"])
-                print(f"RL step, {engine}: done ({time.perf_counter() - t0:.0f} s)", flush=True)
+                for mode in args.vllm_modes.split(",") if engine == "vllm" else ["-"]:
+                    label = engine if engine == "own" else f"vllm_{mode}"
+                    python = sys.executable if engine == "own" else VLLM_PYTHON
+                    env = threads if engine == "own" else {**threads, **VLLM_ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}
+                    run = run_python(python, ["--worker", "step", "--engine", engine, "--games-dir", args.games_dir,
+                                              "--out", str(Path(tmp) / "runs" / label), "--step-updates",
+                                              str(args.step_updates), "--batches", args.batches,
+                                              "--eager", str(int(mode != "compiled"))], env, args.timeout)
+                    step_runs[label] = run
+                    steps[label] = step_summary(run["updates"])
+                    print(f"RL step, {label}: done ({time.perf_counter() - t0:.0f} s)", flush=True)
     lengths = [len(p) for p in data["prompts"]]
     payload = {
         "config": str(CONFIG.relative_to(ROOT)),
