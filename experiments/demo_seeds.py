@@ -36,12 +36,23 @@ def run_name(config: str, seed: int, tag: str = "") -> str:
     return f"{Path(config).stem}{f'_{tag}' if tag else ''}_seed{seed}"
 
 
-def run_seed(config: str, seed: int, extra: list[str], tag: str = "") -> tuple[Path, float]:
+def run_seed(config: str, seed: int, extra: list[str], tag: str = "", root: Path = ROOT,
+             env: dict[str, str] | None = None) -> tuple[Path, float]:
+    """`seedfast demo CONFIG run.seed=S run.name=...` in `root` (this tree, or a clone of it) with this Python: the
+    run folder and the wall time of the whole process, as a user waits for it."""
     name = run_name(config, seed, tag)
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "seedfast", "demo", config, f"run.seed={seed}", f"run.name={name}", *extra],
-                   cwd=ROOT, check=True)
-    return ROOT / "runs" / name, time.perf_counter() - t
+                   cwd=root, check=True, env=env)
+    return root / "runs" / name, time.perf_counter() - t
+
+
+def read_summary(run_dir: Path, wall: float | None) -> dict:
+    """A run's demo_summary.json with its wall time: `wall` as measured around the process, else the sum of the
+    run's own timings (a run made earlier)."""
+    summary = json.loads((run_dir / "demo_summary.json").read_text())
+    summary["wall_s"] = wall if wall is not None else sum(summary["timings"].values())
+    return summary
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -113,8 +124,7 @@ def collect(config: str, seeds: list[int], overrides: list[str], collect_only: b
         wall = None
         if not collect_only:
             run_dir, wall = run_seed(config, seed, overrides, tag)
-        summary = json.loads((run_dir / "demo_summary.json").read_text())
-        summary["wall_s"] = wall if wall is not None else sum(summary["timings"].values())
+        summary = read_summary(run_dir, wall)
         runs[seed] = {**summary, **(more(run_dir) if more else {})}
     return runs
 

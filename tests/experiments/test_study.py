@@ -1,7 +1,9 @@
 """experiments/study.py, the code of docs/study.md's protocol: its statistics by hand, the λ choice and collapse rules,
-the report on synthetic run records, the arms' overrides, and the teacher gap end to end on the tiny model."""
+the report on synthetic run records, the arms' overrides, the teacher gap end to end on the tiny model, and the demo
+check (its rule on hand-made summaries, its runner with a fake `seedfast demo` in a fresh clone)."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -322,3 +324,252 @@ def test_the_gap_on_the_tiny_model(overrides, tiny_policy, train_games, tmp_path
     n = len(result.trajectories)
     samples, _ = build_samples(cfg, result.steps, Privileged([episode] * n, [dict(steps)] * n), tokenizer)
     assert [s.teacher_prompt_ids().tolist() for s in samples] == shown
+
+
+# ------------------------------------------------------------------ the demo at seeds 40-44
+
+
+P = 160 / 256  # an SFT held-out success the demo's 64 x 4 episodes can give
+
+
+def demo_summary(p=P, after=None, leads=None, control=0.5, copy_warmup=70.0):
+    """What the check reads of a demo_summary.json: held-out before and after, the evaluation's size, the pool's
+    last-half means, the SFT phases."""
+    after = {"grpo": p + 0.02, "seed": p + 0.01} if after is None else after
+    leads = {"grpo": 0.05, "seed": 0.03} if leads is None else leads
+    return {"before": {"eval/success_rate": p}, "after": {a: {"eval/success_rate": v} for a, v in after.items()},
+            "held_out": {"games": 64, "plays": 4},
+            "means": {"control": {"first_quarter": control, "last_half": control},
+                      **{a: {"first_quarter": control, "last_half": control + v} for a, v in leads.items()}},
+            "sft_phases": {"data": 10.0, "copy_warmup": copy_warmup, "copy_warmup_steps": 600, "steps": 90.0},
+            "timings": {"games": 60.0, "sft": 170.0, "after_sft": 150.0}}
+
+
+def test_a_demo_seed_holds_held_out_to_two_standard_errors_at_its_start():
+    se = (2 * P * (1 - P) / 256) ** 0.5  # 0.0428 at p = 0.625: the floor is -0.0856
+    check = study.demo_seed_check(demo_summary(after={"grpo": 139 / 256, "seed": 139 / 256}))
+    assert check["se"] == pytest.approx(se) and check["heldout_floor"] == pytest.approx(-2 * se)
+    assert check["algorithms"]["grpo"]["heldout_change"] == pytest.approx(-21 / 256)  # -0.0820: inside
+    assert check["algorithms"]["grpo"]["heldout_passes"] and check["passes"]
+    lower = study.demo_seed_check(demo_summary(after={"grpo": 139 / 256, "seed": 138 / 256}))  # -0.0859: outside
+    assert lower["algorithms"]["grpo"]["heldout_passes"] and not lower["algorithms"]["seed"]["heldout_passes"]
+    assert not lower["passes"]  # both algorithms must pass both
+    # at p = 1 the SE is 0: no change passes, no drop does not
+    assert study.demo_seed_check(demo_summary(p=1.0, after={"grpo": 1.0}, leads={"grpo": 0.01}))["passes"]
+    assert not study.demo_seed_check(demo_summary(p=1.0, after={"grpo": 255 / 256}, leads={"grpo": 0.01}))["passes"]
+
+
+def test_a_demo_seed_needs_each_algorithm_above_the_control_on_its_pool():
+    check = study.demo_seed_check(demo_summary(leads={"grpo": 1 / 64, "seed": 0.0}))  # 0 is not above
+    assert check["algorithms"]["grpo"]["pool_passes"] and not check["algorithms"]["seed"]["pool_passes"]
+    assert check["algorithms"]["seed"]["pool_lead"] == 0.0 and not check["passes"]
+    assert check["control_last_half"] == 0.5 and check["algorithms"]["grpo"]["pool_last_half"] == 0.5 + 1 / 64
+    assert not study.demo_seed_check(demo_summary(leads={"grpo": 0.1, "seed": -0.02}))["passes"]
+
+
+def demo_set_record(name="check", failing=(), wall=400.0, missing=()):
+    """A set of seeds as study.json keeps it: `failing` seeds drop SEED's held-out below the floor."""
+    seeds = study.DEMO_SETS[name]
+    runs = {}
+    for s in seeds:
+        if s in missing:
+            continue
+        summary = demo_summary(after={"grpo": P, "seed": 138 / 256 if s in failing else P})
+        runs[str(s)] = {"seed": s, "check": study.demo_seed_check(summary), "summary": summary, "wall_s": 300.0,
+                        "git_commit": "abc", "machine": {"cpu": "x"}}
+    record = {"set": name, "seeds": list(seeds), "runs": runs, "verdict": None,
+              "fresh_clone": study.fresh_clone_record(seeds[0], wall, demo_summary(), study.DEMO_BUDGET_S[name])}
+    record["verdict"] = study.demo_verdict(record)
+    return record
+
+
+def test_the_demo_passes_at_four_of_five_seeds_within_ten_minutes():
+    v = study.demo_verdict(demo_set_record(failing={43}))
+    assert v["seeds_passed"] == [40, 41, 42, 44] and v["seed_rule"] and v["within_budget"]
+    assert v["passes"] is True and v["status"] == "passes" and v["budget_s"] == 600
+    v = study.demo_verdict(demo_set_record(failing={41, 43}))
+    assert v["seed_rule"] is False and v["passes"] is False and v["status"] == "fails the pass rule"
+    # the wall-time clause: seed 40's fresh-clone run over 10 minutes fails the check, the seeds passing
+    assert study.demo_verdict(demo_set_record(wall=600.0))["passes"] is True
+    over = study.demo_verdict(demo_set_record(wall=601.0))
+    assert over["seed_rule"] and over["passes"] is False and over["status"] == "over budget"
+    waiting = study.demo_verdict(demo_set_record(missing={44}))
+    assert waiting["passes"] is None and waiting["status"] == "incomplete" and waiting["seeds_run"] == 4
+
+
+def test_a_recipe_confirmed_at_45_to_49_has_fifteen_minutes():
+    v = study.demo_verdict(demo_set_record("confirmation", wall=700.0))
+    assert v["passes"] and v["budget_s"] == 900 and v["budget_after_s"] == 900  # needed more than 10: becomes 15
+    assert study.demo_verdict(demo_set_record("confirmation", wall=500.0))["budget_after_s"] == 600
+    assert study.demo_verdict(demo_set_record("confirmation", wall=901.0))["status"] == "over budget"
+
+
+def test_the_fresh_clone_speed_is_read_against_demo_fresh_clone_json():
+    ref = json.loads(study.FRESH_REFERENCE.read_text())["runs"]["0"]["sft_phases"]
+    fresh = study.fresh_clone_record(40, 400.0, demo_summary(copy_warmup=70.0), 600)
+    assert fresh["reference"]["copy_warmup_s"] == ref["copy_warmup"]
+    assert fresh["speed_vs_reference"] == pytest.approx((70.0 / 600) / (ref["copy_warmup"] / ref["copy_warmup_steps"]))
+    assert fresh["reference"]["file"] == "experiments/results/demo_fresh_clone.json" and fresh["within_budget"]
+
+
+def test_the_demo_seed_sets_are_the_protocols():
+    assert study.demo_set([40, 41, 42, 43, 44]) == "check"
+    assert study.demo_set([45, 46, 47, 48, 49]) == "confirmation"
+    for wrong in ([40, 41], [41, 40, 42, 43, 44], [40, 41, 42, 43, 45], [0, 1, 2]):
+        with pytest.raises(SystemExit, match="--seeds"):
+            study.demo_set(wrong)
+
+
+def test_the_docs_show_the_demo_check_per_seed_and_its_verdict():
+    data = {**study._base(), "demo_check": demo_set_record(failing={43})}
+    text = study.docs_section(data)
+    assert not text.startswith("No result yet")
+    row = next(line for line in text.splitlines() if line.startswith("| 43 |"))
+    assert "✗" in row and row.endswith("| no | 5.0 min |") and "−0.0859 ✗" in row  # SEED's: 138/256 - 0.625
+    assert "| −0.0856 |" in row  # its floor
+    text = " ".join(text.split())  # the paragraphs' wrapping aside
+    assert "4 of 5 seeds run pass" in text and "**The demo passes the check.**" in text
+    assert "**The demo check at seeds 40–44**" in text and "6.7 min against the 10-minute budget" in text
+    failing = study.docs_section({**study._base(), "demo_check": demo_set_record(failing={41, 43}, wall=700.0)})
+    assert "3 of 5 seeds run pass" in failing and "**The demo fails the pass rule.**" in " ".join(failing.split())
+    over = study.docs_section({**study._base(), "demo_check": demo_set_record(wall=700.0)})
+    assert "**The demo passes at its seeds but is over budget**" in " ".join(over.split())
+    assert "**The demo check:** not run yet." in study.docs_section({**synthetic(YES, [0.0] * 6), "demo_check": None})
+
+
+# the runner, with `seedfast demo` replaced by a package of the clone's own: what a clone runs is its own code
+FAKE_DEMO = '''import json, os, subprocess, sys
+from pathlib import Path
+
+args = sys.argv[1:]
+assert args[:2] == ["demo", "configs/demo_cpu.yaml"], args
+kv = dict(a.split("=", 1) for a in args[2:])
+seed = int(kv["run.seed"])
+# what a process the demo starts elsewhere imports (the demo's lanes and env workers)
+child = subprocess.run([sys.executable, "-c", "import seedfast; print(seedfast.__file__)"], cwd="/",
+                       capture_output=True, text=True).stdout.strip()
+with open(os.environ["FAKE_DEMO_LOG"], "a") as f:
+    f.write(json.dumps({"seed": seed, "name": kv["run.name"], "cwd": os.getcwd(),
+                        "runs_before": Path("runs").exists(), "module": __file__, "python": sys.executable,
+                        "omp": os.environ.get("OMP_NUM_THREADS"), "child_module": child}) + "\\n")
+if os.environ.get("FAKE_DEMO_CRASH") == str(seed):
+    sys.exit(3)
+out = Path("runs") / kv["run.name"]
+out.mkdir(parents=True)
+(out / "demo_summary.json").write_text(os.environ[f"FAKE_DEMO_SUMMARY_{seed}"])
+'''
+
+
+def git(cwd, *args):
+    import subprocess
+
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def demo_repo(tmp_path, monkeypatch):
+    """A repository whose seedfast is the fake demo, with a runs/ of its own (ignored: a clone has none); study.json
+    and the speed reference in tmp_path; the log of the fake's calls."""
+    src = tmp_path / "src"
+    (src / "seedfast").mkdir(parents=True)
+    (src / "seedfast" / "__init__.py").write_text("")
+    (src / "seedfast" / "__main__.py").write_text(FAKE_DEMO)
+    (src / "configs").mkdir()
+    (src / "configs" / "demo_cpu.yaml").write_text("# the recipe\n")
+    (src / ".gitignore").write_text("runs/\n")
+    git(src, "init", "-q")
+    git(src, "add", ".")
+    git(src, "commit", "-q", "-m", "fake")
+    (src / "runs" / "demo_cpu" / "games").mkdir(parents=True)  # this tree's games: not the clone's
+    ref = {"git_commit": "r", "seeds": [0], "runs": {"0": {"wall_s": 390.0, "sft_phases": {
+        "copy_warmup": 50.0, "copy_warmup_steps": 600}}}}
+    (tmp_path / "ref.json").write_text(json.dumps(ref))
+    monkeypatch.setattr(study, "ROOT", src)
+    monkeypatch.setattr(study, "RESULT", tmp_path / "study.json")
+    monkeypatch.setattr(study, "FRESH_REFERENCE", tmp_path / "ref.json")
+    monkeypatch.setenv("FAKE_DEMO_LOG", str(tmp_path / "calls.jsonl"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the study's setting: not the demo's
+    for s in (*study.DEMO_SETS["check"], *study.DEMO_SETS["confirmation"]):
+        summary = demo_summary(after={"grpo": P, "seed": 138 / 256 if s == 43 else P}, copy_warmup=60.0)
+        monkeypatch.setenv(f"FAKE_DEMO_SUMMARY_{s}", json.dumps(summary))
+    (tmp_path / "clones").mkdir()
+    return src
+
+
+def calls(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+
+
+def test_the_demo_runs_each_seed_in_a_fresh_clone_and_resumes(demo_repo, tmp_path, monkeypatch):
+    import subprocess
+
+    monkeypatch.setenv("FAKE_DEMO_CRASH", "42")
+    with pytest.raises(subprocess.CalledProcessError):
+        study.demo(under=tmp_path / "clones")
+    first = calls(tmp_path)
+    assert [c["seed"] for c in first] == [40, 41, 42]
+    assert [c["name"] for c in first] == ["demo_cpu_seed40", "demo_cpu_seed41", "demo_cpu_seed42"]
+    clone = Path(first[0]["cwd"])
+    assert clone.parent == tmp_path / "clones" and {c["cwd"] for c in first} == {str(clone)}
+    assert first[0]["runs_before"] is False and first[1]["runs_before"] is True  # seed 40 made the games
+    assert all(Path(c["module"]).parent == clone / "seedfast" for c in first)  # the clone's code, this Python
+    assert all(Path(c["child_module"]).parent == clone / "seedfast" for c in first)  # in its processes too
+    assert all(c["python"] == sys.executable and c["omp"] is None for c in first)
+    data = json.loads((tmp_path / "study.json").read_text())
+    check = data["demo_check"]
+    assert sorted(check["runs"]) == ["40", "41"] and check["begun"] == [42]
+    assert check["verdict"]["status"] == "incomplete" and check["verdict"]["passes"] is None
+    head = git(demo_repo, "rev-parse", "HEAD")
+    assert {r["git_commit"] for r in check["runs"].values()} == {head}
+    assert all(r["machine"]["cpu"] for r in check["runs"].values())
+    fresh = check["fresh_clone"]
+    assert fresh["seed"] == 40 and fresh["wall_s"] == check["runs"]["40"]["wall_s"] < 60
+    assert fresh["copy_warmup_s"] == 60.0 and fresh["speed_vs_reference"] == pytest.approx(60.0 / 50.0)
+    assert clone.exists()  # a failed set keeps its clone to look at
+
+    monkeypatch.delenv("FAKE_DEMO_CRASH")
+    result = study.demo(under=tmp_path / "clones")
+    second = calls(tmp_path)[len(first):]
+    assert [c["seed"] for c in second] == [42, 43, 44]  # 40 and 41 recorded: skipped
+    assert second[0]["cwd"] != str(clone) and second[0]["runs_before"] is False  # a fresh clone again
+    assert not Path(second[0]["cwd"]).exists()  # removed once the set is in
+    data = json.loads((tmp_path / "study.json").read_text())
+    assert result == data["demo_check"] and sorted(result["runs"]) == [str(s) for s in study.DEMO_SETS["check"]]
+    assert result["fresh_clone"]["seed"] == 40 and result["fresh_clone"]["wall_s"] == fresh["wall_s"]
+    assert result["runs"]["43"]["check"]["passes"] is False
+    assert result["verdict"]["seeds_passed"] == [40, 41, 42, 44] and result["verdict"]["status"] == "passes"
+    assert [d["what"] for d in data["deviations"]] == ["demo seed 42 made again from its start"]
+    assert data["runs"] == {} and data["study_commit"] is None  # only demo_check is written
+
+    study.demo(under=tmp_path / "clones")  # everything recorded: nothing runs
+    assert len(calls(tmp_path)) == 6
+
+
+def test_seeds_45_to_49_confirm_only_a_changed_recipe_that_failed(demo_repo, tmp_path):
+    with pytest.raises(SystemExit, match="not all in"):
+        study.demo(study.DEMO_SETS["confirmation"], under=tmp_path / "clones")
+    head = git(demo_repo, "rev-parse", "HEAD")
+    passed = demo_set_record(failing={43})
+    for r in passed["runs"].values():
+        r["git_commit"] = head
+    (tmp_path / "study.json").write_text(json.dumps({**study._base(), "demo_check": passed}))
+    with pytest.raises(SystemExit, match="passed at 40-44"):
+        study.demo(study.DEMO_SETS["confirmation"], under=tmp_path / "clones")
+    failed = demo_set_record(failing={41, 43})
+    for r in failed["runs"].values():
+        r["git_commit"] = head
+    (tmp_path / "study.json").write_text(json.dumps({**study._base(), "demo_check": failed}))
+    with pytest.raises(SystemExit, match="no changed recipe"):
+        study.demo(study.DEMO_SETS["confirmation"], under=tmp_path / "clones")
+    (demo_repo / "configs" / "demo_cpu.yaml").write_text("# the recipe, changed\n")
+    git(demo_repo, "commit", "-q", "-am", "a changed recipe")
+    with pytest.raises(SystemExit, match="one recipe per set"):  # 40-44 again at another commit: refused
+        study.demo(under=tmp_path / "clones")
+    result = study.demo(study.DEMO_SETS["confirmation"], under=tmp_path / "clones")
+    assert [c["seed"] for c in calls(tmp_path)] == [45, 46, 47, 48, 49]
+    data = json.loads((tmp_path / "study.json").read_text())
+    assert data["demo_check"]["confirmation"] == result and data["demo_check"]["verdict"] == failed["verdict"]
+    assert result["set"] == "confirmation" and result["fresh_clone"]["seed"] == 45
+    assert result["verdict"]["passes"] and result["verdict"]["budget_s"] == 900
+    assert "seeds 45–49** (the confirmation of a changed recipe)" in " ".join(study.docs_section(data).split())
