@@ -22,7 +22,7 @@ when the trainer dies).
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -86,13 +86,21 @@ def bucket_layout(model: torch.nn.Module, bucket_bytes: int, dtype: torch.dtype 
             for bucket in buckets(hf_named_tensors(model, dtype=dtype), bucket_bytes)]
 
 
+def named_buckets(layout: Layout, flats: list[torch.Tensor]) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Received flat buckets as buckets of (HF name, tensor): views into the flats, in the sender's order (what a
+    rollout engine's push takes, weight_push.py's buckets)."""
+    for bucket, flat in zip(layout, flats, strict=True):
+        yield [(slot.name, part.view(slot.shape))
+               for slot, part in zip(bucket, flat.split([s.numel for s in bucket]), strict=True)]
+
+
 def load_buckets(model: torch.nn.Module, layout: Layout, flats: list[torch.Tensor]) -> None:
     """Copy received flat buckets into `model`'s tensors (a tied tensor is written once, as it was sent)."""
     state = model.state_dict(keep_vars=True)
     with torch.no_grad():
-        for bucket, flat in zip(layout, flats, strict=True):
-            for slot, part in zip(bucket, flat.split([s.numel for s in bucket]), strict=True):
-                state[slot.name].copy_(part.view(slot.shape))
+        for bucket in named_buckets(layout, flats):
+            for name, tensor in bucket:
+                state[name].copy_(tensor)
 
 
 def _wrap(value: int) -> int:

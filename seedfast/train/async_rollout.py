@@ -1,6 +1,7 @@
 """The rollout producer of asynchronous RL (docs/architecture.md, 'Asynchronous rollouts'): a process of its own
-with its own copy of the policy, the own engine and its own environment slots, rolling out update s on policy
-version `staleness.rollout_version(s)` while the trainer learns from earlier batches.
+with its own rollout engine (rollout.engine: the own engine over a copy of the policy, or a vLLM engine;
+`producer_engine`) and its own environment slots, rolling out update s on policy version
+`staleness.rollout_version(s)` while the trainer learns from earlier batches.
 
     producer = RolloutProducer(cfg, policy_dir, first_step=0, first_version=0, device=device)
     producer.push(policy, version=0)        # a version, in buckets over the weight group (distributed/weight_channel)
@@ -43,10 +44,13 @@ import torch
 from seedfast.config import Config
 from seedfast.distributed.weight_channel import (
     STOP,
+    Layout,
     WeightChannel,
     bucket_layout,
+    fingerprint,
     load_buckets,
     loaded_fingerprint,
+    named_buckets,
 )
 from seedfast.distributed.weight_push import hf_named_tensors
 from seedfast.runtime.placement import producer_device, producer_visible_devices
@@ -245,7 +249,7 @@ class RolloutProducer:
     def __init__(self, cfg: Config, policy_dir: str | Path, *, first_step: int, first_version: int,
                  device: torch.device, threads: int | None = None) -> None:
         self.cfg = cfg
-        self.dtype = DTYPES[cfg.model.dtype]
+        self.dtype = channel_dtype(cfg)
         self.bucket_bytes = cfg.rollout.sync_bucket_mb << 20
         timeout = cfg.rollout.producer_timeout_s
         self.channel = WeightChannel.listen(device, timeout_s=timeout)
@@ -348,7 +352,7 @@ def _die_with_trainer(lifeline: Connection) -> None:
 
     def watch() -> None:
         wait([lifeline])
-        os._exit(_EXIT_ON_LIFELINE[0])
+        _exit(_EXIT_ON_LIFELINE[0])
 
     threading.Thread(target=watch, name="trainer-lifeline", daemon=True).start()
 
@@ -390,6 +394,93 @@ class _Staged:
             return self.versions.pop(version)
 
 
+def channel_dtype(cfg: Config) -> torch.dtype:
+    """The dtype a version travels in: the one the producer's engine computes in (model.dtype for the own engine;
+    for vLLM rollout.vllm_dtype when set, what the synchronous loop pushes)."""
+    from seedfast.runtime.setup import engine_dtype
+
+    return DTYPES[engine_dtype(cfg) if cfg.rollout.engine == "vllm" else cfg.model.dtype]
+
+
+def trainer_engine(cfg: Config) -> str:
+    """The engine the trainer's own process builds: rollout.engine in the synchronous loop. With a producer the
+    rollouts are its engine's (`producer_engine`), and what the trainer still generates (SEED's analysis, GRSD's
+    reflections) is written by its live policy, as the own engine reads it: a vLLM engine there would never be
+    pushed a version, and would hold a second copy of the model on the trainer's device."""
+    return cfg.rollout.engine if cfg.rollout.max_staleness == 0 else "own"
+
+
+class ProducerEngine:
+    """The producer's rollout engine (`rollout`: the engine protocol and its per-step hooks, rollout/colocated.py)
+    and how a received version enters it: `load(flats)` takes the flat buckets of `layout` and returns the
+    fingerprint of the weights the engine then rolls out with, which the trainer compares with the version it sent
+    (staleness.check_weights). Built by `producer_engine`, the one place the producer's engine is chosen."""
+
+    rollout: Any
+    layout: Layout
+
+    def load(self, flats: list[torch.Tensor]) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.rollout.close()
+
+
+class OwnProducerEngine(ProducerEngine):
+    """The own engine over the producer's copy of the policy: a version is copied into the copy, and its fingerprint
+    is read back from the copy the sampler reads (a copy that loaded nothing keeps the old fingerprint)."""
+
+    def __init__(self, cfg: Config, policy_dir: Path, device: torch.device) -> None:
+        from seedfast.rollout.colocated import OwnRollout
+        from seedfast.runtime.setup import load_policy
+
+        self.model = load_policy(cfg, policy_dir, device, trainable=False)
+        self.layout = bucket_layout(self.model, cfg.rollout.sync_bucket_mb << 20, dtype=channel_dtype(cfg))
+        self.rollout = OwnRollout(self.model, seed=cfg.run.seed)
+
+    def load(self, flats: list[torch.Tensor]) -> int:
+        load_buckets(self.model, self.layout, flats)
+        return loaded_fingerprint(self.model, self.layout)
+
+
+class VLLMProducerEngine(ProducerEngine):
+    """A vLLM engine built as the synchronous loop builds its own (rollout/colocated.py `build_rollout`, the
+    rollout.* options, awake throughout: nothing else needs its memory), running inside the producer's process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0), so that it dies with the producer: vLLM 0.32's engine-core process has no
+    watch on its parent (only its workers have a death pipe), and a producer killed with SIGKILL would leave it.
+
+    A version is pushed as received (`VLLMEngine.push_weights`: the buckets under their HF names, the CPU back
+    end's layerwise reload, the prefix cache reset), and vLLM's own verify (`VLLMEngine._verify`: checksums of the
+    tensors it keeps unfused, probes of what its CPU kernels compute with) raises when the push did not land. The
+    fingerprint reported is that of the received flat buckets that were pushed, not one read back from vLLM: vLLM
+    repacks its copy (q/k/v and gate/up fused, the CPU kernels' packed layouts), so the sent tensors cannot be found
+    in it bit for bit. The fingerprint shows that the version crossed the channel intact, the verify that vLLM
+    computes with it."""
+
+    def __init__(self, cfg: Config, policy_dir: Path) -> None:
+        from seedfast.model import Decoder, hf_config
+        from seedfast.rollout.colocated import build_rollout
+        from seedfast.runtime.setup import engine_dtype, vllm_options
+
+        with torch.device("meta"):  # the layout needs names and shapes only: no second copy of the weights
+            structure = Decoder(hf_config(policy_dir))
+        self.layout = bucket_layout(structure, cfg.rollout.sync_bucket_mb << 20, dtype=channel_dtype(cfg))
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.rollout = build_rollout("vllm", structure, policy_dir, seed=cfg.run.seed, dtype=engine_dtype(cfg),
+                                     sleep=False, **vllm_options(cfg))
+
+    def load(self, flats: list[torch.Tensor]) -> int:
+        self.rollout.before_rollout(named_buckets(self.layout, flats))  # raises when the push did not land
+        return fingerprint(flats)
+
+
+def producer_engine(cfg: Config, policy_dir: Path, device: torch.device) -> ProducerEngine:
+    """The producer's rollout engine, rollout.engine's kind."""
+    if cfg.rollout.engine == "vllm":
+        return VLLMProducerEngine(cfg, policy_dir)
+    return OwnProducerEngine(cfg, policy_dir, device)
+
+
 def produce(cfg: Config, policy_dir: str, port: int, first_step: int, first_version: int, results: Connection,
             lifeline: Connection, threads: int) -> None:
     """The producer process: rollouts of updates first_step.. in order, each on its version, sent to the trainer."""
@@ -407,21 +498,28 @@ def produce(cfg: Config, policy_dir: str, port: int, first_step: int, first_vers
             results.close()
         except OSError:  # the trainer is gone: nobody to tell
             pass
-        os._exit(ProducerExit.FAILED)
+        _exit(ProducerExit.FAILED)
     _EXIT_ON_LIFELINE[0] = ProducerExit.DONE
     results.close()
-    os._exit(ProducerExit.DONE)  # the receiver thread may still sit in the group's broadcast: no teardown around it
+    _exit(ProducerExit.DONE)  # the receiver thread may still sit in the group's broadcast: no teardown around it
+
+
+def _exit(code: int) -> None:
+    """os._exit, after the exit-time finalizers a normal exit runs first (multiprocessing's, priority >= 0): the
+    named semaphores of locks made in this process (vLLM's executor lock, tqdm's write lock) are unlinked and
+    unregistered here, not left to the trainer's resource tracker, which would warn of them as leaked at the run's
+    end."""
+    util._run_finalizers(0)
+    os._exit(code)
 
 
 def _produce(cfg: Config, policy_dir: Path, port: int, first_step: int, first_version: int, results: Connection
              ) -> Any:
     from seedfast.envs.slots import counter_delta, counters_of
     from seedfast.rollout.agent_loop import run_agent_loop
-    from seedfast.rollout.colocated import OwnRollout
     from seedfast.runtime.setup import (
         agent_config,
         device_of,
-        load_policy,
         load_run_tokenizer,
         load_tasks,
         make_env_slots,
@@ -430,35 +528,32 @@ def _produce(cfg: Config, policy_dir: Path, port: int, first_step: int, first_ve
     from seedfast.train.draws import choose_tasks, seed_everything, task_pool
 
     device = producer_device(cfg, device_of(cfg))  # runtime/placement.py
-    dtype = DTYPES[cfg.model.dtype]
-    model = load_policy(cfg, policy_dir, device, trainable=False)
-    layout = bucket_layout(model, cfg.rollout.sync_bucket_mb << 20, dtype=dtype)
+    engine = producer_engine(cfg, policy_dir, device)
     tokenizer = load_run_tokenizer(cfg, policy_dir)
     tasks = task_pool(load_tasks(cfg, "train", skipped=[]), cfg.rollout.task_pool, cfg.run.seed)
     envs = make_env_slots(cfg, cfg.env.slots or max(cfg.rollout.tasks_per_batch * cfg.rollout.n, 1))
     agent = agent_config(cfg, n=cfg.rollout.n, temperature=cfg.rollout.temperature)
-    engine = OwnRollout(model, seed=cfg.run.seed)
     # the receiver waits for the next version as long as the trainer learns: no timeout (the lifeline ends it)
     channel = WeightChannel.connect(port, device, timeout_s=cfg.rollout.producer_timeout_s,
                                       wait_forever=True)
     staged = _Staged()
     results.send_bytes(pickle.dumps(_Ready(pid=os.getpid())))
-    threading.Thread(target=staged.receive, args=(channel, layout, dtype), name="weights", daemon=True).start()
+    threading.Thread(target=staged.receive, args=(channel, engine.layout, channel_dtype(cfg)), name="weights",
+                     daemon=True).start()
     loaded: int | None = None
     loaded_print: int | None = None
     try:
         for step in range(first_step, cfg.trainer.steps):
             version = rollout_version(step, cfg.rollout.max_staleness, first_version)
             if version != loaded:
-                load_buckets(model, layout, staged.take(version))
-                loaded, loaded_print = version, loaded_fingerprint(model, layout)
+                loaded, loaded_print = version, engine.load(staged.take(version))
             seed_everything(step_seed(cfg.run.seed, step))
             chosen = choose_tasks(tasks, cfg.rollout.tasks_per_batch, cfg.run.seed, step)
-            engine.begin_step(sampling_seed(cfg.run.seed, step, 0))
+            engine.rollout.begin_step(sampling_seed(cfg.run.seed, step, 0))
             before = counters_of(envs)
             started = time.time()
             with torch.no_grad():
-                result = run_agent_loop(engine, tokenizer, chosen, envs, agent)
+                result = run_agent_loop(engine.rollout, tokenizer, chosen, envs, agent)
             for t in result.trajectories:
                 t.meta[VERSION_KEY] = version
             yield Produced(step, version, result, counter_delta(before, counters_of(envs), "rollout/env_"),
@@ -467,3 +562,4 @@ def _produce(cfg: Config, policy_dir: Path, port: int, first_step: int, first_ve
         close = getattr(envs, "close", None)
         if close is not None:
             close()
+        engine.close()

@@ -60,7 +60,13 @@ from seedfast.runtime.setup import (
 from seedfast.scoring import Scores, score, score_reference
 from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, update_seed
 from seedfast.train.algorithms import privileged_text
-from seedfast.train.async_rollout import RolloutProducer, RolloutProducerError, resume_point, split_threads
+from seedfast.train.async_rollout import (
+    RolloutProducer,
+    RolloutProducerError,
+    resume_point,
+    split_threads,
+    trainer_engine,
+)
 from seedfast.train.batch import build_samples
 from seedfast.train.correction import correction_weights, warn_if_masked
 from seedfast.train.draws import choose_tasks, seed_everything, task_pool
@@ -130,15 +136,12 @@ def record_skills(path: Path, step: int, trajectories: list, privileged: Privile
 
 
 def check_async(cfg: Config, dp: DataParallel | None, device: torch.device) -> None:
-    """What rollout.max_staleness > 0 runs with today: one trainer process on the CPU and the own engine in the
-    producer."""
+    """What rollout.max_staleness > 0 runs with today: one trainer process on the CPU (the producer's engine,
+    own or vLLM, is async_rollout.producer_engine's)."""
     n = cfg.rollout.max_staleness
     if dp is not None:
         raise ConfigError(f"rollout.max_staleness={n}: asynchronous rollouts run with one trainer process (the "
                           "producer is fed by rank 0 alone); set rollout.max_staleness=0 under torchrun")
-    if cfg.rollout.engine != "own":
-        raise ConfigError(f"rollout.max_staleness={n} with rollout.engine={cfg.rollout.engine}: the rollout producer "
-                          "runs the own engine; set rollout.engine=own or rollout.max_staleness=0")
 
 
 class Trainer:
@@ -176,10 +179,11 @@ class Trainer:
         self.agent_config = agent_config(cfg, n=cfg.rollout.n, temperature=cfg.rollout.temperature)
         make_judge = self.plan.algorithm.judge
         self.judge = make_judge(cfg) if make_judge is not None else None
-        if cfg.rollout.engine == "vllm":  # one engine per rank, on the rank's GPU, fed the policy's weights
+        engine = trainer_engine(cfg)  # with a rollout producer, the own engine over the live policy (analysis only)
+        if engine == "vllm":  # one engine per rank, on the rank's GPU, fed the policy's weights
             check_colocated(self.dp.world if self.dp is not None else 1, cfg.rollout.tensor_parallel)
         self.rollout_dtype = engine_dtype(cfg)
-        self.engine = build_rollout(cfg.rollout.engine, self.policy, start, seed=cfg.run.seed, dtype=self.rollout_dtype,
+        self.engine = build_rollout(engine, self.policy, start, seed=cfg.run.seed, dtype=self.rollout_dtype,
                                     sleep=cfg.rollout.vllm_sleep, **vllm_options(cfg))
         # asynchronous RL (train/async_rollout.py): a producer process rolls out ahead, at most max_staleness updates
         self.max_staleness = cfg.rollout.max_staleness

@@ -315,9 +315,21 @@ def test_what_asynchronous_rollouts_do_not_run_with_is_refused_by_name():
 
     cpu = torch.device("cpu")
     check_async(load_config(None, ["rollout.max_staleness=1"]), None, cpu)
-    with pytest.raises(ConfigError, match="rollout.max_staleness=1 with rollout.engine=vllm"):
-        check_async(load_config(None, ["rollout.max_staleness=1", "rollout.engine=vllm", "model.path=/some/hf"]),
-                    None, cpu)
+    # the producer hosts a vLLM engine too (tests/vllm_real/test_vllm_async.py)
+    check_async(load_config(None, ["rollout.max_staleness=1", "rollout.engine=vllm", "model.path=/some/hf"]), None, cpu)
     with pytest.raises(ConfigError, match="one trainer process"):
         check_async(load_config(None, ["rollout.max_staleness=2"]), object(), cpu)
     # where the producer runs is runtime/placement.py's to check (tests/runtime/test_placement.py)
+
+
+def test_the_engines_of_an_async_run():
+    from seedfast.config import load_config
+    from seedfast.train.async_rollout import channel_dtype, trainer_engine
+
+    vllm = ["rollout.engine=vllm", "model.path=/some/hf", "model.dtype=fp32"]
+    assert trainer_engine(load_config(None, vllm)) == "vllm"  # synchronous: the trainer's engine rolls out
+    # with a producer the trainer generates (analysis) with its live policy; the rollouts are the producer's
+    assert trainer_engine(load_config(None, [*vllm, "rollout.max_staleness=1"])) == "own"
+    # a version travels in the dtype the producer's engine computes in, as the synchronous loop pushes it
+    assert channel_dtype(load_config(None, [*vllm, "rollout.vllm_dtype=bf16"])) == torch.bfloat16
+    assert channel_dtype(load_config(None, ["model.dtype=fp32"])) == torch.float32
