@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     total = torch.get_num_threads()
     trainer_threads, producer_threads = split_threads(total)
-    base = [f"trainer.init_from={args.policy}", f"env.games_dir={args.games_dir}", f"algorithm={args.algorithm}",
+    # the start as model.path (an HF folder), not trainer.init_from: vLLM loads the policy from model.path, and
+    # every engine starts the same way
+    base = [f"model.path={args.policy}", f"env.games_dir={args.games_dir}", f"algorithm={args.algorithm}",
             f"trainer.steps={args.steps}", "trainer.eval_every=0", "trainer.eval_games=1", "trainer.eval_repeats=1",
             "trainer.checkpoint_every=0", "log.progress=false", "log.tensorboard=false", *args.set]
     env = measure_env_step(load_config(args.config, base), games=4, steps=8)
