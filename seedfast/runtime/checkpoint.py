@@ -90,16 +90,14 @@ def save_checkpoint(
     """Write `ckpt_dir/step_<step>` atomically and return its path; keep only the newest `keep` checkpoints.
     `config_yaml`: the run's resolved config, kept beside the states (a resume compares its own config with it).
     `extra_files`: more files of the trainer's (name -> bytes; the rollouts an asynchronous run produced ahead),
-    in the manifest like every other file.
+    in the manifest like every other file; in a sharded checkpoint rank 0's are written (with its trainer state).
     A sharded model (FSDP2 / tensor parallel) is written by every rank with DCP (`_save_sharded`).
     Raises CheckpointWriteError (no space, an OS error: the path named, no partial folder left)."""
     from seedfast.distributed.checkpoint import is_sharded
 
     if is_sharded(model):
-        if extra_files:
-            raise ValueError("save_checkpoint: extra_files are written by one-process checkpoints only")
         return _save_sharded(Path(ckpt_dir), step, model, optimizer, scheduler, trainer_state, generators, keep,
-                             config_yaml)
+                             config_yaml, extra_files)
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step_{step}"
@@ -184,12 +182,12 @@ def _publish(tmp: Path, final: Path, keep: int | None) -> None:
 def _save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                   scheduler: Any | None, trainer_state: dict[str, Any],
                   generators: dict[str, torch.Generator] | None, keep: int | None,
-                  config_yaml: str | None = None) -> Path:
+                  config_yaml: str | None = None, extra_files: dict[str, bytes] | None = None) -> Path:
     """Every rank writes its model and optimizer shards (DCP) and its RNG state into the temporary folder, and
-    hashes its own files; rank 0 then writes the scheduler and trainer state and the manifest of every rank's files,
-    marks it complete and renames it into place, as above. Ranks wait for each other before and after, so no rank
-    reads a half-written checkpoint, and a failure on any rank is raised on every rank (`together`), the partial
-    folder removed by rank 0."""
+    hashes its own files; rank 0 then writes the scheduler, its extra files, the trainer state and the manifest of
+    every rank's files, marks it complete and renames it into place, as above. Ranks wait for each other before and
+    after, so no rank reads a half-written checkpoint, and a failure on any rank is raised on every rank
+    (`together`), the partial folder removed by rank 0."""
     from seedfast.distributed.checkpoint import DCP_DIR, rank_and_world, save_states, together
 
     rank, world = rank_and_world()
@@ -222,6 +220,8 @@ def _save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: 
                 out.files.update(files)
             out.stream("state.pt", lambda f: torch.save(
                 {"scheduler": scheduler.state_dict() if scheduler is not None else None, "world": world}, f))
+            for name, data in (extra_files or {}).items():
+                out.stream(name, lambda f, data=data: f.write(data))
             _finish(out, step, trainer_state, config_yaml)
             _publish(tmp, final, keep)
 
