@@ -21,7 +21,7 @@ import torch
 
 from seedfast.algo import advantage as adv_math
 from seedfast.algo import losses
-from seedfast.config import Config, ConfigError
+from seedfast.config import Config
 from seedfast.distributed.checkpoint import export_hf
 from seedfast.distributed.data import DataParallel, balance_samples, global_means
 from seedfast.distributed.parallelize import unsharded
@@ -60,9 +60,11 @@ from seedfast.runtime.setup import (
 from seedfast.scoring import Scores, score, score_reference
 from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, update_seed
 from seedfast.train.algorithms import privileged_text
+from seedfast.train.async_ranks import rank_share, share_produced, take_part_in_push
 from seedfast.train.async_rollout import (
     RolloutProducer,
     RolloutProducerError,
+    channel_dtype,
     resume_point,
     split_threads,
     trainer_engine,
@@ -136,12 +138,9 @@ def record_skills(path: Path, step: int, trajectories: list, privileged: Privile
 
 
 def check_async(cfg: Config, dp: DataParallel | None, device: torch.device) -> None:
-    """What rollout.max_staleness > 0 runs with today: one trainer process on the CPU (the producer's engine,
-    own or vLLM, is async_rollout.producer_engine's)."""
-    n = cfg.rollout.max_staleness
-    if dp is not None:
-        raise ConfigError(f"rollout.max_staleness={n}: asynchronous rollouts run with one trainer process (the "
-                          "producer is fed by rank 0 alone); set rollout.max_staleness=0 under torchrun")
+    """What rollout.max_staleness > 0 runs with today: one trainer process, or torchrun's ranks with rank 0 feeding
+    the producer (train/async_ranks.py), on the CPU (the producer's engine, own or vLLM, is
+    async_rollout.producer_engine's)."""
 
 
 class Trainer:
@@ -213,16 +212,34 @@ class Trainer:
             result = self.rollout(step, timer)
             return self.learn(step, result, timer)
         with timer.phase("rollout_wait"):  # the producer's batch for this update, produced while we learned
-            produced = self.ahead.pop(step) if step in self.ahead else self._producer().next(step)
+            produced = self._produced(step)
         check_bound(produced, step, self.max_staleness)
-        self.env_metrics = produced.env_metrics
-        metrics = self.learn(step, produced.result, timer, behaviour_old=produced.version < step)
-        metrics.update(staleness_metrics(step, produced.result))
+        result, self.env_metrics = produced.result, produced.env_metrics
+        if self.dp is not None:  # this rank's whole groups, as the synchronous loop splits its tasks
+            result, self.env_metrics = rank_share(result, produced.env_metrics, self.dp.rank, self.dp.size)
+        metrics = self.learn(step, result, timer, behaviour_old=produced.version < step)
+        metrics.update(staleness_metrics(step, produced.result))  # of the whole batch: the same on every rank
         metrics.update({"time/rollout_started_at": produced.started, "time/rollout_finished_at": produced.finished,
                         "time/learned_at": time.time()})
         if step + 1 in self.versions_to_send:
-            metrics.update(self._producer().push(self.policy, step + 1))
+            metrics.update(self._push(step + 1))
         return metrics
+
+    def _produced(self, step: int) -> Produced:
+        """Update `step`'s batch: kept ahead, or the producer's; under torchrun rank 0 reads it and every rank gets
+        it whole (train/async_ranks.py)."""
+        produced = None
+        if self.is_main:
+            produced = self.ahead.pop(step) if step in self.ahead else self._producer().next(step)
+        return share_produced(produced, self.dp)
+
+    def _push(self, version: int) -> dict[str, float]:
+        """Send the policy as `version`: rank 0 over the weight channel, every other rank taking part in the gathers
+        of the sharded tensors, one full tensor at a time."""
+        if self.is_main:
+            return self._producer().push(self.policy, version)
+        take_part_in_push(self.policy, channel_dtype(self.cfg))
+        return {}
 
     def rollout(self, step: int, timer: PhaseTimer) -> Any:
         cfg = self.cfg
@@ -584,10 +601,21 @@ class Trainer:
         steps = self.cfg.trainer.steps
         if self.max_staleness == 0 or start >= steps:
             return
-        self.ahead = restore_ahead(resumed.path, resumed.state, self.max_staleness, start) if resumed else {}
-        first_step = start + len(self.ahead)
+        # rank 0 alone reads the rollouts kept ahead (it feeds every rank); the others learn how many there are
+        if self.is_main and resumed is not None:
+            self.ahead = restore_ahead(resumed.path, resumed.state, self.max_staleness, start)
+        kept = sorted(self.ahead)
+        if self.dp is not None:
+            box: list[Any] = [kept]
+            torch.distributed.broadcast_object_list(box, src=0)
+            kept = box[0]
+        first_step = start + len(kept)
         self.versions_to_send = set(versions_needed(first_step, start, self.max_staleness, steps))
         if first_step >= steps:
+            return
+        if not self.is_main:
+            if start in self.versions_to_send:
+                self._push(start)
             return
         # the trainer and the producer share the cores without oversubscribing them: repeatable runs (split_threads)
         self.threads_before = torch.get_num_threads()
@@ -596,10 +624,10 @@ class Trainer:
         self.producer = RolloutProducer(self.cfg, self.start_dir, first_step=first_step, first_version=start,
                                         device=self.device, threads=producer_threads)
         self.log.event({"event": "rollout_producer", "pid": self.producer.process.pid, "first_step": first_step,
-                        "first_version": start, "rollouts_kept": sorted(self.ahead)})
+                        "first_version": start, "rollouts_kept": kept})
         if start in self.versions_to_send:
             try:
-                self.producer.push(self.policy, start)
+                self._push(start)
             except BaseException:
                 self.producer.close()
                 self.producer = None
@@ -613,7 +641,7 @@ class Trainer:
     def _staleness_state(self, next_step: int) -> tuple[dict[str, Any], dict[str, bytes]]:
         """The checkpoint's policy version and bound, and with a producer the rollouts of the next max_staleness
         updates, read from it now (they need no weights newer than this checkpoint's), so that a resume repeats the
-        run's versions (train/staleness.py)."""
+        run's versions (train/staleness.py). Under torchrun rank 0, which owns the producer, writes them."""
         if self.producer is not None:
             for s in range(next_step, min(next_step + self.max_staleness, self.cfg.trainer.steps)):
                 if s not in self.ahead:
