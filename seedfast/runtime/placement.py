@@ -2,14 +2,14 @@
 on GPUs of their own (`rollout.devices`), as verl's fully-async trainer and NeMo-RL's non-colocated generation do.
 
     check_placement(cfg, trainer_device, local_world)   # one ConfigError naming the key, before anything is built
-    with producer_visible_devices(cfg):                  # the producer process sees only its GPUs ...
+    with producer_environment(cfg):                      # the producer sees only its GPUs, and is no rank ...
         process.start()
-    device = producer_device(cfg)                        # ... and runs on the first of them (cuda:0 of its view)
+    device = producer_device(cfg, trainer_device)        # ... and runs on the first of them (cuda:0 of its view)
 
 The trainer's ranks keep the GPUs torchrun gives them (LOCAL_RANK 0..n-1; one process: GPU 0). The producer is
-started with CUDA_VISIBLE_DEVICES set to `rollout.devices`, so a vLLM engine's tensor-parallel workers take exactly
-those GPUs, and the weight group between trainer rank 0 and the producer is NCCL (distributed/weight_channel.py
-chooses the backend by the device).
+started with CUDA_VISIBLE_DEVICES set to `rollout.devices` and without torchrun's rank variables, so a vLLM engine's
+tensor-parallel workers take exactly those GPUs, and the weight group between trainer rank 0 and the producer is
+NCCL (distributed/weight_channel.py chooses the backend by the device).
 """
 
 from __future__ import annotations
@@ -79,25 +79,44 @@ def producer_device(cfg: Config, trainer_device: torch.device) -> torch.device:
     return torch.device("cuda", 0) if cfg.rollout.devices is not None else trainer_device
 
 
-@contextlib.contextmanager
-def producer_visible_devices(cfg: Config) -> Iterator[None]:
-    """CUDA_VISIBLE_DEVICES set to rollout.devices while the producer process starts (a spawned child copies the
-    environment at its start), restored after; nothing when the producer runs on the trainer's device. The indices
-    are torch.cuda's in the trainer, so a trainer that itself sees a subset of the GPUs maps them through its own
-    CUDA_VISIBLE_DEVICES first."""
+# torchrun's variables of a rank: the producer is no rank of the trainer's group (its weight group has a store of
+# its own), so nothing it runs (vLLM's own distributed set-up included) may take it for one
+_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                   "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
+
+def producer_variables(cfg: Config, environ: dict[str, str]) -> dict[str, str | None]:
+    """What the producer's environment changes from `environ` (None: removed): torchrun's rank variables gone, and
+    CUDA_VISIBLE_DEVICES set to rollout.devices. The indices are torch.cuda's in the trainer, so a trainer that
+    itself sees a subset of the GPUs maps them through its own CUDA_VISIBLE_DEVICES first."""
+    changes: dict[str, str | None] = {k: None for k in environ
+                                      if k in _RANK_VARIABLES or k.startswith("TORCHELASTIC_")}
     devices = cfg.rollout.devices
-    if devices is None:
-        yield
-        return
-    before = os.environ.get(VISIBLE)
-    if before:  # the node's indices behind this process's view
-        seen = [int(x) for x in before.split(",") if x.strip()]
-        devices = [seen[d] for d in devices]
-    os.environ[VISIBLE] = ",".join(str(d) for d in devices)
+    if devices is not None:
+        seen = environ.get(VISIBLE)
+        if seen:
+            node = [x.strip() for x in seen.split(",") if x.strip()]
+            devices = [node[d] for d in devices]
+        changes[VISIBLE] = ",".join(str(d) for d in devices)
+    return changes
+
+
+@contextlib.contextmanager
+def producer_environment(cfg: Config) -> Iterator[None]:
+    """`producer_variables` applied while the producer process starts (a spawned child copies the environment at its
+    start), and undone after."""
+    changes = producer_variables(cfg, dict(os.environ))
+    before = {k: os.environ.get(k) for k in changes}
+    _apply(changes)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ[VISIBLE]
+        _apply(before)
+
+
+def _apply(values: dict[str, str | None]) -> None:
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
         else:
-            os.environ[VISIBLE] = before
+            os.environ[key] = value

@@ -53,7 +53,7 @@ from seedfast.distributed.weight_channel import (
     named_buckets,
 )
 from seedfast.distributed.weight_push import hf_named_tensors
-from seedfast.runtime.placement import producer_device, producer_visible_devices
+from seedfast.runtime.placement import producer_device, producer_environment
 from seedfast.runtime.precision import DTYPES
 from seedfast.train.staleness import VERSION_KEY, Produced, check_weights, rollout_version
 
@@ -262,7 +262,7 @@ class RolloutProducer:
             target=produce, name="seedfast-rollout-producer",
             args=(cfg, str(policy_dir), self.channel.port, first_step, first_version, results_w, lifeline_r,
                   threads or torch.get_num_threads()))
-        with producer_visible_devices(cfg):  # rollout.devices: the producer sees only its GPUs
+        with producer_environment(cfg):  # rollout.devices: the producer sees only its GPUs; it is no torchrun rank
             self.process.start()
         results_w.close()
         lifeline_r.close()

@@ -137,12 +137,6 @@ def record_skills(path: Path, step: int, trajectories: list, privileged: Privile
         f.write("".join(line + "\n" for line in lines))
 
 
-def check_async(cfg: Config, dp: DataParallel | None, device: torch.device) -> None:
-    """What rollout.max_staleness > 0 runs with today: one trainer process, or torchrun's ranks with rank 0 feeding
-    the producer (train/async_ranks.py), on the CPU (the producer's engine, own or vLLM, is
-    async_rollout.producer_engine's)."""
-
-
 class Trainer:
     def __init__(self, cfg: Config, *, policy_dir: str | Path | None = None, run_dir: str | Path | None = None,
                  envs: Any = None):
@@ -188,8 +182,6 @@ class Trainer:
         self.max_staleness = cfg.rollout.max_staleness
         # where the producer runs (runtime/placement.py): the trainer's device, or GPUs of its own
         check_placement(cfg, self.device)
-        if self.max_staleness > 0:
-            check_async(cfg, self.dp, self.device)
         self.start_dir = start
         self.producer: RolloutProducer | None = None
         self.threads_before: int | None = None  # the intra-op threads before a producer took half of them

@@ -1,5 +1,5 @@
 """Where rollouts run (runtime/placement.py): each placement a run cannot keep is refused by its key before anything
-is built, and a producer started under `producer_visible_devices` sees exactly its GPUs, in the node's numbering."""
+is built, and a producer started under `producer_environment` sees exactly its GPUs, in the node's numbering."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from seedfast.config import ConfigError, load_config
-from seedfast.runtime.placement import VISIBLE, check_placement, producer_device, producer_visible_devices
+from seedfast.runtime.placement import VISIBLE, check_placement, producer_device, producer_environment
 
 CUDA = torch.device("cuda", 0)
 CPU = torch.device("cpu")
@@ -59,22 +59,27 @@ def test_the_producer_runs_on_the_first_of_its_own_gpus_or_on_the_trainers_devic
 
 
 def _report_visible(queue) -> None:
-    queue.put(os.environ.get(VISIBLE))
+    queue.put((os.environ.get(VISIBLE), sorted(k for k in os.environ if k in ("RANK", "LOCAL_RANK", "WORLD_SIZE",
+                                                                             "MASTER_PORT", "TORCHELASTIC_RUN_ID"))))
 
 
 def _child_sees(cfg) -> str | None:
     ctx = multiprocessing.get_context("spawn")  # as RolloutProducer starts the producer
     queue = ctx.Queue()
-    with producer_visible_devices(cfg):
+    with producer_environment(cfg):
         process = ctx.Process(target=_report_visible, args=(queue,))
         process.start()
-    seen = queue.get(timeout=60)
+    seen, rank_variables = queue.get(timeout=60)
     process.join(timeout=60)
+    assert rank_variables == []  # the producer is no torchrun rank
     return seen
 
 
 def test_a_spawned_producer_sees_its_gpus_and_the_trainers_view_is_restored(monkeypatch):
     monkeypatch.delenv(VISIBLE, raising=False)
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "29500"),
+                       ("TORCHELASTIC_RUN_ID", "x")):  # as under torchrun
+        monkeypatch.setenv(key, value)
     assert _child_sees(_cfg("rollout.devices=6-7", "rollout.max_staleness=1")) == "6,7"
     assert VISIBLE not in os.environ
     # a trainer that itself sees a subset: the indices are its view's, mapped to the node's for the child
@@ -83,3 +88,4 @@ def test_a_spawned_producer_sees_its_gpus_and_the_trainers_view_is_restored(monk
     assert os.environ[VISIBLE] == "2,3,5,9"
     # no devices: the child inherits the trainer's view untouched
     assert _child_sees(_cfg("rollout.max_staleness=1")) == "2,3,5,9"
+    assert os.environ["RANK"] == "0" and os.environ["TORCHELASTIC_RUN_ID"] == "x"  # the trainer's, restored

@@ -309,20 +309,6 @@ def test_a_killed_producer_ends_the_run_with_one_clear_error(overrides, train_ga
     assert _alive(_descendants(proc.pid)) == set()
 
 
-def test_what_asynchronous_rollouts_do_not_run_with_is_refused_by_name():
-    from seedfast.config import load_config
-    from seedfast.distributed.data import DataParallel
-    from seedfast.train.rl import check_async
-
-    cpu = torch.device("cpu")
-    check_async(load_config(None, ["rollout.max_staleness=1"]), None, cpu)
-    # the producer hosts a vLLM engine too (tests/vllm_real/test_vllm_async.py)
-    check_async(load_config(None, ["rollout.max_staleness=1", "rollout.engine=vllm", "model.path=/some/hf"]), None, cpu)
-    # under torchrun rank 0 feeds the producer (tests/distributed/test_async_torchrun.py)
-    check_async(load_config(None, ["rollout.max_staleness=2"]), DataParallel(rank=0, size=2), cpu)
-    # where the producer runs is runtime/placement.py's to check (tests/runtime/test_placement.py)
-
-
 def test_the_engines_of_an_async_run():
     from seedfast.config import load_config
     from seedfast.train.async_rollout import channel_dtype, trainer_engine
