@@ -2,7 +2,7 @@
 global rank 0 alone owns the rollout producer; the other trainer ranks get each batch from it and take part in every
 gather of the weights it sends.
 
-    produced = share_produced(produced_or_None, dp)     # rank 0's batch, on every rank (broadcast)
+    produced = wait_together(fetch_or_None, dp)        # rank 0's batch, on every rank (broadcast)
     result, env = rank_share(produced.result, produced.env_metrics, dp.rank, dp.size)
     ... learn from `result` as the synchronous loop learns from this rank's rollout ...
     take_part_in_push(policy, dtype)                     # ranks other than 0, while rank 0 sends a version
@@ -16,7 +16,9 @@ update on the same batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -24,19 +26,35 @@ import torch.distributed as dist
 from seedfast.distributed.data import DataParallel
 from seedfast.distributed.weight_push import hf_named_tensors
 from seedfast.rollout.records import RolloutResult, RolloutStats
-from seedfast.train.staleness import Produced
+
+T = TypeVar("T")
+# how long the other ranks wait in one broadcast while rank 0 waits for the producer: well inside torch's
+# process-group timeouts (10 minutes with NCCL, 30 with gloo), which would otherwise end a long rollout wait before
+# rollout.producer_timeout_s does
+HEARTBEAT_S = 60.0
 
 
-def share_produced(produced: Produced | None, dp: DataParallel | None) -> Produced:
-    """Global rank 0's batch (`produced`; None on the other ranks) on every rank of the job: one broadcast over the
-    default group, so the ranks of a tensor-parallel group get it too."""
+def wait_together(fetch: Callable[[float | None, float], T | None] | None, dp: DataParallel | None, *,
+                  heartbeat_s: float = HEARTBEAT_S, group: dist.ProcessGroup | None = None) -> T:
+    """What global rank 0 waits for from the producer (its start, a batch), on every rank of the job.
+
+    `fetch(wait_s, since)` runs on rank 0 only (None elsewhere): the value, or None when it has not come within
+    `wait_s` seconds (the producer's own timeout counting from `since`, the wait's start). Rank 0 broadcasts after
+    every `heartbeat_s` of waiting, None until the value is there, so no rank ever waits in one collective for longer
+    than that; one broadcast over `group` (default: the job's), so the ranks of a tensor-parallel group get it too.
+    One process: fetch waits as long as the producer's timeout allows."""
+    since = time.monotonic()
     if dp is None:
-        if produced is None:
-            raise ValueError("share_produced: one process must hold the batch")
-        return produced
-    box: list[Any] = [produced]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+        if fetch is None:
+            raise ValueError("wait_together: one process must fetch")
+        value = fetch(None, since)
+        assert value is not None  # without wait_s, fetch waits until it has a value (or raises)
+        return value
+    while True:
+        box: list[Any] = [fetch(heartbeat_s, since) if fetch is not None else None]
+        dist.broadcast_object_list(box, src=0, group=group)
+        if box[0] is not None:
+            return box[0]
 
 
 def rank_share(result: RolloutResult, env_metrics: dict[str, float], rank: int, size: int

@@ -193,12 +193,14 @@ class Inbox:
         return RolloutProducerError(f"the rollout producer (pid {self.process.pid}) ended "
                                     f"({describe_exit(self.process.exitcode)}) while the trainer {doing}")
 
-    def get(self, doing: str) -> Any:
+    def get(self, doing: str, *, wait_s: float | None = None, since: float | None = None) -> Any:
         """The next message; raises RolloutProducerError when the producer ended, failed or sent nothing for
-        `timeout_s` (None: waits as long as it takes)."""
+        `timeout_s` (None: waits as long as it takes) since `since` (time.monotonic(); default: now). With `wait_s`,
+        None when nothing came within it (a slice of a longer wait: async_ranks.wait_together)."""
         if self._ended:
             raise self.died(doing)
-        start = time.monotonic()
+        called = time.monotonic()
+        start = called if since is None else since
         dead_since: float | None = None
         while True:
             try:
@@ -215,6 +217,8 @@ class Inbox:
                     if now - dead_since > READER_GRACE_S:
                         self._ended = True
                         raise self.died(f"{doing} (its results pipe never ended)") from None
+                if wait_s is not None and now - called > wait_s:
+                    return None
                 continue
             if msg is _EOF:
                 self._ended = True
@@ -278,12 +282,20 @@ class RolloutProducer:
         """The producer's exit code (ProducerExit, or -signal), None while it runs."""
         return self._exit[0] if self._exit[0] is not None else self.inbox.exitcode()
 
-    def _started(self) -> None:
-        if not self._ready:  # the producer's group side exists once it said so: never wait on a dead one
-            msg = self.inbox.get("waited for it to start")
+    def ready(self, *, wait_s: float | None = None, since: float | None = None) -> bool | None:
+        """Wait for the producer's start (its weight group's side exists once it said so: never wait on a dead
+        one); with `wait_s`, None when it has not started within it (Inbox.get)."""
+        if not self._ready:
+            msg = self.inbox.get("waited for it to start", wait_s=wait_s, since=since)
+            if msg is None:
+                return None
             if not isinstance(msg, _Ready):
                 raise RolloutProducerError(f"the rollout producer sent {type(msg).__name__} where its start was due")
             self._ready = True
+        return True
+
+    def _started(self) -> None:
+        self.ready()
 
     def push(self, policy: torch.nn.Module, version: int) -> dict[str, float]:
         """Send `policy`'s weights as `version` (a collective with the producer's receiver thread)."""
@@ -307,10 +319,13 @@ class RolloutProducer:
         self.sent[version] = int(stats["fingerprint"])
         return {"async/push_seconds": time.perf_counter() - start, "async/push_bytes": stats["bytes"]}
 
-    def next(self, step: int) -> Produced:
-        """Update `step`'s batch (the producer sends them in order)."""
+    def next(self, step: int, *, wait_s: float | None = None, since: float | None = None) -> Produced | None:
+        """Update `step`'s batch (the producer sends them in order); with `wait_s`, None when it has not come within
+        it (rollout.producer_timeout_s still counts from `since`: Inbox.get)."""
         self._started()
-        msg = self.inbox.get(f"waited for the rollout of update {step}")
+        msg = self.inbox.get(f"waited for the rollout of update {step}", wait_s=wait_s, since=since)
+        if msg is None:
+            return None
         if not isinstance(msg, Produced):
             raise RolloutProducerError(f"the rollout producer sent {type(msg).__name__} where update {step}'s "
                                        "rollout was due")

@@ -60,7 +60,7 @@ from seedfast.runtime.setup import (
 from seedfast.scoring import Scores, score, score_reference
 from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, update_seed
 from seedfast.train.algorithms import privileged_text
-from seedfast.train.async_ranks import rank_share, share_produced, take_part_in_push
+from seedfast.train.async_ranks import rank_share, take_part_in_push, wait_together
 from seedfast.train.async_rollout import (
     RolloutProducer,
     RolloutProducerError,
@@ -220,18 +220,25 @@ class Trainer:
     def _produced(self, step: int) -> Produced:
         """Update `step`'s batch: kept ahead, or the producer's; under torchrun rank 0 reads it and every rank gets
         it whole (train/async_ranks.py)."""
-        produced = None
-        if self.is_main:
-            produced = self.ahead.pop(step) if step in self.ahead else self._producer().next(step)
-        return share_produced(produced, self.dp)
+        def fetch(wait_s: float | None, since: float) -> Produced | None:
+            if step in self.ahead:
+                return self.ahead.pop(step)
+            return self._producer().next(step, wait_s=wait_s, since=since)
+
+        return wait_together(fetch if self.is_main else None, self.dp)
 
     def _push(self, version: int) -> dict[str, float]:
         """Send the policy as `version`: rank 0 over the weight channel, every other rank taking part in the gathers
         of the sharded tensors, one full tensor at a time."""
+        if self.dp is not None:  # the producer's start can take minutes: wait for it in heartbeats, then gather
+            wait_together(self._producer_ready if self.is_main else None, self.dp)
         if self.is_main:
             return self._producer().push(self.policy, version)
         take_part_in_push(self.policy, channel_dtype(self.cfg))
         return {}
+
+    def _producer_ready(self, wait_s: float | None, since: float) -> bool | None:
+        return self._producer().ready(wait_s=wait_s, since=since)
 
     def rollout(self, step: int, timer: PhaseTimer) -> Any:
         cfg = self.cfg
