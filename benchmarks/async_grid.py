@@ -6,8 +6,9 @@ cell's ratio compares two runs on the same box at the same hour (docs/architectu
     .venv-vllm/bin/python -m benchmarks.async_grid ... --engines own vllm-eager vllm-compiled          # with vLLM
 
 Engines: `own` (the own KV-cache engine), `vllm-eager` (vLLM with `rollout.vllm_enforce_eager=true`: no
-torch.compile) and `vllm-compiled` (vLLM as it ships: compiled). The vLLM engines need vLLM's CPU build
-(`.venv-vllm`, `make test-vllm`); asked for without it, the script stops before running anything. Delays: seconds
+torch.compile) and `vllm-compiled` (vLLM as it ships: compiled). Every run is a process of its own (a fresh start for
+each side): the own engine's under this Python, vLLM's under vLLM's CPU build (`.venv-vllm`, `make test-vllm`);
+asked for without it, the script stops before running anything. Delays: seconds
 added to every environment step (`env.step_delay_s`; 0 = TextWorld's own cost, which the script measures first).
 Threads: both loops run with this process's intra-op threads (`--threads`, default torch's: the cores); the
 synchronous loop uses all of them, the asynchronous one gives its producer half (`async_rollout.split_threads`), so
@@ -24,12 +25,18 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
 
 from benchmarks.async_rollout import measure_env_step, overlap_bound, run_mode, summarize
-from benchmarks.common import RESULTS_DIR, print_table, write_results
+from benchmarks.common import RESULTS_DIR, print_table, wrap_paragraph, write_results
+from benchmarks.rollout import VLLM_ENV, VLLM_PYTHON
 from seedfast.config import load_config
 from seedfast.train.async_rollout import split_threads
 
@@ -60,14 +67,37 @@ def cell_summary(sync_rows: list[dict], async_rows: list[dict]) -> dict:
             "success_difference": stale["pool_success_mean"] - sync["pool_success_mean"]}
 
 
-def check_engines(engines: list[str]) -> None:
-    """Stop before any run when a vLLM engine is asked for and vLLM cannot be imported here."""
-    if any(e.startswith("vllm") for e in engines):
-        try:
-            import vllm  # noqa: F401
-        except ImportError as err:
-            raise SystemExit(f"--engines {' '.join(engines)}: vLLM is not importable in this Python ({err}); run "
-                             "with .venv-vllm/bin/python (make test-vllm builds it)") from None
+def python_for(engine: str) -> Path | str:
+    return sys.executable if engine == "own" else VLLM_PYTHON
+
+
+def check_engines(engines: list[str], vllm_python: Path = VLLM_PYTHON) -> None:
+    """Stop before any run when a vLLM engine is asked for and vLLM's venv is not there."""
+    if any(e.startswith("vllm") for e in engines) and not Path(vllm_python).exists():
+        raise SystemExit(f"--engines {' '.join(engines)}: no vLLM venv at {vllm_python}; make test-vllm builds it")
+
+
+def run_in_process(engine: str, config: Path, overrides: list[str], staleness: int, run_dir: Path, threads: int,
+                   timeout_s: float) -> list[dict]:
+    """One run (async_rollout.run_mode) in a process of its own, under the engine's Python, with `threads`."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), **({} if engine == "own" else VLLM_ENV)}
+    argv = [str(python_for(engine)), "-m", __spec__.name, "--worker", json.dumps(
+        {"config": str(config), "overrides": overrides, "staleness": staleness, "run_dir": str(run_dir),
+         "threads": threads})]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s,
+                          cwd=Path(__file__).resolve().parents[1])
+    if proc.returncode != 0:
+        raise RuntimeError(f"{engine} run (max_staleness={staleness}) failed ({proc.returncode}):\n"
+                           f"{proc.stderr[-6000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def worker(spec: str) -> None:
+    """The worker side of run_in_process: the run's per-update rows, as the last line of stdout."""
+    job = json.loads(spec)
+    torch.set_num_threads(job["threads"])
+    rows = run_mode(Path(job["config"]), job["overrides"], job["staleness"], Path(job["run_dir"]))
+    print(json.dumps(rows))
 
 
 def plot(result: dict, path: Path) -> None:
@@ -94,6 +124,49 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+ENGINE_WORDS = {"own": "own engine", "vllm-eager": "vLLM eager", "vllm-compiled": "vLLM compiled"}
+
+
+def markdown(result: dict) -> str:
+    """docs/architecture.md's read-out of results/<name>.json ('Asynchronous rollouts'; `make docs` writes it)."""
+    machine, threads, cfg = result["machine"], result["threads"], result["config"]
+    cells_ = result["cells"]
+    lines = [wrap_paragraph(
+        f"Measured (`benchmarks/results/{result['benchmark']}.json` and `.png`, `{result['command']}`): the demo's SFT "
+        f"start and pool, {cfg['algorithm'].upper()}, {cfg['steps']} updates a run, one-step-off "
+        f"(`rollout.max_staleness={cfg['staleness']}`) against the synchronous loop at the same seed, each run a "
+        f"process of its own, on {machine.get('cpu', '?')} ({machine.get('cpu_count', '?')} cores): both loops with "
+        f"{threads['total']} intra-op threads, the asynchronous one split {threads['trainer']} trainer + "
+        f"{threads['producer']} producer; {len(cells_)} of {result['cells_planned']} planned cells. A TextWorld step "
+        f"costs {1000 * result['env']['env_step_s_mean']:.1f} ms; the slower environment adds the delay named."), "",
+        "| engine | env delay (ms) | seed | sync updates/min | async updates/min | async / sync | after update 0 "
+        "| overlap bound | pool success sync | async − sync |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in cells_:
+        s = c["summary"]
+        after = s["speedup_after_first"]
+        lines.append(f"| {ENGINE_WORDS[c['engine']]} | {1000 * c['delay_s']:.0f} | {c['seed']} | "
+                     f"{s['synchronous']['updates_per_min']:.2f} | {s['asynchronous']['updates_per_min']:.2f} | "
+                     f"{s['speedup']:.2f}x | {'-' if after is None else f'{after:.2f}x'} | "
+                     f"{s['overlap_bound']:.2f}x | {s['synchronous']['pool_success_mean']:.3f} | "
+                     f"{s['success_difference']:+.3f} |")
+    groups: dict[tuple[str, float], list[dict]] = {}
+    for c in cells_:
+        groups.setdefault((c["engine"], c["delay_s"]), []).append(c["summary"])
+    means = "; ".join(
+        f"{ENGINE_WORDS[e]} +{1000 * d:.0f} ms: {statistics.fmean(x['speedup'] for x in g):.2f}x "
+        f"(success {statistics.fmean(x['success_difference'] for x in g):+.3f})"
+        for (e, d), g in groups.items())
+    lines += ["", wrap_paragraph(
+        f"Mean over the seeds, asynchronous / synchronous updates per minute (and the paired difference in pool "
+        f"success per update): {means}. The overlap bound is 1 / max(r, 1 − r) with r the rollout's share of a "
+        "synchronous update: what a perfect overlap would give where the producer had cores of its own; here the two "
+        "processes share the same cores. Success differences are one pair of runs per seed on the same draws, not a "
+        "test. A prediction, not a measurement: where the producer has devices of its own (`rollout.devices`), the "
+        "same bound holds with that cluster's own rollout share r, so the gain is largest where rollout and training "
+        "take about the same time (r = 0.5: 2x) and small where either dominates.")]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, default=ROOT / "configs" / "demo_cpu.yaml")
@@ -109,7 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="async_grid", help="results/<name>.json and .png")
     p.add_argument("--work", type=Path, default=ROOT / "runs" / "async_grid", help="the runs' folders")
     p.add_argument("--set", nargs="*", default=[], help="more config overrides (key=value), for every run")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per run")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker:
+        worker(args.worker)
+        return 0
     if not (args.policy / "config.json").is_file():
         p.error(f"--policy {args.policy}: no HF folder; make the demo's SFT start first")
     check_engines(args.engines)
@@ -124,30 +202,31 @@ def main(argv: list[str] | None = None) -> int:
             "trainer.checkpoint_every=0", "log.progress=false", "log.tensorboard=false", *args.set]
     env = measure_env_step(load_config(args.config, base), games=4, steps=8)
     print(f"TextWorld step: {1000 * env['env_step_s_mean']:.2f} ms mean over {env['env_steps_timed']} steps")
-    done = []
-    for i, cell in enumerate(cells(args.engines, args.delays, args.seeds)):
+    planned = cells(args.engines, args.delays, args.seeds)
+    done: list[dict] = []
+    result = {"config": {"config": str(args.config), "policy": str(args.policy), "steps": args.steps,
+                         "staleness": args.staleness, "algorithm": args.algorithm, "engines": args.engines,
+                         "delays_s": args.delays, "seeds": args.seeds},
+              "threads": {"total": total, "trainer": trainer_threads, "producer": producer_threads},
+              "env": env, "cells_planned": len(planned), "cells": done}
+    for i, cell in enumerate(planned):
         overrides = [*base, *ENGINES[cell["engine"]], f"run.seed={cell['seed']}",
                      f"env.step_delay_s={cell['delay_s']}"]
         work = args.work / args.name / f"cell{i}"
         order = [("asynchronous", args.staleness), ("synchronous", 0)]
         if not cell["async_first"]:
             order.reverse()
-        runs = {}
-        for mode, staleness in order:
-            runs[mode] = run_mode(args.config, overrides, staleness, work)
-            torch.set_num_threads(total)  # each run starts from the same threads, whatever the last one left
+        runs = {mode: run_in_process(cell["engine"], args.config, overrides, staleness, work, total, args.timeout)
+                for mode, staleness in order}
         done.append({**cell, "overrides": overrides, "summary": cell_summary(runs["synchronous"],
                                                                              runs["asynchronous"]), "runs": runs})
+        # written after every cell (the file says how many of the planned cells it holds): a grid cut short keeps
+        # what it measured
+        path = write_results(args.name, result)
+        plot(result, RESULTS_DIR / f"{args.name}.png")
         s = done[-1]["summary"]
         print(f"cell {i}: {cell['engine']} +{cell['delay_s']} s seed {cell['seed']}: {s['speedup']:.2f}x, success "
-              f"{s['success_difference']:+.3f}")
-    result = {"config": {"config": str(args.config), "policy": str(args.policy), "steps": args.steps,
-                         "staleness": args.staleness, "algorithm": args.algorithm, "engines": args.engines,
-                         "delays_s": args.delays, "seeds": args.seeds},
-              "threads": {"total": total, "trainer": trainer_threads, "producer": producer_threads},
-              "env": env, "cells": done}
-    path = write_results(args.name, result)
-    plot(result, RESULTS_DIR / f"{args.name}.png")
+              f"{s['success_difference']:+.3f}", flush=True)
     rows = [{"engine": c["engine"], "delay_ms": 1000 * c["delay_s"], "seed": c["seed"],
              "sync_upm": c["summary"]["synchronous"]["updates_per_min"],
              "async_upm": c["summary"]["asynchronous"]["updates_per_min"], "speedup": c["summary"]["speedup"],

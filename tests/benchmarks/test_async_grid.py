@@ -3,7 +3,6 @@ before any run where vLLM is missing, and the whole script on the tiny policy (o
 threads, the JSON holds each run's per-update records, the plot is drawn)."""
 
 import json
-import sys
 
 import pytest
 import torch
@@ -31,11 +30,10 @@ def test_a_cells_ratios_by_hand():
     assert s["success_difference"] == 0.25 - 0.5
 
 
-def test_vllm_engines_are_refused_before_any_run_without_vllm(monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
-    with pytest.raises(SystemExit, match="vLLM is not importable"):
-        async_grid.check_engines(["own", "vllm-compiled"])
-    async_grid.check_engines(["own"])
+def test_vllm_engines_are_refused_before_any_run_without_vllms_venv(tmp_path):
+    with pytest.raises(SystemExit, match="no vLLM venv"):
+        async_grid.check_engines(["own", "vllm-compiled"], tmp_path / "missing" / "python")
+    async_grid.check_engines(["own"], tmp_path / "missing" / "python")
 
 
 def test_the_script_runs_one_cell_both_ways(overrides, train_games, tiny_policy, tmp_path, monkeypatch):
@@ -54,6 +52,7 @@ def test_the_script_runs_one_cell_both_ways(overrides, train_games, tiny_policy,
         torch.set_num_threads(before)
     result = json.loads((tmp_path / "g.json").read_text())
     assert result["threads"] == {"total": 2, "trainer": 1, "producer": 1}
+    assert result["cells_planned"] == 1
     (cell,) = result["cells"]
     assert (cell["engine"], cell["delay_s"], cell["seed"]) == ("own", 0.01, 3)
     assert "run.seed=3" in cell["overrides"] and "env.step_delay_s=0.01" in cell["overrides"]
@@ -62,3 +61,7 @@ def test_the_script_runs_one_cell_both_ways(overrides, train_games, tiny_policy,
     s = cell["summary"]
     assert s["speedup"] == pytest.approx(s["asynchronous"]["updates_per_min"] / s["synchronous"]["updates_per_min"])
     assert (tmp_path / "g.png").stat().st_size > 0
+    text = async_grid.markdown({**result, "benchmark": "g", "command": "python -m benchmarks.async_grid",
+                                "machine": {"cpu": "a CPU", "cpu_count": 2}})
+    assert "1 of 1 planned cells" in text and "| own engine | 10 | 3 |" in text
+    assert f"{s['speedup']:.2f}x" in text
