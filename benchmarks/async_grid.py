@@ -128,7 +128,7 @@ ENGINE_WORDS = {"own": "own engine", "vllm-eager": "vLLM eager", "vllm-compiled"
 
 
 def markdown(result: dict) -> str:
-    """docs/architecture.md's read-out of results/<name>.json ('Asynchronous rollouts'; `make docs` writes it)."""
+    """The read-out of results/<name>.json for docs/architecture.md, 'Asynchronous rollouts' (`make docs`)."""
     machine, threads, cfg = result["machine"], result["threads"], result["config"]
     cells_ = result["cells"]
     lines = [wrap_paragraph(
