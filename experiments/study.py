@@ -216,20 +216,22 @@ def protocol_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def load() -> dict:
-    return json.loads(RESULT.read_text(encoding="utf-8")) if RESULT.exists() else _base()
+def load(result: Path | None = None) -> dict:
+    result = result or RESULT
+    return json.loads(result.read_text(encoding="utf-8")) if result.exists() else _base()
 
 
 @contextlib.contextmanager
-def locked():
-    """study.json read and rewritten under an exclusive lock (two runs may finish at once), written whole to a
-    temporary file and renamed into place (benchmarks/common.write_json_atomic)."""
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    with open(RESULT.with_suffix(".lock"), "w") as lock:
+def locked(result: Path | None = None):
+    """study.json (or the study worktree's, `result`) read and rewritten under an exclusive lock (two runs may finish
+    at once), written whole to a temporary file and renamed into place (benchmarks/common.write_json_atomic)."""
+    result = result or RESULT
+    result.parent.mkdir(parents=True, exist_ok=True)
+    with open(result.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        data = load()
+        data = load(result)
         yield data
-        write_json_atomic(RESULT, data)
+        write_json_atomic(result, data)
 
 
 def deviation(data: dict, what: str, why: str) -> None:
@@ -1114,6 +1116,24 @@ def lam_key(form: str, lam: float) -> str:
     return f"{form}/{lam:g}"
 
 
+def deviation_lines(devs: list[dict]) -> list[str]:
+    """One line per reason: a reason shared by several deviations (a session's runs on another CPU) lists what each
+    one was, with the span of their dates and commits."""
+    groups: dict[str, list[dict]] = {}
+    for d in devs:
+        groups.setdefault(d["why"], []).append(d)
+    lines = []
+    for why, group in groups.items():
+        dates = sorted({d["date"][:10] for d in group})
+        commits = sorted({str(d.get("commit"))[:9] for d in group})
+        span = f"{dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "") + f", {', '.join(commits)}"
+        if len(group) == 1:
+            lines.append(f"- {group[0]['what']}: {why} ({span})")
+        else:
+            lines.append(f"- {why} ({len(group)}: {'; '.join(d['what'] for d in group)}; {span})")
+    return lines
+
+
 def docs_section(data: dict) -> str:
     """docs/study.md's "Result", every number read from study.json: the pool and how it was decided, λ per form and
     the primary, the teacher gap, per seed and per arm the criterion's numbers, each clause's verdict, the deviations
@@ -1125,7 +1145,7 @@ def docs_section(data: dict) -> str:
     lines: list[str] = []
     devs = data.get("deviations") or []
     lines += ["**Deviations** (" + (f"{len(devs)}" if devs else "none") + ")" + (":" if devs else "."), ""]
-    lines += [f"- {d['what']}: {d['why']} ({d['date'][:10]}, {str(d.get('commit'))[:9]})" for d in devs]
+    lines += deviation_lines(devs)
     if devs:
         lines.append("")
     lines += [f"**Study commit** {str(data.get('study_commit'))[:12]}, on {(data.get('machine') or {}).get('cpu')}.",

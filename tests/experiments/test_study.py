@@ -573,3 +573,12 @@ def test_seeds_45_to_49_confirm_only_a_changed_recipe_that_failed(demo_repo, tmp
     assert result["set"] == "confirmation" and result["fresh_clone"]["seed"] == 45
     assert result["verdict"]["passes"] and result["verdict"]["budget_s"] == 900
     assert "seeds 45–49** (the confirmation of a changed recipe)" in " ".join(study.docs_section(data).split())
+
+
+def test_deviations_with_one_reason_are_one_line():
+    devs = [{"what": "run a", "why": "moved", "date": "2026-12-06T10:00:00+00:00", "commit": "a" * 40},
+            {"what": "run b", "why": "moved", "date": "2026-12-07T10:00:00+00:00", "commit": "a" * 40},
+            {"what": "page edited", "why": "sessions", "date": "2026-12-06T09:00:00+00:00", "commit": "b" * 40}]
+    assert study.deviation_lines(devs) == [
+        "- moved (2: run a; run b; 2026-12-06 to 2026-12-07, aaaaaaaaa)",
+        "- page edited: sessions (2026-12-06, bbbbbbbbb)"]
