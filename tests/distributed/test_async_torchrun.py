@@ -23,13 +23,13 @@ from seedfast.envs.trajectory import Trajectory
 from seedfast.rollout.records import RolloutResult, RolloutStats, StepRecord
 from seedfast.runtime.checkpoint import list_checkpoints
 from seedfast.train.async_ranks import rank_share
+from tests.train.run_helpers import metrics_lines, one_thread_env, stable_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 STEPS = 5
 # wall times and what is computed from them, the memory probe, and the weight sends (their seconds; and a resumed
 # run sends its start version before any update, where the uninterrupted run logged that send in an update's row)
-VOLATILE = ("time/", "throughput/", "memory/", "async/")
 # the batch as the producer rolled it out, counted once whatever the ranks: equal bit for bit, not to a tolerance
 EXACT = tuple(f"rollout/{k}" for k in RolloutStats().as_dict()) + (
     "rollout/staleness_mean", "rollout/staleness_max", "rollout/policy_version", "train/samples",
@@ -93,29 +93,16 @@ def _torchrun(overrides, games, out, policy) -> list[str]:
     return [*TORCHRUN, "-m", "seedfast", "train", *_overrides(overrides, games, out, policy, "dist.strategy=fsdp")]
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def _lines(out: Path) -> list[dict]:
-    path = out / "t" / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _stable(out: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in _lines(out) if "step" in r]
-
-
 def _producers(out: Path) -> list[dict]:
     return [{k: r[k] for k in ("first_step", "first_version", "rollouts_kept")}
-            for r in _lines(out) if r.get("event") == "rollout_producer"]
+            for r in metrics_lines(out) if r.get("event") == "rollout_producer"]
 
 
 @pytest.fixture(scope="module")
 def straight(overrides, train_games, tiny_policy, tmp_path_factory) -> Path:
     """An uninterrupted asynchronous run on 2 ranks."""
     out = tmp_path_factory.mktemp("straight")
-    p = subprocess.run(_torchrun(overrides, train_games, out, tiny_policy), env=_env(), capture_output=True,
+    p = subprocess.run(_torchrun(overrides, train_games, out, tiny_policy), env=one_thread_env(), capture_output=True,
                        text=True, timeout=600, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     return out
@@ -123,14 +110,14 @@ def straight(overrides, train_games, tiny_policy, tmp_path_factory) -> Path:
 
 def _one_process(overrides, games, out, policy, *extra) -> None:
     p = subprocess.run([sys.executable, "-m", "seedfast", "train", *_overrides(overrides, games, out, policy, *extra)],
-                       env=_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+                       env=one_thread_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
 
 
 def _same_learning(two: Path, one: Path, policy: Path, steps: int) -> None:
     """The 2-rank run `two` wrote the metrics and trained the weights of the one-process run `one`: the batches' counts
     bit for bit, the update's numbers and the weights to float rounding."""
-    two_rows, one_rows = _stable(two), _stable(one)
+    two_rows, one_rows = stable_rows(two), stable_rows(one)
     assert [r["step"] for r in two_rows] == [r["step"] for r in one_rows] == list(range(steps))
     assert [r["rollout/policy_version"] for r in two_rows] == [0, *range(steps - 1)]
     for row, ref in zip(two_rows, one_rows):
@@ -181,7 +168,7 @@ def test_tensor_parallel_ranks_learn_what_one_process_learns(overrides, train_ga
     and the run is one process's (tests/distributed/test_tp_head.py pins the synchronous update)."""
     steps = ("trainer.steps=3",)
     p = subprocess.run([*_torchrun(overrides, train_games, tmp_path / "tp", tp_policy), "dist.tp=2", *steps],
-                       env=_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+                       env=one_thread_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     _one_process(overrides, train_games, tmp_path / "one", tp_policy, *steps)
     _same_learning(tmp_path / "tp", tmp_path / "one", tp_policy, 3)
@@ -219,7 +206,7 @@ def test_rank_0_killed_mid_run_takes_its_producer_and_resume_repeats_the_run(ove
     run's metrics."""
     out = tmp_path / "killed"
     cmd = _torchrun(overrides, train_games, out, tiny_policy)
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.Popen(cmd, env=one_thread_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
     ckpt = out / "t" / "ckpt"
     deadline = time.monotonic() + 300
     while not any(c.name == "step_2" for c in list_checkpoints(ckpt)):
@@ -227,7 +214,7 @@ def test_rank_0_killed_mid_run_takes_its_producer_and_resume_repeats_the_run(ove
             raise AssertionError(f"the run ended before its step_2 checkpoint: {proc.stderr.read().decode()[-3000:]}")
         assert time.monotonic() < deadline, "no step_2 checkpoint within 300 s"
         time.sleep(0.05)
-    producer = [r["pid"] for r in _lines(out) if r.get("event") == "rollout_producer"][-1]
+    producer = [r["pid"] for r in metrics_lines(out) if r.get("event") == "rollout_producer"][-1]
     rank0 = _ppid(producer)
     tree = _descendants(proc.pid)
     assert rank0 is not None and {rank0, producer} <= tree
@@ -246,11 +233,12 @@ def test_rank_0_killed_mid_run_takes_its_producer_and_resume_repeats_the_run(ove
     state = json.loads((ckpt / f"step_{resume_at}" / "trainer_state.json").read_text())
     assert state["policy_version"] == resume_at
     assert state["rollouts_ahead"] == [[resume_at, resume_at - 1]]  # produced before the kill, on version s - 1
-    p = subprocess.run([*cmd, "--resume", "auto"], env=_env(), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    p = subprocess.run([*cmd, "--resume", "auto"], env=one_thread_env(), capture_output=True, text=True, timeout=600,
+                       cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     assert _producers(out) == [{"first_step": 0, "first_version": 0, "rollouts_kept": []},
                                {"first_step": resume_at + 1, "first_version": resume_at,
                                 "rollouts_kept": [resume_at]}]
-    got = _stable(out)
+    got = stable_rows(out)
     assert [r["step"] for r in got] == list(range(STEPS))  # none lost, none repeated
-    assert got == _stable(straight)
+    assert got == stable_rows(straight)

@@ -6,7 +6,6 @@ producer killed mid-update gives one clear line and `--resume auto` repeats the 
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import pickle
@@ -30,9 +29,7 @@ from seedfast.train.async_rollout import (
     RolloutProducerTimeout,
     describe_exit,
 )
-
-VOLATILE = ("time/", "throughput/", "memory/", "async/")
-
+from tests.train.run_helpers import metrics_lines, one_thread_env, stable_rows
 
 # ------------------------------------------------------------------ the inbox, against a toy process
 
@@ -207,21 +204,8 @@ def _args(overrides, games, out, policy, *extra):
             f"trainer.init_from={policy}", "trainer.keep_checkpoints=10", "rollout.max_staleness=1", *extra]
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def _lines(out: Path) -> list[dict]:
-    path = out / "t" / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _stable(out: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in _lines(out) if "step" in r]
-
-
 def _start(cmd: list[str], ready, timeout: float = 300) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, env=one_thread_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + timeout
     while not ready():
         if proc.poll() is not None:
@@ -232,7 +216,7 @@ def _start(cmd: list[str], ready, timeout: float = 300) -> subprocess.Popen:
 
 
 def _producer_pid(out: Path) -> int:
-    return [r["pid"] for r in _lines(out) if r.get("event") == "rollout_producer"][-1]
+    return [r["pid"] for r in metrics_lines(out) if r.get("event") == "rollout_producer"][-1]
 
 
 def _one_line(err: bytes) -> str:
@@ -245,11 +229,11 @@ def test_a_producer_killed_mid_update_gives_one_line_and_an_exact_resume(overrid
                                                                         tmp_path):
     extra = ("trainer.steps=4", "trainer.checkpoint_every=1", "env.step_delay_s=0.05")
     straight = tmp_path / "straight"
-    subprocess.run(_args(overrides, train_games, straight, tiny_policy, *extra), env=_env(), check=True,
+    subprocess.run(_args(overrides, train_games, straight, tiny_policy, *extra), env=one_thread_env(), check=True,
                    capture_output=True)
     out = tmp_path / "killed"
     cmd = _args(overrides, train_games, out, tiny_policy, *extra)
-    proc = _start(cmd, lambda: any(r.get("step") == 1 for r in _lines(out)))
+    proc = _start(cmd, lambda: any(r.get("step") == 1 for r in metrics_lines(out)))
     os.kill(_producer_pid(out), signal.SIGKILL)  # rolling out update 3 (or 2), its environments sleeping
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 5, err.decode()[-3000:]
@@ -257,9 +241,9 @@ def test_a_producer_killed_mid_update_gives_one_line_and_an_exact_resume(overrid
     newest = list_checkpoints(out / "t" / "ckpt")[-1]
     assert "rollout producer" in line and "killed by signal 9" in line and "while the trainer" in line
     assert f"--resume auto continues at update {newest.name.removeprefix('step_')} from {newest}" in line
-    subprocess.run([*cmd, "--resume", "auto"], env=_env(), check=True, capture_output=True)
-    assert [r["step"] for r in _stable(out)] == [0, 1, 2, 3]
-    assert _stable(out) == _stable(straight)
+    subprocess.run([*cmd, "--resume", "auto"], env=one_thread_env(), check=True, capture_output=True)
+    assert [r["step"] for r in stable_rows(out)] == [0, 1, 2, 3]
+    assert stable_rows(out) == stable_rows(straight)
 
 
 def test_a_silent_producer_ends_the_run_with_one_line_naming_the_update(overrides, train_games, tiny_policy,
@@ -267,7 +251,7 @@ def test_a_silent_producer_ends_the_run_with_one_line_naming_the_update(override
     out = tmp_path / "silent"
     cmd = _args(overrides, train_games, out, tiny_policy, "trainer.steps=50", "rollout.producer_timeout_s=20",
                 "env.step_delay_s=0.05")
-    proc = _start(cmd, lambda: any("step" in r for r in _lines(out)))
+    proc = _start(cmd, lambda: any("step" in r for r in metrics_lines(out)))
     producer = _producer_pid(out)
     os.kill(producer, signal.SIGSTOP)  # alive, and silent
     start = time.monotonic()

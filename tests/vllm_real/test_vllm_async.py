@@ -37,33 +37,13 @@ from seedfast.train.async_rollout import (  # noqa: E402
 )
 from seedfast.train.rl import Trainer  # noqa: E402
 from seedfast.train.staleness import Produced  # noqa: E402
-from tests.vllm_real.vllm_helpers import engine_env, update  # noqa: E402
+from tests.vllm_real.vllm_helpers import GAP_FP32, PUSH_RPCS, SMALL_ENGINE, STEPS, update  # noqa: E402
 
-STEPS = 3
-SMALL_ENGINE = ("rollout.vllm_enforce_eager=true", "rollout.vllm_max_num_seqs=8")
-GAP_FP32 = 1e-3  # the synchronous loop's gap here is ~1e-6 (test_vllm_rl_loop.py); a stale engine's, ~0.7
 # keys that differ between two runs of one seed whatever the engine (clocks, memory) or that only one kind of run
 # writes (the synchronous loop's push into vLLM, the producer's weight send)
 VOLATILE = ("time/", "throughput/", "memory/", "async/", "sync/")
-# the RPCs of one push (vllm_engine.py VLLMEngine.push_weights); the verify's `seedfast_weight_sums` is not one
-PUSH_RPCS = ("seedfast_begin_reload", "seedfast_load_weights", "seedfast_end_reload")
-
-
-@pytest.fixture(scope="module")
-def policy32(overrides, train_games, tmp_path_factory) -> Path:
-    """The tests' tiny policy (one short SFT epoch on the games) with 2 heads of 32 instead of 16."""
-    from seedfast.sft import run as sft
-
-    out = tmp_path_factory.mktemp("policy32")
-    cfg = load_config(None, [*overrides(train_games, out), "model.tiny.hidden=64", "model.tiny.heads=2",
-                             "model.tiny.kv_heads=1", "model.tiny.intermediate=128"])
-    sft.main(cfg)
-    return cfg.run_dir / "sft"
-
-
-@pytest.fixture(autouse=True)
-def small_engine():
-    engine_env()  # a small KV cache, no thread pinning (the producer inherits them); the size is SMALL_ENGINE's
+# the metrics of vLLM's own log-probs of the sampled tokens (the behaviour policy's)
+BEHAVIOUR = ("rollout/logprob_gap", "rollout_corr/")
 
 
 def _cfg(overrides, policy: Path, games: Path, out: Path, *extra: str) -> Config:
@@ -105,7 +85,13 @@ def test_one_step_off_with_vllm_lags_one_version_and_starts_as_the_synchronous_r
     first = _stable(lagged[0])
     staleness = {"rollout/staleness_mean", "rollout/staleness_max", "rollout/policy_version"}
     assert set(first) - staleness == set(_stable(sync[0]))
-    assert {k: first[k] for k in _stable(sync[0])} == _stable(sync[0])
+    # vLLM's log-probs of the same tokens: its CPU kernels reduce in another order with the producer's thread count
+    # than with the synchronous loop's (~1e-8 relative, seen on an Intel Xeon); the tokens, and all the trainer
+    # computes from them, are the same
+    behaviour = {k for k in first if k.startswith(BEHAVIOUR)}
+    assert {k: first[k] for k in _stable(sync[0]) if k not in behaviour} == {
+        k: v for k, v in _stable(sync[0]).items() if k not in behaviour}
+    assert {k: first[k] for k in behaviour} == pytest.approx({k: sync[0][k] for k in behaviour}, rel=1e-6, abs=1e-6)
     assert sync[0]["rollout/logprob_gap_max"] < GAP_FP32  # and that batch was vLLM's on the policy's weights
     # the runs part after it: the synchronous update 1 rolls out on version 1, the one-step-off one on version 0
     assert _stable(sync[1])["rollout/logprob_gap_max"] < GAP_FP32 < lagged[1]["rollout/logprob_gap_max"]

@@ -22,31 +22,7 @@ from seedfast.config import load_config  # noqa: E402
 from seedfast.distributed.weight_push import hf_named_tensors  # noqa: E402
 from seedfast.rollout.colocated import VLLMRollout  # noqa: E402
 from seedfast.train.rl import Trainer  # noqa: E402
-from tests.vllm_real.vllm_helpers import engine_env  # noqa: E402
-
-STEPS = 3
-# the loop's engine sized for a 2-core machine: eager (no torch.compile warm-up), a few sequences at a time
-SMALL_ENGINE = ("rollout.vllm_enforce_eager=true", "rollout.vllm_max_num_seqs=8")
-GAP_FP32 = 1e-3  # measured here: 1e-6 (fp32 vLLM CPU kernels vs the trainer's); a stale engine, 0.66
-# the RPCs of one push (vllm_engine.py VLLMEngine.push_weights); the verify's `seedfast_weight_sums` is not one
-PUSH_RPCS = ("seedfast_begin_reload", "seedfast_load_weights", "seedfast_end_reload")
-
-
-@pytest.fixture(scope="module")
-def policy32(overrides, train_games, tmp_path_factory) -> Path:
-    """The tests' tiny policy (one short SFT epoch on the games) with 2 heads of 32 instead of 16."""
-    from seedfast.sft import run as sft
-
-    out = tmp_path_factory.mktemp("policy32")
-    cfg = load_config(None, [*overrides(train_games, out), "model.tiny.hidden=64", "model.tiny.heads=2",
-                             "model.tiny.kv_heads=1", "model.tiny.intermediate=128"])
-    sft.main(cfg)
-    return cfg.run_dir / "sft"
-
-
-@pytest.fixture(autouse=True)
-def small_engine():
-    engine_env()  # a small KV cache, no thread pinning; the engine's size is the config's (SMALL_ENGINE)
+from tests.vllm_real.vllm_helpers import GAP_FP32, PUSH_RPCS, SMALL_ENGINE, STEPS  # noqa: E402
 
 
 def _train(overrides, policy: Path, games: Path, out: Path, *extra: str,

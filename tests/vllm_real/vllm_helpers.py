@@ -12,6 +12,12 @@ import torch
 from seedfast.model import DecoderConfig, build_decoder, save_hf
 
 VOCAB = 256
+STEPS = 3  # RL updates of the loop tests (test_vllm_rl_loop.py, test_vllm_async.py)
+# the loop's engine sized for a 2-core machine: eager (no torch.compile warm-up), a few sequences at a time
+SMALL_ENGINE = ("rollout.vllm_enforce_eager=true", "rollout.vllm_max_num_seqs=8")
+GAP_FP32 = 1e-3  # measured here: 1e-6 (fp32 vLLM CPU kernels vs the trainer's); a stale engine's, 0.66-0.7
+# the RPCs of one push (vllm_engine.py VLLMEngine.push_weights); the verify's `seedfast_weight_sums` is not one
+PUSH_RPCS = ("seedfast_begin_reload", "seedfast_load_weights", "seedfast_end_reload")
 
 
 def tiny_config(family: str) -> DecoderConfig:
