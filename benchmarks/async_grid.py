@@ -30,15 +30,17 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.async_rollout import measure_env_step, overlap_bound, run_mode, summarize
 from benchmarks.common import RESULTS_DIR, print_table, wrap_paragraph, write_results
 from benchmarks.rollout import VLLM_ENV, VLLM_PYTHON
 from seedfast.config import load_config
+from seedfast.runtime.setup import load_tasks
 from seedfast.train.async_rollout import split_threads
+from seedfast.train.rl import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = {
@@ -46,6 +48,60 @@ ENGINES = {
     "vllm-eager": ["rollout.engine=vllm", "rollout.vllm_enforce_eager=true"],
     "vllm-compiled": ["rollout.engine=vllm", "rollout.vllm_enforce_eager=false"],
 }
+ENGINE_WORDS = {"own": "own engine", "vllm-eager": "vLLM eager", "vllm-compiled": "vLLM compiled"}
+# the per-update records each run keeps
+PER_UPDATE = ("train/success_rate", "time/step", "time/rollout", "time/rollout_wait", "time/update",
+              "rollout/staleness_mean", "async/push_seconds")
+
+
+def measure_env_step(cfg, games: int, steps: int) -> dict:
+    """Seconds per TextWorld step on `games` training games, `steps` actions each (the admissible ones in turn)."""
+    from seedfast.envs.textworld_env import TextWorldEnv
+
+    times: list[float] = []
+    for task in load_tasks(cfg, "train")[:games]:
+        env = TextWorldEnv(task.spec)
+        obs = env.reset()
+        for i in range(steps):
+            action = obs.admissible_actions[i % len(obs.admissible_actions)] if obs.admissible_actions else "look"
+            t = time.perf_counter()
+            obs, _, done, _ = env.step(action)
+            times.append(time.perf_counter() - t)
+            if done:
+                obs = env.reset()
+        env.close()
+    return {"env_step_s_mean": statistics.fmean(times), "env_step_s_median": statistics.median(times),
+            "env_steps_timed": len(times)}
+
+
+def run_mode(config: Path, overrides: list[str], staleness: int, run_dir: Path) -> list[dict]:
+    cfg = load_config(config, [*overrides, f"rollout.max_staleness={staleness}", f"run.out_dir={run_dir}",
+                               f"run.name=s{staleness}"])
+    trainer = Trainer(cfg)
+    try:
+        history = trainer.run()
+    finally:
+        trainer.close()
+    return [{"step": r["step"], **{k: r[k] for k in PER_UPDATE if k in r}} for r in history]
+
+
+def summarize(name: str, rows: list[dict]) -> dict:
+    loop_s = sum(r["time/step"] for r in rows)
+    steady_s = sum(r["time/step"] for r in rows[1:])  # update 0 of the asynchronous run waits for the producer's start
+    success = [r["train/success_rate"] for r in rows]
+    return {"mode": name, "updates": len(rows), "loop_s": loop_s, "updates_per_min": 60 * len(rows) / loop_s,
+            "updates_per_min_after_first": 60 * (len(rows) - 1) / steady_s if len(rows) > 1 else None,
+            "s_per_update": loop_s / len(rows), "pool_success_mean": statistics.fmean(success),
+            "pool_success_last4": statistics.fmean(success[-4:]),
+            "wait_s_mean": statistics.fmean(r.get("time/rollout_wait", 0.0) for r in rows)}
+
+
+def overlap_bound(rows: list[dict]) -> tuple[float, float]:
+    """From the synchronous run (the first update left out): the rollout's share r of an update, and the speed-up
+    a perfect overlap of the rollout with the rest of the update would give, 1 / max(r, 1 - r)."""
+    later = rows[1:] or rows
+    share = sum(r["time/rollout"] for r in later) / sum(r["time/step"] for r in later)
+    return share, 1 / max(share, 1 - share)
 
 
 def cells(engines: list[str], delays: list[float], seeds: list[int]) -> list[dict]:
@@ -79,7 +135,7 @@ def check_engines(engines: list[str], vllm_python: Path = VLLM_PYTHON) -> None:
 
 def run_in_process(engine: str, config: Path, overrides: list[str], staleness: int, run_dir: Path, threads: int,
                    timeout_s: float) -> list[dict]:
-    """One run (async_rollout.run_mode) in a process of its own, under the engine's Python, with `threads`."""
+    """One run (run_mode) in a process of its own, under the engine's Python, with `threads`."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), **({} if engine == "own" else VLLM_ENV)}
     argv = [str(python_for(engine)), "-m", __spec__.name, "--worker", json.dumps(
         {"config": str(config), "overrides": overrides, "staleness": staleness, "run_dir": str(run_dir),
@@ -106,7 +162,7 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_r, ax_s) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_r, ax_s) = plt.subplots(1, 2, figsize=(13, 4.5))
     labels = sorted({(c["engine"], c["delay_s"]) for c in result["cells"]})
     for x, (engine, delay) in enumerate(labels):
         mine = [c for c in result["cells"] if (c["engine"], c["delay_s"]) == (engine, delay)]
@@ -115,7 +171,8 @@ def plot(result: dict, path: Path) -> None:
     for ax, title, base in ((ax_r, "updates per minute, asynchronous / synchronous", 1.0),
                             (ax_s, "pool success, asynchronous − synchronous (mean per update)", 0.0)):
         ax.axhline(base, color="gray", lw=1)
-        ax.set_xticks(range(len(labels)), [f"{e}\n+{1000 * d:.0f} ms/step" for e, d in labels])
+        ax.set_xticks(range(len(labels)), [f"{ENGINE_WORDS[e]}\n+{1000 * d:.0f} ms" for e, d in labels],
+                      fontsize=8)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
     fig.suptitle(f"one point per seed; {result['threads']['total']} threads each side "
@@ -124,7 +181,50 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-ENGINE_WORDS = {"own": "own engine", "vllm-eager": "vLLM eager", "vllm-compiled": "vLLM compiled"}
+def repeated_curves(cells_: list[dict]) -> str:
+    """A sentence where cells repeat each other's learning curves (the same seed drawing the same episodes at every
+    delay, or two engines sampling the same tokens), so the success column holds fewer independent pairs than
+    cells; "" where every cell's pair is its own."""
+    def key(c: dict) -> tuple[int, float]:
+        return c["seed"], round(c["summary"]["success_difference"], 9)
+
+    distinct = {key(c) for c in cells_}
+    if len(distinct) == len(cells_):
+        return ""
+    by_engine: dict[str, set] = {}
+    for c in cells_:
+        by_engine.setdefault(c["engine"], set()).add(key(c))
+    same_delay = all(len({k for k in keys if k[0] == s}) == 1 for keys in by_engine.values() for s, _ in keys)
+    groups: dict[frozenset, list[str]] = {}
+    for engine, keys in by_engine.items():
+        groups.setdefault(frozenset(keys), []).append(ENGINE_WORDS[engine])
+    twins = [" and ".join(g) for g in groups.values() if len(g) > 1]
+    why = ([" at a seed the episodes were the same whatever the delay"] if same_delay else []) + [
+        f" {t} drew the same ones" for t in twins]
+    return (f" The success column holds {len(distinct)} distinct pairs of learning curves in {len(cells_)} cells:"
+            + ";".join(why) + ".")
+
+
+def trainer_cost(cells_: list[dict], threads: dict) -> str:
+    """A sentence on what the split costs the trainer: the update's own time (`time/update`, the first update left
+    out) in each loop, means over the cells, and the cells where the asynchronous loop was the slower."""
+    def update_s(rows: list[dict]) -> float:
+        return statistics.fmean(r.get("time/update", 0.0) for r in rows[1:] or rows)
+
+    sync = statistics.fmean(update_s(c["runs"]["synchronous"]) for c in cells_)
+    stale = statistics.fmean(update_s(c["runs"]["asynchronous"]) for c in cells_)
+    slower = [c for c in cells_ if c["summary"]["speedup"] < 1]
+    text = (f" The update itself (`time/update`) took {sync:.2f} s in the synchronous loop and {stale:.2f} s in the "
+            f"asynchronous one (means over the cells), its trainer having {threads['trainer']} of the "
+            f"{threads['total']} threads")
+    if slower:
+        where = sorted({(ENGINE_WORDS[c["engine"]], c["delay_s"]) for c in slower})
+        share = statistics.fmean(c["summary"]["rollout_share"] for c in slower)
+        text += ("; where the rollout is a small share of a synchronous update ("
+                 + ", ".join(f"{e} +{1000 * d:.0f} ms" for e, d in where)
+                 + f": r = {share:.2f}), the overlap saves less than that costs, and the asynchronous loop is the "
+                 "slower")
+    return text + "."
 
 
 def markdown(result: dict) -> str:
@@ -156,14 +256,20 @@ def markdown(result: dict) -> str:
         f"{ENGINE_WORDS[e]} +{1000 * d:.0f} ms: {statistics.fmean(x['speedup'] for x in g):.2f}x "
         f"(success {statistics.fmean(x['success_difference'] for x in g):+.3f})"
         for (e, d), g in groups.items())
+    pairs = repeated_curves(cells_)
+    trainer = trainer_cost(cells_, threads)
+    distinct = sorted({round(c["summary"]["success_difference"], 9) for c in cells_})
+    signs = (f" Pool success was lower one-step-off in every one of the {len(distinct)} distinct pairs"
+             if all(d < 0 for d in distinct) else
+             f" Pool success one-step-off minus synchronous ranged over [{distinct[0]:+.3f}, {distinct[-1]:+.3f}]")
     lines += ["", wrap_paragraph(
         f"Mean over the seeds, asynchronous / synchronous updates per minute (and the paired difference in pool "
-        f"success per update): {means}. The overlap bound is 1 / max(r, 1 − r) with r the rollout's share of a "
-        "synchronous update: what a perfect overlap would give where the producer had cores of its own; here the two "
-        "processes share the same cores. Success differences are one pair of runs per seed on the same draws, not a "
-        "test. A prediction, not a measurement: where the producer has devices of its own (`rollout.devices`), the "
-        "same bound holds with that cluster's own rollout share r, so the gain is largest where rollout and training "
-        "take about the same time (r = 0.5: 2x) and small where either dominates.")]
+        f"success per update): {means}.{trainer}{pairs}{signs} (paired runs on the same draws, not a test). The "
+        "overlap bound is 1 / max(r, 1 − r) with r the rollout's share of a synchronous update: what a perfect "
+        "overlap would give where the producer had cores of its own; here the two processes share the same cores. "
+        "A prediction, not a measurement: where the producer has devices of its own (`rollout.devices`), the same "
+        "bound holds with that cluster's own rollout share r, so the gain is largest where rollout and training take "
+        "about the same time (r = 0.5: 2x) and small where either dominates.")]
     return "\n".join(lines)
 
 

@@ -69,10 +69,10 @@ def _rollout_engines() -> str:
     return rollout.docs_section(rollout.committed(rollout.NAME))
 
 
-def _async_rollout() -> str:
-    from benchmarks import async_rollout
+def _async_grid() -> str:
+    from benchmarks import async_grid
 
-    return async_rollout.markdown(_json("benchmarks/results/async_rollout.json"))
+    return async_grid.markdown(_json("benchmarks/results/async_grid.json"))
 
 
 def _reference() -> str:
@@ -160,7 +160,7 @@ SECTIONS = (
     Section("docs/demo.md", "smollm2 in a sparse pool", _smollm2_sparse),
     Section("docs/study.md", "study result", _study),
     Section("docs/performance.md", "rollout engines", _rollout_engines),
-    Section("docs/architecture.md", "asynchronous rollouts", _async_rollout),
+    Section("docs/architecture.md", "asynchronous rollouts", _async_grid),
     Section("docs/reference.md", "commands and options", _reference),
     Section("docs/kernels.md", "h200 prediction", _kernel_prediction),
     Section("docs/performance.md", "peers side by side", _peers_side_by_side),

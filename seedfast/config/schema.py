@@ -128,7 +128,7 @@ class EnvConfig:
     invalid_penalty: float = opt(0.1, "reward subtracted at a step whose action is invalid", ge=0)
     step_timeout_s: float = opt(30.0, "seconds one environment step may take", gt=0)
     step_delay_s: float = opt(0.0, "seconds added to every environment step (a sleep after the game's own step): "
-                                   "plays a slower environment than the game, as benchmarks/async_rollout.py does",
+                                   "plays a slower environment than the game, as benchmarks/async_grid.py does",
                               ge=0)
     isolation: Literal["process", "inline"] = opt(
         "process", "process = slots hosted by a few worker processes (one per usable CPU; per-step timeouts, crash "

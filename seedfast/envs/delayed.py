@@ -1,7 +1,7 @@
 """An environment slower than its game: every step sleeps `delay_s` after the game's own step (env.step_delay_s).
 
 It plays the step cost of a slower environment (a bigger game, a web or tool environment) with the same game, so
-the benchmark of asynchronous rollouts (benchmarks/async_rollout.py) and its tests can give the rollout the weight
+the benchmark of asynchronous rollouts (benchmarks/async_grid.py) and its tests can give the rollout the weight
 it has in such runs. The factory is a picklable object, so worker processes (envs/workers.py) build it too. The slots
 of one process step one after another, so a batch step costs the delay once per slot of the busiest process.
 """

@@ -1,6 +1,7 @@
-"""benchmarks/async_grid.py: the grid's order and its alternation, a cell's ratios by hand, the vLLM engines refused
-before any run where vLLM is missing, and the whole script on the tiny policy (one cell: both loops run with the same
-threads, the JSON holds each run's per-update records, the plot is drawn)."""
+"""benchmarks/async_grid.py: a run's summary and the overlap bound by hand, the grid's order and its alternation, a
+cell's ratios by hand, the vLLM engines refused before any run where vLLM is missing, and the whole script on the tiny
+policy (one cell: both loops run with the same threads, the JSON holds each run's per-update records, the plot is
+drawn)."""
 
 import json
 
@@ -8,6 +9,23 @@ import pytest
 import torch
 
 from benchmarks import async_grid
+
+
+def test_summary_by_hand():
+    rows = [{"step": 0, "time/step": 6.0, "train/success_rate": 0.0, "time/rollout_wait": 5.0},
+            {"step": 1, "time/step": 2.0, "train/success_rate": 0.5, "time/rollout_wait": 1.0},
+            {"step": 2, "time/step": 4.0, "train/success_rate": 1.0, "time/rollout_wait": 0.0}]
+    s = async_grid.summarize("m", rows)
+    assert s["loop_s"] == 12.0 and s["updates_per_min"] == 15.0  # 3 updates in 12 s
+    assert s["updates_per_min_after_first"] == 20.0  # 2 updates in 6 s
+    assert s["pool_success_mean"] == 0.5 and s["wait_s_mean"] == 2.0
+
+
+def test_the_overlap_bound_by_hand():
+    rows = [{"time/rollout": 9.0, "time/step": 10.0},  # the first update: left out
+            {"time/rollout": 2.0, "time/step": 8.0}, {"time/rollout": 4.0, "time/step": 12.0}]
+    share, bound = async_grid.overlap_bound(rows)
+    assert share == 0.3 and bound == 1 / 0.7  # 6 s of rollout in 20 s; the rest, 70%, bounds the overlap
 
 
 def test_the_grid_runs_engine_then_delay_then_seed_and_alternates_the_order():
@@ -65,3 +83,38 @@ def test_the_script_runs_one_cell_both_ways(overrides, train_games, tiny_policy,
                                 "machine": {"cpu": "a CPU", "cpu_count": 2}})
     assert "1 of 1 planned cells" in text and "| own engine | 10 | 3 |" in text
     assert f"{s['speedup']:.2f}x" in text
+
+
+def test_the_read_out_says_when_engines_repeat_a_seeds_learning_curves():
+    def cell(engine, seed, difference):
+        run = {"updates_per_min": 10.0, "pool_success_mean": 0.5}
+        rows = [{"time/update": 1.0}]
+        return {"engine": engine, "delay_s": 0.0, "seed": seed,
+                "runs": {"synchronous": rows, "asynchronous": rows},
+                "summary": {"synchronous": run, "asynchronous": run, "speedup": 1.0, "speedup_after_first": 1.0,
+                            "overlap_bound": 1.5, "success_difference": difference}}
+
+    result = {"benchmark": "g", "command": "c", "machine": {"cpu": "a CPU", "cpu_count": 2},
+              "threads": {"total": 2, "trainer": 1, "producer": 1}, "cells_planned": 4,
+              "config": {"algorithm": "grpo", "steps": 2, "staleness": 1}, "env": {"env_step_s_mean": 0.001}}
+    same = [cell("own", 0, -0.1), cell("vllm-eager", 0, -0.1), cell("own", 1, 0.2), cell("vllm-eager", 1, 0.2)]
+    text = async_grid.markdown({**result, "cells": same}).replace("\n", " ")
+    assert "holds 2 distinct pairs of learning curves in 4 cells: at a seed the episodes were the same" in text
+    assert "own engine and vLLM eager drew the same ones" in text
+    other = [*same[:3], cell("vllm-eager", 1, 0.3)]
+    assert "drew the same" not in async_grid.markdown({**result, "cells": other}).replace("\n", " ")
+    own = [same[0], same[2]]
+    assert "pairs of learning curves" not in async_grid.markdown({**result, "cells": own})
+
+
+def test_the_trainers_cost_by_hand():
+    def cell(speedup, sync_update, async_update, share):
+        return {"engine": "own", "delay_s": 0.0, "seed": 0,
+                "runs": {"synchronous": [{"time/update": 9.0}, {"time/update": sync_update}],  # update 0 left out
+                         "asynchronous": [{"time/update": 9.0}, {"time/update": async_update}]},
+                "summary": {"speedup": speedup, "rollout_share": share}}
+
+    text = async_grid.trainer_cost([cell(0.8, 1.0, 2.0, 0.3), cell(1.2, 2.0, 3.0, 0.5)], {"trainer": 1, "total": 2})
+    assert "took 1.50 s in the synchronous loop and 2.50 s in the asynchronous one" in text
+    assert "(own engine +0 ms: r = 0.30)" in text and text.endswith("the asynchronous loop is the slower.")
+    assert "slower" not in async_grid.trainer_cost([cell(1.2, 2.0, 3.0, 0.5)], {"trainer": 1, "total": 2})
