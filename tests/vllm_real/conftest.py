@@ -20,6 +20,8 @@ def policy32(overrides, train_games, tmp_path_factory) -> Path:
     return cfg.run_dir / "sft"
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def small_engine():
-    engine_env()  # a small KV cache, no thread pinning (a producer inherits them); the size is SMALL_ENGINE's
+    """For the files that name it (pytestmark): a small KV cache, no thread pinning (a producer inherits them); the
+    engine's size is SMALL_ENGINE's."""
+    engine_env()

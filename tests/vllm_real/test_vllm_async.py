@@ -39,6 +39,8 @@ from seedfast.train.rl import Trainer  # noqa: E402
 from seedfast.train.staleness import Produced  # noqa: E402
 from tests.vllm_real.vllm_helpers import GAP_FP32, PUSH_RPCS, SMALL_ENGINE, STEPS, update  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("small_engine")
+
 # keys that differ between two runs of one seed whatever the engine (clocks, memory) or that only one kind of run
 # writes (the synchronous loop's push into vLLM, the producer's weight send)
 VOLATILE = ("time/", "throughput/", "memory/", "async/", "sync/")

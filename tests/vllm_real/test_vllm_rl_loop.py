@@ -24,6 +24,8 @@ from seedfast.rollout.colocated import VLLMRollout  # noqa: E402
 from seedfast.train.rl import Trainer  # noqa: E402
 from tests.vllm_real.vllm_helpers import GAP_FP32, PUSH_RPCS, SMALL_ENGINE, STEPS  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("small_engine")
+
 
 def _train(overrides, policy: Path, games: Path, out: Path, *extra: str,
            patch: Callable[[VLLMRollout], None] | None = None) -> tuple[Trainer, list[dict[str, Any]], float]:
