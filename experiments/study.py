@@ -1116,6 +1116,20 @@ def lam_key(form: str, lam: float) -> str:
     return f"{form}/{lam:g}"
 
 
+def gap_row(key: str, g: dict) -> str:
+    """One row of the Result's gap table: plain success, mixed groups, each condition's gap with its interval, and the
+    CPU it was measured on."""
+    plain = g["conditions"]["plain"]
+    cells = [key, _f(plain["success"]), _f(plain["mixed_groups"])]
+    for c in ("oracle", "own", "shuffled"):
+        cell = f"{_signed(g['gaps'][c]['mean'])} {_ci(g['gaps'][c]['ci95'])}"
+        if c == "own":
+            cell += f" ({g['conditions']['own'].get('parse_share', 0):.0%})"
+        cells.append(cell)
+    cells.append(str((g.get("machine") or {}).get("cpu", "?")).replace("(R)", ""))
+    return "| " + " | ".join(cells) + " |"
+
+
 def deviation_lines(devs: list[dict]) -> list[str]:
     """One line per reason: a reason shared by several deviations (a session's runs on another CPU) lists what each
     one was, with the span of their dates and commits."""
@@ -1156,18 +1170,19 @@ def docs_section(data: dict) -> str:
                if pool else "**The pool:** not decided yet."), ""]
     gaps = data.get("teacher_gap") or {}
     if gaps:
-        lines += ["| pool/seed | plain success | mixed groups | oracle gap | own gap (parsed) | shuffled gap |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["| pool/seed | plain success | mixed groups | oracle gap | own gap (parsed) | shuffled gap | CPU |",
+                  "|---|---|---|---|---|---|---|"]
         for key in sorted(gaps, key=lambda k: (k.split("/")[0], int(k.split("/s")[1]))):
-            g = gaps[key]
-            plain = g["conditions"]["plain"]
-            cells = [key, _f(plain["success"]), _f(plain["mixed_groups"])]
-            for c in ("oracle", "own", "shuffled"):
-                cell = f"{_signed(g['gaps'][c]['mean'])} {_ci(g['gaps'][c]['ci95'])}"
-                if c == "own":
-                    cell += f" ({g['conditions']['own'].get('parse_share', 0):.0%})"
-                cells.append(cell)
-            lines.append("| " + " | ".join(cells) + " |")
+            lines.append(gap_row(key, gaps[key]))
+        lines.append("")
+    superseded = [(s["seed"], s["teacher_gap"]) for s in data.get("superseded") or [] if s.get("teacher_gap")]
+    if superseded:
+        lines += ["Superseded (the gap of a start that went with its session's machine; the seed was made whole "
+                  "again from a new start, 'Sessions'):", "",
+                  "| pool/seed | plain success | mixed groups | oracle gap | own gap (parsed) | shuffled gap | CPU |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [gap_row(f"{data['pool']['name'] if data.get('pool') else '?'}/s{seed} (lost)", g)
+                  for seed, g in superseded]
         lines.append("")
     sel = data.get("selection")
     if sel:

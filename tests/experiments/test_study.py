@@ -582,3 +582,17 @@ def test_deviations_with_one_reason_are_one_line():
     assert study.deviation_lines(devs) == [
         "- moved (2: run a; run b; 2026-12-06 to 2026-12-07, aaaaaaaaa)",
         "- page edited: sessions (2026-12-06, bbbbbbbbb)"]
+
+
+def test_the_result_shows_a_superseded_gap_beside_the_new_one_with_each_cpu():
+    def gap(oracle: float, cpu: str) -> dict:
+        stat = {"mean": oracle, "ci95": [oracle - 0.05, oracle + 0.05], "games": 64}
+        return {"conditions": {"plain": {"success": 0.2, "mixed_groups": 0.4}, "own": {"parse_share": 0.9}},
+                "gaps": {"oracle": stat, "own": stat, "shuffled": stat}, "machine": {"cpu": cpu}}
+
+    data = {**study._base(), "pool": {"name": "P1", "overrides": ["env.levels=9-10"]},
+            "teacher_gap": {"P1/s5": gap(-0.092, "Intel(R) Xeon(R) Processor")},
+            "superseded": [{"seed": 5, "teacher_gap": gap(0.105, "AMD EPYC")}]}
+    text = study.docs_section(data)
+    assert "| P1/s5 | 0.200 | 0.400 | −0.092 " in text and "| Intel Xeon Processor |" in text
+    assert "| P1/s5 (lost) | 0.200 | 0.400 | +0.105 " in text and "| AMD EPYC |" in text
