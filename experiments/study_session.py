@@ -86,9 +86,16 @@ def plan(bundles: Sequence[str], pool: str, selection_done: bool) -> list[Job]:
     return jobs
 
 
+def chain_cost_s(job: Job, by_name: dict[str, Job]) -> float:
+    """The job's estimate plus the longest chain of its waiting dependencies': what must still start before it can."""
+    waiting = [by_name[a] for a in job.after if a in by_name and by_name[a].state == "waiting"]
+    return job.cost_s + max((chain_cost_s(d, by_name) for d in waiting), default=0.0)
+
+
 def next_job(jobs: list[Job], now: float, until: float) -> Job | None | str:
     """The first waiting job whose dependencies are done and whose estimate fits; "wait" when one could start
-    after a running job ends; None when nothing more can start. Jobs behind a failed or skipped one are skipped."""
+    after a running job ends (its waiting dependencies fitting before `until` too); None when nothing more can
+    start. Jobs behind a failed or skipped one are skipped."""
     by_name = {j.name: j for j in jobs}
     could_wait = False
     for j in jobs:
@@ -98,12 +105,12 @@ def next_job(jobs: list[Job], now: float, until: float) -> Job | None | str:
         if any(d.state in ("failed", "skipped") for d in deps) or any(a not in by_name for a in j.after):
             j.state = "skipped"
             continue
-        if now + SLACK * j.cost_s > until:
+        if now + SLACK * chain_cost_s(j, by_name) > until:
             continue
         if all(d.state == "done" for d in deps):
             return j
-        could_wait = True
-    return "wait" if could_wait or any(j.state == "running" for j in jobs) else None
+        could_wait = could_wait or all(d.state in ("done", "running", "waiting") for d in deps)
+    return "wait" if could_wait else None
 
 
 def weights_sha256(policy_dir: Path) -> str:
@@ -156,6 +163,13 @@ def fingerprint_start(result: Path, policy: Path, seed: int, pool: str, lost: di
     return f"start s{seed} {sha[:12]}: superseded {', '.join(names) or 'nothing'}"
 
 
+def games_argv(*overrides: str) -> list[str]:
+    """`seedfast envs make` for the starts' games (the SFT recipe's, 'The SFT starts'), or with `overrides` after
+    them, another set of the same folder (the pool's)."""
+    return [sys.executable, "-m", "seedfast", "envs", "make", study.CONFIG, "env.games_dir=runs/sparse/games",
+            "env.n_eval=32", *overrides]
+
+
 def regenerate_docs() -> None:
     """`make docs` on main: the study's "Result" section follows the copied study.json."""
     subprocess.run([sys.executable, "-m", "docs.generate"], cwd=ROOT, check=True, capture_output=True)
@@ -190,8 +204,7 @@ class Session:
     def argv(self, job: Job, data: dict) -> list[str]:
         python = [sys.executable, "-m"]
         if job.name == "games":
-            return [*python, "seedfast", "envs", "make", study.CONFIG, "env.games_dir=runs/sparse/games",
-                    "env.n_eval=32"]
+            return games_argv()
         deviation = []
         if job.seed is not None and self.cpu != (data.get("machine") or {}).get("cpu"):
             deviation = ["--deviation", f"{RULE}: seed {job.seed} made whole on {self.cpu}, the study's first "
@@ -203,8 +216,7 @@ class Session:
         env = {**os.environ, "PYTHONPATH": str(self.worktree), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         commands = [self.argv(job, data)]
         if job.name == "games":  # the pool's games as well, before any lane's gap or run would make them at once
-            pool = data["pool"]["overrides"]
-            commands.append([*commands[0][:-2], *study.AS_STUDIED, *pool])
+            commands.append(games_argv(*study.AS_STUDIED, *data["pool"]["overrides"]))
         with open(self.logs / f"{job.name.replace(' ', '_').replace('/', '_')}.log", "a") as out:
             for argv in commands:
                 subprocess.run(argv, cwd=self.worktree, env=env, stdout=out, stderr=subprocess.STDOUT, check=True)
@@ -266,19 +278,23 @@ class Session:
 
 def clock_until(text: str) -> float:
     """HH:MM today (local time) as a timestamp."""
-    hours, minutes = (int(x) for x in text.split(":"))
-    return datetime.datetime.now().replace(hour=hours, minute=minutes, second=0, microsecond=0).timestamp()
+    try:
+        hours, minutes = (int(x) for x in text.split(":"))
+        return datetime.datetime.now().replace(hour=hours, minute=minutes, second=0, microsecond=0).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--until {text!r}: give the hour as HH:MM, e.g. 16:35") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--until", required=True, help="HH:MM: no job starts that would not end before it")
+    p.add_argument("--until", required=True, type=clock_until,
+                   help="HH:MM: no job starts that would not end before it")
     p.add_argument("--bundles", nargs="+", default=["select", *map(str, study.SEEDS)])
     p.add_argument("--lanes", type=int, default=2)
     p.add_argument("--worktree", type=Path, default=ROOT.parent / "study")
     p.add_argument("--no-commit", action="store_true", help="copy the records to main without committing them")
     args = p.parse_args(argv)
-    session = Session(args.worktree, clock_until(args.until), args.lanes, commit=not args.no_commit)
+    session = Session(args.worktree, args.until, args.lanes, commit=not args.no_commit)
     data = session.prepare()
     if data.get("pool") is None:
         raise SystemExit("study_session: no pool decided yet (the study's gap and pool subcommands first)")

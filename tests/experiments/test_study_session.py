@@ -56,6 +56,30 @@ def test_a_job_starts_only_when_its_dependencies_are_done_and_its_estimate_fits(
     assert next_job(jobs, now=850.0, until=1000.0) is b
 
 
+def test_a_job_whose_waiting_dependency_cannot_fit_is_not_waited_for():
+    a = Job("a", 1, [], 100.0, (), "running")
+    b = Job("b", 1, [], 100.0)  # fits alone: 1.5 x 100 s before 1000 s
+    c = Job("c", 1, [], 100.0, ("b",))  # c needs b first: 1.5 x 200 s does not fit
+    assert next_job([a, b, c], now=800.0, until=1000.0) is b
+    b.state = "running"
+    assert next_job([a, b, c], now=800.0, until=1000.0) == "wait"  # b runs, c may still fit after it
+    a.state, b.state = "done", "waiting"
+    assert next_job([a, b, c], now=860.0, until=1000.0) is None  # b no longer fits, so neither does c
+
+
+def test_an_hour_not_in_hh_mm_is_refused_naming_the_option(capsys):
+    with pytest.raises(SystemExit):
+        study_session.main(["--until", "4pm"])
+    assert "--until '4pm': give the hour as HH:MM" in capsys.readouterr().err
+
+
+def test_the_pools_games_are_the_starts_command_with_the_pools_overrides_last():
+    starts = study_session.games_argv()
+    pool = study_session.games_argv("env.levels=9-10", "env.max_steps=6")
+    assert pool[:len(starts)] == starts and pool[len(starts):] == ["env.levels=9-10", "env.max_steps=6"]
+    assert starts[-3:] == [study.CONFIG, "env.games_dir=runs/sparse/games", "env.n_eval=32"]
+
+
 def test_jobs_behind_a_failed_one_are_skipped():
     jobs = [Job("a", 1, [], 1.0, (), "failed"), Job("b", 1, [], 1.0, ("a",)), Job("c", 1, [], 1.0, ("b",))]
     assert next_job(jobs, now=0.0, until=1e9) is None
