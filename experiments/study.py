@@ -4,6 +4,7 @@ decisions are not this script's: where they and this script differ, the page win
     python -m experiments.study starts [--seeds 5 6 7 8 9 10 11]   # the SFT starts, made again (one thread)
     python -m experiments.study gap [--seeds 5 ... 11] [--pool P1]  # the teacher's own success, per seed
     python -m experiments.study pool                                # the pool rule over the gaps: study.json pool
+    python -m experiments.study real-gap                            # SmolLM2's start: plain and oracle, 16 x 4
     python -m experiments.study select [--only gate/0.1 ...]        # λ per form at seed 11 (control, GRPO, 12)
     python -m experiments.study run [--seeds 5 ... 10] [--arms ...] # the seven arms, seed by seed
     python -m experiments.study report                              # analysis (the criterion) and study.png
@@ -464,13 +465,14 @@ def condition_summary(results: list) -> dict:
             "games": len(results), "episodes": len(plays)}
 
 
-def gap_check(cfg, policy_dir: Path, tasks: list, plays: int, run_seed: int, acting: dict | None = None) -> dict:
+def gap_check(cfg, policy_dir: Path, tasks: list, plays: int, run_seed: int, acting: dict | None = None,
+              conditions: Sequence[str] = CONDITIONS) -> dict:
     """The teacher's own success ('The teacher's own success, first'): each game of `tasks` played `plays` times per
-    condition (plain, oracle, own, shuffled) by the policy at `policy_dir` at rollout.temperature, the plays of a game
-    one batch with the sampling seed seeds.sampling_seed(run_seed, game index) in every condition; per condition the
-    success, invalid share, episode length and mixed groups; per skill condition the gap (mean over games of the
-    success with the skill minus plain, 95% t-interval over games). `acting` (optional): condition -> a list that
-    gets, per game, (result, acting prompt ids per step record)."""
+    condition (`conditions`: plain first, then any of oracle, own, shuffled) by the policy at `policy_dir` at
+    rollout.temperature, the plays of a game one batch with the sampling seed seeds.sampling_seed(run_seed, game
+    index) in every condition; per condition the success, invalid share, episode length and mixed groups; per skill
+    condition the gap (mean over games of the success with the skill minus plain, 95% t-interval over games).
+    `acting` (optional): condition -> a list that gets, per game, (result, acting prompt ids per step record)."""
     import numpy as np
 
     from seedfast.rollout.colocated import build_rollout
@@ -478,22 +480,24 @@ def gap_check(cfg, policy_dir: Path, tasks: list, plays: int, run_seed: int, act
     from seedfast.seeds import sampling_seed, skill_shuffle_seed
     from seedfast.train.privileged import derangement
 
+    if not conditions or conditions[0] != "plain" or any(c not in CONDITIONS[1:] for c in conditions[1:]):
+        raise ValueError(f"gap_check: conditions {list(conditions)}: plain first, then any of {CONDITIONS[1:]}")
     t0 = time.perf_counter()
     policy = load_policy(cfg, policy_dir, device_of(cfg), trainable=False)
     tokenizer = load_run_tokenizer(cfg, policy_dir)
     walks, oracle = walkthrough_skills(cfg, tasks, run_seed)
-    own = own_skills(cfg, policy, tokenizer, walks)
+    own = own_skills(cfg, policy, tokenizer, walks) if "own" in conditions else None
     perm = derangement(np.random.default_rng(skill_shuffle_seed(run_seed, 0)), len(tasks))
     skills = {"plain": [None] * len(tasks), "oracle": oracle, "own": own, "shuffled": [oracle[p] for p in perm]}
     engine = build_rollout("own", policy, seed=run_seed)
     envs = make_env_slots(cfg, plays)
     config = agent_config(cfg, n=plays, temperature=cfg.rollout.temperature)
-    won: dict[str, list[float | None]] = {c: [] for c in CONDITIONS}
-    results: dict[str, list] = {c: [] for c in CONDITIONS}
-    left_out = dict.fromkeys(CONDITIONS, 0)
+    won: dict[str, list[float | None]] = {c: [] for c in conditions}
+    results: dict[str, list] = {c: [] for c in conditions}
+    left_out = dict.fromkeys(conditions, 0)
     try:
         for i, task in enumerate(tasks):
-            for c in CONDITIONS:
+            for c in conditions:
                 if c != "plain" and skills[c][i] is None:  # own: an analysis that did not parse
                     won[c].append(None)
                     continue
@@ -507,18 +511,19 @@ def gap_check(cfg, policy_dir: Path, tasks: list, plays: int, run_seed: int, act
                     acting.setdefault(c, []).append((result, shown))
     finally:
         envs.close()
-    conditions = {c: {**condition_summary(results[c]), "skill_left_out_steps": left_out[c]} for c in CONDITIONS}
-    conditions["own"]["parse_share"] = sum(s is not None for s in own) / len(tasks)
+    summaries = {c: {**condition_summary(results[c]), "skill_left_out_steps": left_out[c]} for c in conditions}
+    if own is not None:
+        summaries["own"]["parse_share"] = sum(s is not None for s in own) / len(tasks)
     gaps = {}
-    for c in CONDITIONS[1:]:
+    for c in conditions[1:]:
         diffs = [w - p for w, p in zip(won[c], won["plain"]) if w is not None]
         stats = interval(diffs)
         gaps[c] = {"mean": stats["mean"], "ci95": stats["ci95"], "games": len(diffs), "df": stats["df"],
                    "t": stats["t"]}
     return {"policy": str(policy_dir), "games": len(tasks), "plays": plays, "temperature": cfg.rollout.temperature,
-            "max_steps": cfg.env.max_steps, "conditions": conditions, "gaps": gaps,
-            "per_game": {"game_ids": [t.game_id for t in tasks], **{c: won[c] for c in CONDITIONS},
-                         "shuffled_from": [tasks[p].game_id for p in perm]},
+            "max_steps": cfg.env.max_steps, "conditions": summaries, "gaps": gaps,
+            "per_game": {"game_ids": [t.game_id for t in tasks], **{c: won[c] for c in conditions},
+                         **({"shuffled_from": [tasks[p].game_id for p in perm]} if "shuffled" in conditions else {})},
             "git_commit": git_commit(), "machine": machine_info(), "wall_s": round(time.perf_counter() - t0, 1)}
 
 
@@ -545,6 +550,43 @@ def gap(seed: int, pool: str, allow: str | None) -> dict | None:
     print(f"teacher gap {key}: plain success {record['conditions']['plain']['success']:.3f}; "
           + "; ".join(f"{c} {g[c]['mean']:+.3f} [{_f(g[c]['ci95'][0])}, {_f(g[c]['ci95'][1])}]" for c in g)
           + f"; {record['wall_s']} s")
+    return record
+
+
+# the real model's gap ('The real model: SmolLM2-135M', step 3): the start of its first sparse run (`gate`), its 16
+# pool games x 4 plays at the recipe's rollout temperature, plain and oracle only
+REAL_GAP = {"key": "smollm2/s1", "config": "configs/smollm2-135m_textworld_cpu.yaml", "seed": 1,
+            "start": "runs/smollm2-135m_textworld_cpu_sparse_study_gate_seed1/sft", "plays": 4,
+            "conditions": ("plain", "oracle"),
+            "overrides": ["env.levels=7-8", "env.max_steps=6", "env.n_train=8", "env.n_eval=12",
+                          "env.games_dir=runs/smollm2_sparse/games", "rollout.task_pool=16"]}
+
+
+def real_gap(allow: str | None) -> dict | None:
+    """Step 3 of the real model: the teacher gap of SmolLM2's sparse start, into study.json's teacher_gap under
+    REAL_GAP's key (read as a description, never against the criterion)."""
+    from seedfast.config import load_config
+    from seedfast.runtime.setup import load_tasks
+    from seedfast.train.draws import task_pool
+
+    key, start = REAL_GAP["key"], ROOT / REAL_GAP["start"]
+    if key in load()["teacher_gap"]:
+        print(f"teacher gap {key}: recorded, skipped")
+        return None
+    if not (start / "config.json").exists():
+        raise SystemExit(f"study: no SFT start in {start}: the real model's first sparse run (`gate`) makes it "
+                         "(docs/study.md, 'The real model: SmolLM2-135M')")
+    check_study_commit(f"teacher gap {key}", allow)
+    cfg = load_config(ROOT / REAL_GAP["config"], [f"run.seed={REAL_GAP['seed']}", *REAL_GAP["overrides"],
+                                                  "algorithm=grpo"])
+    tasks = task_pool(load_tasks(cfg, "train", generate=True), cfg.rollout.task_pool, cfg.run.seed)
+    record = gap_check(cfg, start, tasks, REAL_GAP["plays"], cfg.run.seed, conditions=REAL_GAP["conditions"])
+    record["policy"] = REAL_GAP["start"]
+    with locked() as data:
+        data["teacher_gap"][key] = record
+    oracle = record["gaps"]["oracle"]
+    print(f"teacher gap {key}: plain success {record['conditions']['plain']['success']:.3f}; oracle "
+          f"{oracle['mean']:+.3f} [{_f(oracle['ci95'][0])}, {_f(oracle['ci95'][1])}]; {record['wall_s']} s")
     return record
 
 
@@ -1122,6 +1164,9 @@ def gap_row(key: str, g: dict) -> str:
     plain = g["conditions"]["plain"]
     cells = [key, _f(plain["success"]), _f(plain["mixed_groups"])]
     for c in ("oracle", "own", "shuffled"):
+        if c not in g["gaps"]:  # the real model's gap measures plain and oracle only
+            cells.append("–")
+            continue
         cell = f"{_signed(g['gaps'][c]['mean'])} {_ci(g['gaps'][c]['ci95'])}"
         if c == "own":
             cell += f" ({g['conditions']['own'].get('parse_share', 0):.0%})"
@@ -1299,7 +1344,7 @@ def demo_lines(record: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("starts", "gap", "select", "run"):
+    for name in ("starts", "gap", "real-gap", "select", "run"):
         p = sub.add_parser(name)
         p.add_argument("--deviation", default=None, help="run although the commit, tree or CPU is not the study's, "
                        "recording WHY as a deviation")
@@ -1325,6 +1370,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "gap":
         for seed in args.seeds:
             gap(seed, args.pool, args.deviation)
+    elif args.command == "real-gap":
+        real_gap(args.deviation)
     elif args.command == "pool":
         print(decide_pool())
     elif args.command == "select":

@@ -326,6 +326,41 @@ def test_the_gap_on_the_tiny_model(overrides, tiny_policy, train_games, tmp_path
     assert [s.teacher_prompt_ids().tolist() for s in samples] == shown
 
 
+def test_the_gap_of_some_conditions_is_those_conditions_of_the_whole_gap(overrides, tiny_policy, train_games,
+                                                                         tmp_path, one_torch_thread):
+    """The real model's gap measures plain and oracle only: the same plays as the whole check's (same sampling seeds
+    per game), and a gap-table row with a dash for the conditions not measured."""
+    from seedfast.runtime.setup import load_tasks
+
+    cfg = load_config(None, [*overrides(train_games, tmp_path), "skill.skill_mode=episode_step",
+                             "rollout.temperature=1.0", "skill.max_analysis_tokens=16"])
+    tasks = load_tasks(cfg, "train")
+    whole = study.gap_check(cfg, tiny_policy, tasks, 2, 0)
+    some = study.gap_check(cfg, tiny_policy, tasks, 2, 0, conditions=("plain", "oracle"))
+    assert set(some["conditions"]) == {"plain", "oracle"} and set(some["gaps"]) == {"oracle"}
+    assert some["per_game"]["plain"] == whole["per_game"]["plain"]
+    assert some["per_game"]["oracle"] == whole["per_game"]["oracle"]
+    assert some["gaps"]["oracle"] == whole["gaps"]["oracle"] and "shuffled_from" not in some["per_game"]
+    row = study.gap_row("smollm2/s1", some)
+    assert row.split(" | ").count("–") == 2 and row.startswith("| smollm2/s1 |")
+    with pytest.raises(ValueError, match="plain first"):
+        study.gap_check(cfg, tiny_policy, tasks, 2, 0, conditions=("oracle", "plain"))
+
+
+def test_the_real_models_gap_is_the_protocols():
+    """docs/study.md, 'The real model: SmolLM2-135M', step 3: the gate run's start, 16 pool games x 4 plays at the
+    recipe's temperature 0.7, plain and oracle."""
+    from seedfast.config import load_config as load
+
+    g = study.REAL_GAP
+    cfg = load(ROOT / g["config"], [f"run.seed={g['seed']}", *g["overrides"], "algorithm=grpo"])
+    assert cfg.rollout.task_pool == 16 and cfg.rollout.temperature == 0.7 and cfg.env.max_steps == 6
+    assert g["plays"] == 4 and g["conditions"] == ("plain", "oracle")
+    assert g["start"] == "runs/smollm2-135m_textworld_cpu_sparse_study_gate_seed1/sft"
+    protocol = (ROOT / "docs" / "study.md").read_text()
+    assert "smollm2-135m_textworld_cpu_sparse_study_gate_seed1" in protocol
+
+
 # ------------------------------------------------------------------ the demo at seeds 40-44
 
 
