@@ -1066,6 +1066,10 @@ def analysis(data: dict) -> dict:
                                      "clause_3": stats["ci95"][0] is not None and stats["ci95"][0] > 0}
     if primary is not None:
         out[primary]["clauses"]["3"] = out["primary_minus_shuffled"]["clause_3"]
+    flagged = sorted({s for arm in (*FORMS, "shuffled", "self") for s in out[arm]["collapsed"]})
+    out["collapse_baselines"] = {
+        str(s): {b: collapse(rec(s, b), rec(s, "control"), starts.get(f"sparse/s{s}", {}).get("eval/success_rate"))
+                 for b in ("grpo", "control") if rec(s, b) is not None} for s in flagged}
     out["control"] = {"pool": {str(s): pool_success(rec(s, "control")) for s in SEEDS if rec(s, "control")}}
     out["grpo"] = {"pool": {str(s): pool_success(rec(s, "grpo")) for s in SEEDS if rec(s, "grpo")}}
     out["complete"] = complete and primary is not None
@@ -1186,11 +1190,70 @@ def deviation_lines(devs: list[dict]) -> list[str]:
         dates = sorted({d["date"][:10] for d in group})
         commits = sorted({str(d.get("commit"))[:9] for d in group})
         span = f"{dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "") + f", {', '.join(commits)}"
+        heads = [d["what"].partition(": ") for d in group]
         if len(group) == 1:
             lines.append(f"- {group[0]['what']}: {why} ({span})")
+        elif all(sep and tail == heads[0][2] for _, sep, tail in heads):  # one reason: say it once
+            lines.append(f"- {why} ({len(group)}: {', '.join(h for h, _, _ in heads)}, each: {heads[0][2]}; {span})")
         else:
             lines.append(f"- {why} ({len(group)}: {'; '.join(d['what'] for d in group)}; {span})")
     return lines
+
+
+def seeds_cpus(runs: dict) -> str:
+    """', the result's seeds on <cpu> (seeds ...)' per CPU the study's runs were made on."""
+    by_cpu: dict[str, set[int]] = {}
+    for key, r in runs.items():
+        seed = int(key.split("/")[1][1:])
+        by_cpu.setdefault(str((r.get("machine") or {}).get("cpu")), set()).add(seed)
+    if not by_cpu:
+        return ""
+    return "; the result's seeds made on " + ", ".join(
+        f"{cpu} (seeds {', '.join(map(str, sorted(seeds)))})" for cpu, seeds in sorted(by_cpu.items()))
+
+
+def collapse_lines(a: dict, gaps: dict, pool_name: str | None) -> list[str]:
+    """Per seed where an arm collapsed: which rules fired for which arms, and whether they fire for GRPO and the
+    control (no update) at that seed too, so a flag that the start raises is read as the start's."""
+    lines = []
+    for seed, baselines in (a.get("collapse_baselines") or {}).items():
+        arms = [arm for arm in (*FORMS, "shuffled", "self") if int(seed) in a[arm]["collapsed"]]
+        rules = sorted({r for arm in arms for r, v in a[arm]["collapse_rules"][seed].items() if v})
+        also = {b: [r for r in rules if flags[r]] for b, flags in baselines.items()}
+        also = {b: fired for b, fired in also.items() if fired}
+        plain = (gaps.get(f"{pool_name}/s{seed}") or {}).get("conditions", {}).get("plain", {})
+        named = {"grpo": "GRPO", "control": "the control"}
+        text = (f"**Collapse at seed {seed}** (rule {', '.join(rules)}; {', '.join(f'`{x}`' for x in arms)}): "
+                + ("at this seed the same rules fire for " + " and ".join(
+                    f"{named[b]} (rule {', '.join(fired)})" for b, fired in also.items())
+                   + ("; the control makes no update" if "control" in also else "")
+                   if also else "neither GRPO nor the control trips them at this seed"))
+        if "3" in rules and "invalid_rate" in plain:
+            text += ("; the start's own invalid-action share on the pool (the gap's plain plays) is "
+                     f"{_f(plain['invalid_rate'])}")
+        lines += ["", text + ". Clause 5 is read as the protocol states it, whatever raised the flag."]
+    return lines
+
+
+def gap_reading(a: dict, gaps: dict, pool_name: str | None) -> list[str]:
+    """Not pre-registered: the primary's d_s at the seeds where the oracle gap's interval lies above 0 and at the
+    others (the literature's claim: distillation helps where the teacher acts better than the student)."""
+    primary = a.get("primary")
+    if primary is None or not a[primary]["d"]:
+        return []
+    above, other = [], []
+    for s, d in a[primary]["d"].items():
+        oracle = (gaps.get(f"{pool_name}/s{s}") or {}).get("gaps", {}).get("oracle")
+        if oracle is None:
+            continue
+        (above if (oracle["ci95"][0] or -1) > 0 else other).append((s, d))
+
+    def part(group: list) -> str:
+        return (f"seeds {', '.join(s for s, _ in group)}: d̄ {_signed(mean([d for _, d in group]))} "
+                f"({sum(d > 0 for _, d in group)} of {len(group)} positive)" if group else "no seed")
+
+    return ["", f"Not pre-registered, a reading and not the criterion: where the oracle skill's gap lies above 0, "
+            f"the primary `{primary}` minus GRPO is {part(above)}; where it does not, {part(other)}."]
 
 
 def docs_section(data: dict) -> str:
@@ -1207,13 +1270,19 @@ def docs_section(data: dict) -> str:
     lines += deviation_lines(devs)
     if devs:
         lines.append("")
-    lines += [f"**Study commit** {str(data.get('study_commit'))[:12]}, on {(data.get('machine') or {}).get('cpu')}.",
-              ""]
+    lines += [f"**Study commit** {str(data.get('study_commit'))[:12]}, its first runs on "
+              f"{(data.get('machine') or {}).get('cpu')}" + seeds_cpus(data.get("runs") or {}) + ".", ""]
     pool = data.get("pool")
+    gaps = data.get("teacher_gap") or {}
+    now = pool_verdict(gaps, pool["name"]) if pool else {}
     lines += [("**The pool:** " + (f"{pool['name']} (`{' '.join(pool['overrides'])}`), decided by the teacher gap"
                                    + (f"; {pool['note']}" if pool.get("note") else "") + ".")
+               + (f" On the gaps of the starts in this result, the oracle gap's interval lies above 0 at "
+                  f"{now['oracle_above_zero']} of seeds 5–10 (the rule asks {POOL_RULE['oracle_above']}), plain "
+                  f"success {_f(now['plain_success'])}, mixed groups {_f(now['mixed_groups'])}: the pool "
+                  + ("would pass" if now["passes"] else "would still not pass") + " the rule."
+                  if now.get("complete") else "")
                if pool else "**The pool:** not decided yet."), ""]
-    gaps = data.get("teacher_gap") or {}
     if gaps:
         lines += ["| pool/seed | plain success | mixed groups | oracle gap | own gap (parsed) | shuffled gap | CPU |",
                   "|---|---|---|---|---|---|---|"]
@@ -1241,12 +1310,16 @@ def docs_section(data: dict) -> str:
     a = data.get("analysis")
     if a and sel:
         arms = (*FORMS, "shuffled", "self")
-        head = ["seed", "control", "GRPO", *arms, f"{a['primary']} − shuffled"]
-        lines += ["Pool success over updates 4–16 per seed; under each arm its difference from GRPO (d_s) and, after "
-                  "the slash, held-out after RL minus GRPO's (h_s):", "",
+        head = ["seed", "oracle gap", "control", "GRPO", *arms, f"{a['primary']} − shuffled"]
+        pool_name = (data.get("pool") or {}).get("name")
+        lines += ["Pool success over updates 4–16 per seed, beside the seed's oracle gap (the teacher's own success "
+                  "minus the policy's, above); under each arm its difference from GRPO (d_s) and, after the slash, "
+                  "held-out after RL minus GRPO's (h_s):", "",
                   "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for s in map(str, SEEDS):
-            cells = [s, _f(a["control"]["pool"].get(s)), _f(a["grpo"]["pool"].get(s))]
+            oracle = (gaps.get(f"{pool_name}/s{s}") or {}).get("gaps", {}).get("oracle")
+            cells = [s, _signed(oracle["mean"]) if oracle else "–", _f(a["control"]["pool"].get(s)),
+                     _f(a["grpo"]["pool"].get(s))]
             for arm in arms:
                 cells.append(f"{_f(a[arm]['pool'].get(s))} ({_signed(a[arm]['d'].get(s))} / "
                              f"{_signed(a[arm]['h'].get(s))})" + (" collapsed" if int(s) in a[arm]["collapsed"]
@@ -1269,6 +1342,8 @@ def docs_section(data: dict) -> str:
             + ". " + ({"yes": "**The answer: yes.**", "no": "**The answer: no.**"}.get(
                 a.get("answer"), "**No answer yet**" + (f": {a['refused']}." if a.get("refused") else
                                                         ": not every seed's arms are in.")))]
+        lines += collapse_lines(a, gaps, pool_name)
+        lines += gap_reading(a, gaps, pool_name)
         others = [arm for arm in FORMS if arm != a["primary"] and all(a[arm]["clauses"][c] for c in "1245")]
         if others:
             lines += ["", "Passing clauses 1, 2, 4 and 5 besides the primary (a lead for another study, not this "

@@ -617,6 +617,45 @@ def test_deviations_with_one_reason_are_one_line():
     assert study.deviation_lines(devs) == [
         "- moved (2: run a; run b; 2026-12-06 to 2026-12-07, aaaaaaaaa)",
         "- page edited: sessions (2026-12-06, bbbbbbbbb)"]
+    same = [{"what": f"run {x}: the CPU is 'B', the study's 'A'", "why": "bundle", "date": "2026-12-06T10:00:00+00:00",
+             "commit": "c" * 40} for x in "ab"]
+    assert study.deviation_lines(same) == [
+        "- bundle (2: run a, run b, each: the CPU is 'B', the study's 'A'; 2026-12-06, ccccccccc)"]
+
+
+def oracle_gap(mean: float, low: float, invalid: float = 0.1) -> dict:
+    return {"gaps": {"oracle": {"mean": mean, "ci95": [low, mean + 0.05]}},
+            "conditions": {"plain": {"success": 0.2, "mixed_groups": 0.4, "invalid_rate": invalid}}}
+
+
+def test_a_collapse_the_control_shares_is_named_the_starts():
+    """Rule 3 flags every arm at seed 8 and the control too (no update, the start's invalid share): the read-out says
+    so beside the start's own invalid share; at seed 9 only the arm trips it."""
+    data = synthetic(YES, [0.0] * 6)
+    for arm in ("control", "grpo", *study.FORMS, "shuffled", "self"):
+        data["runs"][f"sparse/s8/{arm}"]["per_update"]["rollout/invalid_rate"] = [0.6] * 16
+    data["runs"]["sparse/s9/gate"]["per_update"]["rollout/invalid_rate"] = [0.7] * 16
+    data["pool"] = {"name": "P1"}
+    data["teacher_gap"] = {"P1/s8": oracle_gap(0.1, 0.02, invalid=0.587)}
+    a = study.analysis(data)
+    assert a["collapse_baselines"]["8"]["control"]["3"] and a["collapse_baselines"]["8"]["grpo"]["3"]
+    assert not any(a["collapse_baselines"]["9"]["grpo"].values())
+    text = " ".join(study.collapse_lines(a, data["teacher_gap"], "P1"))
+    assert ("**Collapse at seed 8** (rule 3; `gate`, `advantage`, `reverse_kl`, `shuffled`, `self`): at this seed "
+            "the same rules fire for GRPO (rule 3) and the control (rule 3); the control makes no update; the start's "
+            "own invalid-action share on the pool (the gap's plain plays) is 0.587.") in text
+    assert "**Collapse at seed 9** (rule 3; `gate`): neither GRPO nor the control trips them at this seed." in text
+
+
+def test_the_primary_read_by_the_teacher_gap_by_hand():
+    data = synthetic(YES, [0.0] * 6)  # the primary, advantage: d_s = YES at seeds 5-10
+    data["teacher_gap"] = {"P1/s5": oracle_gap(0.2, 0.1), "P1/s6": oracle_gap(0.05, -0.01),
+                           "P1/s7": oracle_gap(0.1, 0.01), "P1/s8": oracle_gap(-0.1, -0.2)}
+    text = study.gap_reading(study.analysis(data), data["teacher_gap"], "P1")[1]
+    # above 0: seeds 5 and 7, d 0.10 and 0.08; not: 6 and 8, d 0.05 and 0.02; seeds 9, 10 have no gap
+    assert "`advantage` minus GRPO is seeds 5, 7: d̄ +0.090 (2 of 2 positive)" in text
+    assert "where it does not, seeds 6, 8: d̄ +0.035 (2 of 2 positive)" in text
+    assert text.startswith("Not pre-registered")
 
 
 def test_the_result_shows_a_superseded_gap_beside_the_new_one_with_each_cpu():
@@ -631,3 +670,13 @@ def test_the_result_shows_a_superseded_gap_beside_the_new_one_with_each_cpu():
     text = study.docs_section(data)
     assert "| P1/s5 | 0.200 | 0.400 | −0.092 " in text and "| Intel Xeon Processor |" in text
     assert "| P1/s5 (lost) | 0.200 | 0.400 | +0.105 " in text and "| AMD EPYC |" in text
+
+
+def test_the_pool_line_reads_the_rule_on_the_gaps_in_the_result():
+    """The pool was decided on the first starts; the Result reads the rule again on the starts it holds."""
+    gaps = {f"P1/s{s}": oracle_gap(0.1, 0.02 if s < 9 else -0.01) for s in study.SEEDS}  # above 0 at 5, 6, 7, 8
+    data = {**study._base(), "pool": {"name": "P1", "overrides": study.POOLS["P1"], "note": "no pool passed"},
+            "teacher_gap": gaps}
+    text = study.docs_section(data)
+    assert ("the oracle gap's interval lies above 0 at 4 of seeds 5–10 (the rule asks 5), plain success 0.200, "
+            "mixed groups 0.400: the pool would still not pass the rule.") in " ".join(text.split())
