@@ -60,7 +60,8 @@ def _smollm2_sparse() -> str:
 def _study() -> str:
     from experiments import study
 
-    return study.docs_section(json.loads(study.RESULT.read_text(encoding="utf-8")) if study.RESULT.exists() else {})
+    data = json.loads(study.RESULT.read_text(encoding="utf-8")) if study.RESULT.exists() else {}
+    return study.docs_section(data, study.real_model_records())
 
 
 def _rollout_engines() -> str:

@@ -1256,10 +1256,11 @@ def gap_reading(a: dict, gaps: dict, pool_name: str | None) -> list[str]:
             f"the primary `{primary}` minus GRPO is {part(above)}; where it does not, {part(other)}."]
 
 
-def docs_section(data: dict) -> str:
-    """docs/study.md's "Result", every number read from study.json: the pool and how it was decided, λ per form and
-    the primary, the teacher gap, per seed and per arm the criterion's numbers, each clause's verdict, the deviations
-    (before the verdicts), the real model and the demo check. Without runs: no result yet."""
+def docs_section(data: dict, real: dict | None = None) -> str:
+    """docs/study.md's "Result", every number read from study.json (and the real model's records where its runs keep
+    them: `real`, from real_model_records): the pool and how it was decided, λ per form and the primary, the teacher
+    gap, per seed and per arm the criterion's numbers, each clause's verdict, the deviations (before the verdicts),
+    the real model and the demo check. Without runs: no result yet."""
     if not data or not (data.get("runs") or data.get("teacher_gap") or data.get("starts") or data.get("demo_check")):
         return wrap_paragraph("No result yet: `experiments/results/study.json` does not exist. `make docs` writes "
                               "this section from it once the runs are in (`python -m experiments.study report` reads "
@@ -1349,14 +1350,68 @@ def docs_section(data: dict) -> str:
             lines += ["", "Passing clauses 1, 2, 4 and 5 besides the primary (a lead for another study, not this "
                       "study's answer): " + ", ".join(f"`{o}`" for o in others) + "."]
         lines.append("")
-    lines += ["**The real model:** " + "; ".join(
-        f"{k} → {v}" for k, v in {"teacher_probe": (data.get("real_model") or REAL_MODEL)["teacher_probe"],
-                                  **(data.get("real_model") or REAL_MODEL)["runs"]}.items()) + ".", ""]
+    lines += real_model_lines(data, real or {})
     demo = data.get("demo_check")
     lines += demo_lines(demo) if demo else ["**The demo check:** not run yet."]
     if demo and demo.get("confirmation"):
         lines += ["", *demo_lines(demo["confirmation"])]
     return "\n".join(wrap_paragraph(line) if not line.startswith("|") else line for line in lines)
+
+
+def real_model_records() -> dict:
+    """What 'The real model: SmolLM2-135M' wrote where its experiments keep it: {"probe": the teacher probe's record
+    or None, "runs": {form: the sparse run's record}} (REAL_MODEL names them)."""
+    probe_file, runs_file = RESULTS_DIR / "teacher_probe.json", RESULTS_DIR / "real_model_sparse.json"
+    probes = json.loads(probe_file.read_text())["probes"] if probe_file.exists() else {}
+    runs = json.loads(runs_file.read_text())["runs"] if runs_file.exists() else {}
+    name = REAL_MODEL["teacher_probe"].rsplit("-> ", 1)[1]
+    return {"probe": probes.get(name),
+            "runs": {f: runs[key] for f, ref in REAL_MODEL["runs"].items() if (key := ref.rsplit("-> ", 1)[1]) in runs}}
+
+
+def real_model_lines(data: dict, real: dict) -> list[str]:
+    """The real model, one seed, read as a description ('The real model: SmolLM2-135M'): the probe's Δ log-prob of
+    the walkthrough's actions with the oracle's and the start's own skill, the gap (plain and oracle), and per form
+    the pool success over the last half and held-out after RL beside GRPO's and the control's."""
+    parts = []
+    probe = real.get("probe")
+    if probe:
+        c = probe["splits"]["train_pool"]["candidates"]
+        parts.append("the teacher probe on its SFT start (Δ log-prob of the walkthrough's actions, "
+                     f"{probe['splits']['train_pool']['steps']} pool steps): oracle skill "
+                     f"{_signed(c['oracle_win']['delta_mean'])} nats ({c['oracle_win']['share_raised']:.0%} of steps "
+                     f"raised), its own skill {_signed(c['self_win']['delta_mean'])}")
+    gap = (data.get("teacher_gap") or {}).get(REAL_GAP["key"])
+    if gap:
+        o = gap["gaps"]["oracle"]
+        parts.append(f"the teacher gap ({gap['games']} pool games × {gap['plays']} plays, T {gap['temperature']:g}): "
+                     f"plain success {_f(gap['conditions']['plain']['success'])}, oracle gap {_signed(o['mean'])} "
+                     f"{_ci(o['ci95'])}")
+    for form in FORMS:
+        record = real.get("runs", {}).get(form)
+        if not record:
+            continue
+        run = next(iter(record["runs"].values()))
+        means = run["means"]
+        held = {a: v.get("eval/success_rate") for a, v in (run.get("after") or {}).items()}
+        text = (f"`{form}` (λ {_setting_of(record, 'loss.opd_coef')}): pool success over the last half SEED "
+                f"{_f(means['seed']['last_half'])}")
+        baselines = (("grpo", "GRPO"), ("control", "control"))
+        text += "".join(f", {name} {_f(means[a]['last_half'])}" for a, name in baselines if a in means)
+        text += f"; held-out {_f(run['before']['eval/success_rate'])} → SEED {_f(held.get('seed'))}"
+        text += f", GRPO {_f(held['grpo'])}" if held.get("grpo") is not None else ""
+        parts.append(text)
+    if not parts:
+        return ["**The real model** (SmolLM2-135M, seed 1): not run yet.", ""]
+    missing = [f"`{f}`" for f in FORMS if f not in real.get("runs", {})] + ([] if probe else ["the probe"]) + (
+        [] if gap else ["the gap"])
+    return ["**The real model** (SmolLM2-135M, seed 1, a description and not the criterion): " + "; ".join(parts)
+            + "." + (f" Not run yet: {', '.join(missing)}." if missing else ""), ""]
+
+
+def _setting_of(record: dict, name: str) -> str:
+    """A dotted override of the run's command line (its record's `overrides`), or '?'."""
+    return next((o.split("=", 1)[1] for o in record.get("overrides", []) if o.startswith(f"{name}=")), "?")
 
 
 def demo_lines(record: dict) -> list[str]:

@@ -680,3 +680,30 @@ def test_the_pool_line_reads_the_rule_on_the_gaps_in_the_result():
     text = study.docs_section(data)
     assert ("the oracle gap's interval lies above 0 at 4 of seeds 5–10 (the rule asks 5), plain success 0.200, "
             "mixed groups 0.400: the pool would still not pass the rule.") in " ".join(text.split())
+
+
+def test_the_real_model_is_read_from_where_its_experiments_keep_it():
+    probe = {"splits": {"train_pool": {"steps": 40, "candidates": {
+        "oracle_win": {"delta_mean": 0.4139, "share_raised": 0.694}, "self_win": {"delta_mean": -1.2}}}}}
+    run = {"means": {"grpo": {"last_half": 0.25}, "seed": {"last_half": 0.375}, "control": {"last_half": 0.5}},
+           "before": {"eval/success_rate": 0.25}, "after": {"grpo": {"eval/success_rate": 1 / 12},
+                                                            "seed": {"eval/success_rate": 2 / 12}}}
+    record = {"overrides": ["env.levels=7-8", "loss.opd_mode=reverse_kl", "loss.opd_coef=0.03"], "runs": {"1": run}}
+    gap = {"games": 16, "plays": 4, "temperature": 0.7, "conditions": {"plain": {"success": 0.3}},
+           "gaps": {"oracle": {"mean": 0.1, "ci95": [-0.02, 0.22]}}}
+    real = {"probe": probe, "runs": {"reverse_kl": record}}
+    lines = study.real_model_lines({"teacher_gap": {"smollm2/s1": gap}}, real)
+    text = lines[0]
+    assert "the teacher probe on its SFT start (Δ log-prob of the walkthrough's actions, 40 pool steps): oracle " \
+           "skill +0.414 nats (69% of steps raised), its own skill −1.200" in text
+    assert "the teacher gap (16 pool games × 4 plays, T 0.7): plain success 0.300, oracle gap +0.100 " \
+           "[−0.020, +0.220]" in text
+    assert "`reverse_kl` (λ 0.03): pool success over the last half SEED 0.375, GRPO 0.250, control 0.500; " \
+           "held-out 0.250 → SEED 0.167, GRPO 0.083" in text
+    assert text.endswith("Not run yet: `gate`, `advantage`.")
+    assert study.real_model_lines({}, {})[0] == "**The real model** (SmolLM2-135M, seed 1): not run yet."
+
+
+def test_the_real_model_records_are_the_ones_the_protocol_names():
+    real = study.real_model_records()
+    assert set(real) == {"probe", "runs"} and set(real["runs"]) <= set(study.FORMS)
