@@ -544,6 +544,11 @@ def gap(seed: int, pool: str, allow: str | None) -> dict | None:
     tasks = task_pool(load_tasks(cfg, "train", generate=True), cfg.rollout.task_pool, cfg.run.seed)
     record = gap_check(cfg, sft_dir(seed), tasks, GAP_PLAYS, seed)
     record["policy"] = str(sft_dir(seed).relative_to(ROOT))
+    return land_gap(key, record)
+
+
+def land_gap(key: str, record: dict) -> dict:
+    """A gap check's record into study.json's teacher_gap under `key`, and its line on the console."""
     with locked() as data:
         data["teacher_gap"][key] = record
     g = record["gaps"]
@@ -582,12 +587,7 @@ def real_gap(allow: str | None) -> dict | None:
     tasks = task_pool(load_tasks(cfg, "train", generate=True), cfg.rollout.task_pool, cfg.run.seed)
     record = gap_check(cfg, start, tasks, REAL_GAP["plays"], cfg.run.seed, conditions=REAL_GAP["conditions"])
     record["policy"] = REAL_GAP["start"]
-    with locked() as data:
-        data["teacher_gap"][key] = record
-    oracle = record["gaps"]["oracle"]
-    print(f"teacher gap {key}: plain success {record['conditions']['plain']['success']:.3f}; oracle "
-          f"{oracle['mean']:+.3f} [{_f(oracle['ci95'][0])}, {_f(oracle['ci95'][1])}]; {record['wall_s']} s")
-    return record
+    return land_gap(key, record)
 
 
 def _f(x: float | None, digits: int = 3) -> str:
