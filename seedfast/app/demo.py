@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from seedfast.app.demo_jobs import CONTROL, SFT_EVAL, JobResult, run_jobs, start_lanes
+from seedfast.app.host_memory import give_back_freed_memory
 from seedfast.app.report import EVIDENCE, curve_means, write_json, write_report
 from seedfast.config import Config
 from seedfast.envs.textworld_games import make_games
@@ -96,6 +97,7 @@ def main(cfg: Config, **_: Any) -> int:
     try:
         t = time.perf_counter()
         sft.main(cfg)
+        give_back_freed_memory()  # this process trains no more: the lanes do, each with a model of its own
         timings["sft"] = time.perf_counter() - t
         sft_dir = paths.sft
         _say(f"SFT done in {timings['sft']:.0f} s -> {sft_dir}")

@@ -11,6 +11,7 @@ both ways). A process keeps up to MALLOC_TRIM_THRESHOLD_ of freed memory at its 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import sys
 
@@ -40,4 +41,20 @@ def keep_freed_memory() -> bool:
             raise ValueError(f"{name}={raw!r} in the environment is not a whole number of bytes") from None
         if mallopt(_MALLOPT[name], value) != 1:
             raise ValueError(f"glibc refused {name}={value} (mallopt)")
+    return True
+
+
+def give_back_freed_memory() -> bool:
+    """Return the memory this process has freed to the OS now (glibc's malloc_trim, every arena, free pages inside
+    the heap too): for a process whose training is over while it lives on, such as `seedfast demo` after SFT, whose
+    jobs then run in processes of their own. Kept, SmolLM2's SFT left ~10 GB with the demo's parent while two lanes
+    loaded the model beside it, and a 24 GB box ran out of memory. False where this is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    gc.collect()
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
     return True
