@@ -1257,10 +1257,10 @@ def gap_reading(a: dict, gaps: dict, pool_name: str | None) -> list[str]:
 
 
 def docs_section(data: dict, real: dict | None = None) -> str:
-    """docs/study.md's "Result", every number read from study.json (and the real model's records where its runs keep
-    them: `real`, from real_model_records): the pool and how it was decided, λ per form and the primary, the teacher
-    gap, per seed and per arm the criterion's numbers, each clause's verdict, the deviations (before the verdicts),
-    the real model and the demo check. Without runs: no result yet."""
+    """The "Result" of docs/study.md, every number read from study.json (and the records of the real model where its
+    runs keep them: `real`, from real_model_records): the pool and how it was decided, λ per form and the primary,
+    the teacher gap, per seed and per arm the criterion's numbers, each clause's verdict, the deviations (before the
+    verdicts), the real model and the demo check. Without runs: no result yet."""
     if not data or not (data.get("runs") or data.get("teacher_gap") or data.get("starts") or data.get("demo_check")):
         return wrap_paragraph("No result yet: `experiments/results/study.json` does not exist. `make docs` writes "
                               "this section from it once the runs are in (`python -m experiments.study report` reads "
