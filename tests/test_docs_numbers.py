@@ -205,7 +205,7 @@ HOST_MEMORY = tuple(j("host_memory.json", "means", mode, key, scale=scale) for m
     ("glibc_default", "wall_s", 1.0)))
 FRESH_NOW = "demo_fresh_clone.json"  # make demo on a fresh clone of the code now
 STUDY_REFERENCE_WARMUP = j("study.json", "demo_check", "fresh_clone", "reference", "copy_warmup_s")
-# docs/demo.md's projection: the fresh clone's wall time scaled by the slow reference's copy warm-up over its own
+# the projection in docs/demo.md: the fresh clone's wall time scaled by the slow reference's copy warm-up over its own
 DEMO_PROJECTION = Agg("proportion", (J(FRESH_NOW, ("runs", "0", "wall_s")), STUDY_REFERENCE_WARMUP,
                                      J(FRESH_NOW, ("runs", "0", "sft_phases", "copy_warmup"))), 1 / 60)
 
