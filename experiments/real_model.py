@@ -33,9 +33,14 @@ from seedfast.config import load_config
 SKILLS_SHOWN = 3
 
 
+def trained(run_dir: Path) -> list[str]:
+    """The algorithms the demo trained in `run_dir` (GRPO and SEED, or those of its demo.algorithms)."""
+    return [a for a in ("grpo", "seed") if (run_dir / a / "metrics.jsonl").exists()]
+
+
 def seconds_per_update(run_dir: Path) -> dict[str, float]:
     out = {}
-    for algorithm in ("grpo", "seed"):
+    for algorithm in trained(run_dir):
         rows = [json.loads(line) for line in (run_dir / algorithm / "metrics.jsonl").read_text().splitlines()]
         times = [r["time/step"] for r in rows if "time/step" in r]
         out[algorithm] = sum(times) / len(times)
@@ -63,7 +68,7 @@ def lane_curves(run_dir: Path) -> dict[str, dict[str, list]]:
     """Per update, for GRPO and SEED: episode length, the policy's entropy, the share of invalid actions and the
     range of the probability ratio."""
     out = {}
-    for algorithm in ("grpo", "seed"):
+    for algorithm in trained(run_dir):
         rows = [json.loads(line) for line in (run_dir / algorithm / "metrics.jsonl").read_text().splitlines()]
         rows = [r for r in rows if "train/success_rate" in r]
         out[algorithm] = {k: [r.get(k) for r in rows] for k in LANE_CURVES}
