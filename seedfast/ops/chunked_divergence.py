@@ -85,16 +85,18 @@ def _tile_value(logp_s: torch.Tensor, logp_t: torch.Tensor, kind: str, beta: flo
     """(value, center) summed over the vocabulary axis `dim` of both contexts' log-probs (inputs left as they are)."""
     value = center = None
     for part in _slices(logp_s.shape[dim], dim):
-        ls, r = logp_s[part], logp_t[part] - logp_s[part]
-        p_s = ls.exp()
+        ls, lt = logp_s[part], logp_t[part]
+        r = lt - ls
+        # p_t as exp(log p_t), never p_s·e^r: where the teacher puts mass on an entry the student gives ~0, r passes
+        # 88.7 nats and e^r is inf in fp32 (p_s·e^r inf or 0·inf = NaN); the Triton kernels do the same.
         if kind == "reverse_kl":
-            v, c = -(p_s * r).sum(dim), None
+            v, c = -(ls.exp() * r).sum(dim), None
         elif kind == "forward_kl":
-            v, c = (p_s * r.exp() * r).sum(dim), None
+            v, c = (lt.exp() * r).sum(dim), None
         else:
             q = jsd_log_ratio(r, beta)
-            c = (p_s * q).sum(dim)
-            v = beta * (p_s * r.exp() * (r + q)).sum(dim) + (1.0 - beta) * c
+            c = (ls.exp() * q).sum(dim)
+            v = beta * (lt.exp() * (r + q)).sum(dim) + (1.0 - beta) * c
         value = v if value is None else value + v
         if c is not None:
             center = c if center is None else center + c
@@ -111,14 +113,15 @@ def _tile_grad_(logp_s: torch.Tensor, logp_t: torch.Tensor, center: torch.Tensor
     coef = coef.unsqueeze(dim) * (1.0 - beta) if kind == "jsd" else coef.unsqueeze(dim)
     for part in _slices(logp_s.shape[dim], dim):
         ls = logp_s[part]
-        r = logp_t[part] - ls
-        p_s = ls.exp_()
-        if kind == "reverse_kl":
-            p_s.mul_(r.add_(center).neg_())
-        elif kind == "forward_kl":
-            p_s.mul_(r.exp_().neg_().add_(1.0))
+        if kind == "forward_kl":  # p_s − p_t, not p_s⊙(1 − e^r): e^r overflows fp32 in the far tail (_tile_value)
+            p_s = ls.exp_().sub_(logp_t[part].exp())
         else:
-            p_s.mul_(jsd_log_ratio(r, beta).sub_(center))
+            r = logp_t[part] - ls
+            p_s = ls.exp_()
+            if kind == "reverse_kl":
+                p_s.mul_(r.add_(center).neg_())
+            else:
+                p_s.mul_(jsd_log_ratio(r, beta).sub_(center))
         p_s.mul_(coef)
     return logp_s
 

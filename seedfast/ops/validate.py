@@ -104,6 +104,16 @@ def check_per_token(func: str, name: str, x: object, n: int, device: torch.devic
     return x
 
 
+def check_finite(func: str, name: str, x: torch.Tensor) -> None:
+    """Every entry of the per-token [N] tensor x is finite, else one ValueError counting the bad ones and naming the
+    first one's row (one device→host sync when all is well)."""
+    bad = ~torch.isfinite(x)
+    if bool(bad.any()):
+        count, first = int(bad.sum()), int(bad.nonzero()[0, 0])
+        raise ValueError(f"{func}: {name} holds {count} non-finite value{'s' if count != 1 else ''} "
+                         f"(first at row {first})")
+
+
 def check_loss_options(func: str, options: object, *, has_ref: bool, has_teacher: bool) -> LossOptions:
     """The loss options checked against the per-token inputs there are; returns them with every number a float."""
     if not isinstance(options, LossOptions):

@@ -22,6 +22,7 @@ from types import ModuleType
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import once_differentiable
 
 from .linear_logprob import LinearLogprobOutput
 
@@ -171,9 +172,15 @@ class _VocabParallelDivergence(torch.autograd.Function):
         return (coef * extra_out["value"]).sum()
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_loss):
+        # The gradients are computed in forward and released here: keeping them for a second call would hold a dW of
+        # this shard's size as long as the graph lives, so a second call is an error (as fused_divergence's).
+        if ctx.grads is None:
+            raise RuntimeError("vocab_parallel_divergence: backward ran twice; its gradients are computed in forward "
+                               "and handed out once (do not use retain_graph=True through vocab_parallel_divergence)")
         grad_h, grad_w = ctx.grads
-        ctx.grads = (None, None)
+        ctx.grads = None
         return (None if grad_h is None else grad_h * grad_loss, None if grad_w is None else grad_w * grad_loss,
                 *(None,) * 8)
 
@@ -183,7 +190,7 @@ def vocab_parallel_divergence(hidden: torch.Tensor, weight_shard: torch.Tensor, 
                               temperature: float = 1.0, group=None,
                               backend: str | ModuleType = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """fused_divergence (ops/divergence.py; same results) when this rank holds a shard of W's rows; hidden,
-    teacher_hidden and token_weights are the same on every rank of `group`."""
+    teacher_hidden and token_weights are the same on every rank of `group`. Differentiable once (no retain_graph)."""
     from .divergence import check_divergence_inputs
 
     if not dist.is_available() or not dist.is_initialized():

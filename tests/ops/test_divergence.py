@@ -186,7 +186,7 @@ def test_the_forms_map_to_kinds_as_trl_defines_the_ends(mode, beta, want):
     ({"token_weights": torch.zeros(4)}, "token_weights must be \\[N\\]"),
     ({"kind": "kl"}, "unknown kind='kl'"),
     ({"kind": "jsd", "beta": 1.0}, "needs 0 < beta < 1"),
-    ({"temperature": 0.0}, "temperature must be a positive number"),
+    ({"temperature": 0.0}, "temperature must be finite and > 0"),
 ])
 def test_bad_input_is_one_clear_error_naming_it(change, message):
     hidden, teacher, weight, weights = problem(n=9)
