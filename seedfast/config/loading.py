@@ -32,6 +32,7 @@ from seedfast.config.schema import (
     Config,
     ConfigError,
     ConfigWarning,
+    LoRAConfig,
     _parse_step_range,
 )
 from seedfast.config.yaml_io import load_yaml
@@ -320,6 +321,17 @@ ALGORITHM_CHECKS: dict[str, Callable[[Config], None] | None] = {
 }
 
 
+def _check_lora(cfg: Config) -> None:
+    lora = cfg.model.lora
+    every = LoRAConfig().targets  # the default adapts every linear layer of a block (model/lora.py LORA_TARGETS)
+    unknown = [t for t in lora.targets if t not in every]
+    if unknown or not lora.targets or len(set(lora.targets)) != len(lora.targets):
+        raise ConfigError(f"model.lora.targets: expected distinct names among {every}, got "
+                          f"{format_value(lora.targets)}")
+    if lora.adapter is not None and not (Path(lora.adapter) / "adapter_config.json").is_file():
+        raise ConfigError(f"model.lora.adapter={lora.adapter!r} is not a PEFT adapter folder (no adapter_config.json)")
+
+
 def validate(cfg: Config, command: str | None = None) -> Config:
     """Check every value (also ones set in code) and the rules that tie fields together.
 
@@ -382,6 +394,7 @@ def validate(cfg: Config, command: str | None = None) -> Config:
         _warn(f"optim.master_dtype={cfg.optim.master_dtype}: the trained weights and AdamW states are "
               f"{cfg.optim.master_dtype}, so an update much smaller than a weight's ulp (optim.lr={cfg.optim.lr:g}) "
               "rounds away; the run warns with the share that does at its first step")
+    _check_lora(cfg)
     corr = cfg.rollout.correction
     for low, high in (("geo_low", "geo_high"), ("token_low", "token_high")):
         if getattr(corr, low) > getattr(corr, high):

@@ -97,6 +97,17 @@ class TinyModelConfig:
 
 
 @dataclass
+class LoRAConfig:
+    rank: int = opt(0, "LoRA rank r; 0 = full fine-tuning (every weight trained). r > 0: the base weights frozen in "
+                       "model.dtype, trainable adapters in optim.master_dtype (docs/algorithms.md, 'LoRA')", ge=0)
+    alpha: float = opt(32.0, "the adapter's update is scaled by alpha / rank", gt=0)
+    targets: list[str] = opt(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                             "linear layers of every decoder block that get an adapter")
+    adapter: str | None = opt(None, "a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) to "
+                                    "start from and go on training; null = fresh adapters (B = 0)")
+
+
+@dataclass
 class ModelConfig:
     path: str | None = opt(None, "HF model folder (config.json + safetensors); null = tiny decoder of model.tiny")
     tokenizer: str | None = opt(None, "tokenizer folder; null = the policy folder's, else <run_dir>/tokenizer "
@@ -109,6 +120,7 @@ class ModelConfig:
         "auto", "attention kernel; auto = flash-attn varlen on CUDA when installed, else FlexAttention on CUDA, "
         "sdpa on CPU (flex has no backward on CPU)")
     tiny: TinyModelConfig = section(TinyModelConfig, "from-scratch decoder used when model.path is null")
+    lora: LoRAConfig = section(LoRAConfig, "low-rank adapters instead of full fine-tuning (RL and SFT)")
 
 
 @dataclass
@@ -300,7 +312,9 @@ class OptimConfig:
     master_dtype: Literal["fp32", "bf16", "fp16"] = opt(
         "fp32", "dtype of the trained (master) weights and AdamW states, RL and SFT; below fp32 an update of ~lr "
                 "rounds away (a warning measures how much: docs/scaling.md, 'Precision')")
-    warmup_steps: int = opt(0, "linear warm-up updates of RL (SFT's: sft.warmup_steps)", ge=0)
+    warmup_steps: int = opt(0, "linear warm-up optimizer steps of RL (every mini-batch step counts: "
+                               "trainer.ppo_epochs x trainer.mini_batches per update): step s < N runs at "
+                               "lr * (s + 1) / (N + 1), so 1 gives lr / 2 then lr (SFT's: sft.warmup_steps)", ge=0)
     schedule: Literal["constant", "cosine"] = opt(
         "constant", "RL learning-rate schedule after warm-up (SFT's: sft.schedule)")
     min_lr_ratio: float = opt(0.0, "RL cosine floor as a fraction of lr", ge=0, le=1)
@@ -354,7 +368,8 @@ class SFTConfig:
     lr: float = opt(5e-6, "learning rate of SFT", gt=0)
     batch_tokens: int = opt(16384, "packed tokens per optimizer step", ge=1)
     weight_decay: float = opt(0.0, "AdamW weight decay of SFT", ge=0)
-    warmup_steps: int = opt(0, "linear warm-up optimizer steps", ge=0)
+    warmup_steps: int = opt(0, "linear warm-up optimizer steps of SFT: step s < N runs at lr * (s + 1) / (N + 1), "
+                               "so 1 gives lr / 2 then lr", ge=0)
     max_seconds: float | None = opt(None, "stop after this wall time; null = run all epochs", gt=0)
     data: str | None = opt(None, "JSONL of (analyzer prompt, skill JSON) pairs; null = this run's collect output")
     behaviour_cloning: bool = opt(False, "also train on walkthrough trajectories (tiny model from scratch)")

@@ -18,6 +18,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from seedfast.config import ConfigError
+from seedfast.model.lora import is_adapter_name, lora_modules
 
 
 class HFNamedTensors:
@@ -31,12 +32,15 @@ class HFNamedTensors:
         seen: set[int] = set()
         self._params: list[tuple[str, torch.Tensor]] = []
         for name, tensor in model.state_dict(keep_vars=True).items():
+            if is_adapter_name(name):  # an adapted model's weights go out merged (__next__)
+                continue
             if id(tensor) in seen:  # a tied tensor under a second name
                 continue
             seen.add(id(tensor))
             self._params.append((name, tensor))
         self._dtype = dtype
         self._next = 0
+        self._adapted = {f"{path}.weight": m for path, m in lora_modules(model).items()}
 
     def __iter__(self) -> HFNamedTensors:
         return self
@@ -59,6 +63,8 @@ class HFNamedTensors:
         self._next += 1
         with torch.no_grad():
             tensor = tensor.detach()
+            if name in self._adapted:  # W + s·B·A, summed in fp32 (model/lora.py); a sharded base gathers first
+                tensor = _merged(self._adapted[name])
             if self._dtype is not None:
                 tensor = tensor.to(self._dtype)  # on the local shard: half the all-gather for fp32 -> bf16
             if isinstance(tensor, DTensor):
@@ -128,3 +134,13 @@ def check_colocated(world: int, tensor_parallel: int) -> None:
             f"rollout.tensor_parallel={tensor_parallel} with {world} trainer processes: with rollout.engine=vllm in "
             "the RL loop every rank runs its own vLLM engine on its own GPU; set rollout.tensor_parallel=1 (or train "
             "in one process)")
+
+
+def _merged(module: torch.nn.Module) -> torch.Tensor:
+    """The merged weight of one LoRALinear, its (possibly sharded) base and adapters gathered whole first."""
+    if not any(isinstance(t, DTensor) for t in (module.weight, module.lora_A, module.lora_B)):
+        return module.merged_weight()
+    full = [t.full_tensor() if isinstance(t, DTensor) else t for t in (module.weight, module.lora_A, module.lora_B)]
+    weight, a, b = (t.detach() for t in full)
+    acc = torch.promote_types(weight.dtype, torch.float32)
+    return (weight.to(acc) + (b.to(acc) @ a.to(acc)) * module.scaling).to(weight.dtype)

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from .config import DecoderConfig
 from .decoder import Decoder
+from .lora import base_state_dict, merged_state_dict
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -95,15 +96,15 @@ def save_hf(
 
     Files are written to a temporary folder first. A new folder is then renamed into place; into an existing
     folder each file is moved with an atomic rename, stale weight files of an earlier save are removed, and
-    other files (e.g. a tokenizer) are left alone. `state_dict` overrides model.state_dict() (e.g. a full state
-    dict gathered from sharded training).
-    """
+    other files (e.g. a tokenizer) are left alone. `state_dict` overrides the model's own (e.g. a full state
+    dict gathered from sharded training); a LoRA model's own is its merged weights (model/lora.py)."""
     if not isinstance(model, Decoder):
         raise TypeError(f"model must be a seedfast Decoder, got {type(model).__name__}")
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be > 0, got {max_shard_bytes}")
-    state = dict(state_dict if state_dict is not None else model.state_dict())
-    expected = set(model.state_dict())
+    # an adapted model is saved merged (W + s·B·A): the folder is a plain HF model (model/lora.py)
+    state = dict(state_dict if state_dict is not None else merged_state_dict(model))
+    expected = set(base_state_dict(model))
     if set(state) != expected:
         raise ValueError(
             f"state_dict names differ from the model's: missing {sorted(expected - set(state))[:10]}, "
@@ -136,7 +137,7 @@ def parameter_count(path: str | os.PathLike) -> int:
     path = Path(path)
     tied = hf_config(path).tie_word_embeddings
     count = 0
-    for file in _weight_files(path):
+    for file in weight_files(path):
         with safe_open(str(file), framework="pt") as f:
             count += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys()
                          if not (name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight")))
@@ -185,7 +186,7 @@ def _is_weight_file(name: str) -> bool:
     return name == INDEX_NAME or (name.startswith("model") and name.endswith(".safetensors"))
 
 
-def _weight_files(path: Path) -> list[Path]:
+def weight_files(path: Path) -> list[Path]:
     index = path / INDEX_NAME
     if index.is_file():
         try:
@@ -213,7 +214,7 @@ def _read_safetensors(
     path: Path, expected: set[str], dtype: torch.dtype | None, device: torch.device
 ) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
-    for file in _weight_files(path):
+    for file in weight_files(path):
         try:
             with safe_open(str(file), framework="pt", device=str(device)) as f:
                 for name in f.keys():

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from seedfast.model.lora import adapter_state_dict, has_lora, load_adapter_state
+from seedfast.runtime.adapters import BASE_FILE, base_record
 from seedfast.runtime.checkpoint_files import (
     CheckpointError,
     CheckpointWriter,
@@ -108,8 +110,12 @@ def save_checkpoint(
     with _removed_unless_published(tmp):
         tmp.mkdir()
         out = CheckpointWriter(tmp)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        # a LoRA model's checkpoint holds its adapters; the frozen base is named and hashed (lora_base.json)
+        state = adapter_state_dict(model) if has_lora(model) else model.state_dict()
+        tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
         out.file("model.safetensors", lambda path: save_file(tensors, path))
+        if has_lora(model):
+            out.stream(BASE_FILE, lambda f: f.write(base_record(model)))
         states = {
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
@@ -274,9 +280,17 @@ def load_checkpoint(
         raise CheckpointError(f"checkpoint {path} was written by one process (model.safetensors); resume it with "
                               "dist.strategy=none, or start the sharded run from an HF export (trainer.init_from)")
     tensors = _read(path / "model.safetensors", "safetensors file", load_file)
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}")
+    _check_base(path, model)
+    if has_lora(model):
+        try:
+            load_adapter_state(model, tensors, source=f"checkpoint {path}")
+        except ValueError as err:
+            raise CheckpointError(str(err)) from None
+    else:
+        missing, unexpected = model.load_state_dict(tensors, strict=False)
+        if missing or unexpected:
+            raise CheckpointError(f"checkpoint {path} does not fit the model: missing {missing}, unexpected "
+                                  f"{unexpected}")
     state = _read(path / "state.pt", "torch.save file", _torch_load)
     _restore(path / "state.pt", lambda: optimizer.load_state_dict(state["optimizer"]),
              optimizer is not None and state["optimizer"] is not None)
@@ -284,6 +298,23 @@ def load_checkpoint(
              scheduler is not None and state["scheduler"] is not None)
     _restore(path / "state.pt", lambda: set_rng_state(state["rng"], generators), True)
     return _trainer_state(path)
+
+
+def _check_base(path: Path, model: torch.nn.Module) -> None:
+    """A LoRA checkpoint resumes only onto the base it adapted (its SHA-256), and a full one only without LoRA."""
+    record = path / BASE_FILE
+    if has_lora(model) != record.is_file():
+        kind = "LoRA adapters" if record.is_file() else "full weights"
+        raise CheckpointError(f"checkpoint {path} holds {kind}; this run {'has' if has_lora(model) else 'has no'} "
+                              "LoRA (model.lora)")
+    if not has_lora(model):
+        return
+    saved = _read(record, "JSON file", lambda p: json.loads(p.read_text()))
+    own = json.loads(base_record(model))
+    if saved.get("sha256") != own.get("sha256"):
+        raise CheckpointError(f"checkpoint {path} adapts the base {saved.get('path')} (sha256 "
+                              f"{str(saved.get('sha256'))[:12]}...); this run's base is {own.get('path')} (sha256 "
+                              f"{str(own.get('sha256'))[:12]}...)")
 
 
 def _torch_load(path: Path) -> Any:

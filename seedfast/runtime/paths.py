@@ -10,7 +10,8 @@ there or reads back, named once. The commands, SFT and the trainer spell no run-
     ckpt/                the RL checkpoints (runtime/checkpoint.py: step_<n>/)
     metrics.jsonl        RL's metrics, its TensorBoard events in tb/
     skills.jsonl         the privileged text the teacher read, a few trajectories per RL step
-    hf/                  the RL run's trained policy: an HF folder with its tokenizer
+    hf/                  the RL run's trained policy: an HF folder with its tokenizer (LoRA: the adapters merged)
+    adapter/             a LoRA run's adapters alone, a PEFT folder (model/peft_io.py)
     eval_<split>.json    `seedfast eval`'s metrics on a split
     plan_world<N>_tp<T>.json   `seedfast plan`'s memory plan
     <algorithm>/, control/     `make demo`'s RL runs, each a run folder of its own (`sub`),
@@ -88,6 +89,10 @@ class RunPaths:
     @property
     def hf(self) -> Path:
         return self.root / "hf"
+
+    @property
+    def adapter(self) -> Path:
+        return self.root / "adapter"
 
     def eval(self, split: str) -> Path:
         return self.root / f"eval_{split}.json"

@@ -22,6 +22,7 @@ from seedfast.model import is_hf_folder, load_hf
 from seedfast.model.tokenizer import is_tokenizer_folder, load_tokenizer
 from seedfast.rollout.agent_loop import AgentLoopConfig, Task
 from seedfast.rollout.prompts import PromptStyle
+from seedfast.runtime.adapters import attach_adapters, uses_lora
 from seedfast.runtime.optim import adamw, lr_at
 from seedfast.runtime.paths import RunPaths
 from seedfast.runtime.precision import DTYPES, MasterWeights, RoundingMonitor, precision_of
@@ -198,7 +199,13 @@ def trainable_policy(cfg: Config, master: torch.nn.Module) -> tuple[torch.nn.Mod
 def load_trainable_policy(cfg: Config, path: Path, device: torch.device
                           ) -> tuple[torch.nn.Module, torch.nn.Module, MasterWeights | None]:
     """(the module that computes, the module the optimizer steps and checkpoints hold, MasterWeights or None) of
-    the HF policy at `path`: loaded in optim.master_dtype, then `trainable_policy`."""
+    the HF policy at `path`: loaded in optim.master_dtype, then `trainable_policy`. With LoRA (model.lora) the base
+    is loaded frozen in model.dtype and the adapters added in optim.master_dtype: one module, no master copy of the
+    base (runtime/adapters.py)."""
+    if uses_lora(cfg):
+        policy = attach_adapters(cfg, load_policy(cfg, path, device, trainable=False), base=path)
+        policy.train(True)
+        return policy, policy, None
     trained = load_policy(cfg, path, device, dtype=precision_of(cfg).master)
     policy, masters = trainable_policy(cfg, trained)
     return policy, trained, masters
@@ -259,13 +266,14 @@ def vllm_options(cfg: Config) -> dict[str, Any]:
 
 
 def rl_optimizer(cfg: Config, trained: torch.nn.Module) -> tuple[torch.optim.Optimizer, Any]:
-    """The RL optimizer (AdamW over optim.*, stepping `trained`: the master weights) and its schedule:
-    optim.warmup_steps, then optim.schedule over trainer.steps, as the factor runtime/optim.lr_at gives for lr = 1
+    """The RL optimizer (AdamW over optim.*, stepping `trained`: the master weights) and its schedule, counted in
+    optimizer steps (the trainer steps it after each mini-batch step): optim.warmup_steps, then optim.schedule over
+    trainer.steps x trainer.ppo_epochs x trainer.mini_batches, as the factor runtime/optim.lr_at gives for lr = 1
     (the one schedule, SFT's too). Then `watch_precision`."""
-    o = cfg.optim
+    o, t = cfg.optim, cfg.trainer
     optimizer = adamw([p for p in trained.parameters() if p.requires_grad], lr=o.lr, weight_decay=o.weight_decay,
                       betas=tuple(o.betas), eps=o.eps)
-    total = max(cfg.trainer.steps, 1)
+    total = max(t.steps * t.ppo_epochs * t.mini_batches, 1)
 
     def factor(step: int) -> float:
         return lr_at(step, total, 1.0, o.warmup_steps, o.schedule, o.min_lr_ratio)

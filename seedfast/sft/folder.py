@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from seedfast.model import save_hf
+from seedfast.model.lora import merged_state_dict
 from seedfast.model.tokenizer import save_tokenizer
 
 
@@ -38,8 +39,9 @@ def write_folder(final: Path, write: Callable[[Path], Any]) -> Path:
 def save_policy(model: torch.nn.Module, tokenizer: Any, out: str | Path, dtype: torch.dtype,
                 state: dict[str, torch.Tensor] | None = None) -> Path:
     """An HF folder (weights cast to `dtype`, config.json, tokenizer) written whole, then renamed to `out`.
-    `state` (default: the model's state dict) is e.g. the full state gathered from a sharded model."""
-    state = model.state_dict() if state is None else state
+    `state` (default: the model's own weights, a LoRA model's merged: model/lora.py) is e.g. the full state gathered
+    from a sharded model."""
+    state = merged_state_dict(model) if state is None else state
     state = {k: v.detach().to(dtype) if v.is_floating_point() else v for k, v in state.items()}
 
     def write(tmp: Path) -> None:

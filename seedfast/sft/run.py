@@ -244,14 +244,21 @@ def main(cfg: Config, sharding: Sharding | None = None, **_flags: Any) -> int:
 def _train_and_save(cfg: Config, start: SFTStart, sharding: Sharding | None,
                     log: MetricsLogger | NullLogger, prepare_s: float) -> tuple[SFTStats, Path]:
     """main's training from `start` and the saved policy: (the stats, the output folder)."""
+    from seedfast.model.lora import has_lora
+    from seedfast.runtime.adapters import attach_adapters, uses_lora
     from seedfast.runtime.precision import DTYPES
     from seedfast.runtime.setup import trainable_policy
 
     model, tokenizer, examples = start.model, start.tokenizer, start.examples
-    model = model.to(DTYPES[cfg.optim.master_dtype])  # the trained weights (runtime/precision.py)
+    base = base_policy_path(cfg)
+    if uses_lora(cfg) and base is not None:  # adapters on the pretrained base (runtime/adapters.py); a decoder
+        # built from scratch trains every weight: low-rank updates of random weights teach it nothing
+        model = attach_adapters(cfg, model.to(DTYPES[cfg.model.dtype]), base=base)
+    else:
+        model = model.to(DTYPES[cfg.optim.master_dtype])  # the trained weights (runtime/precision.py)
     if sharding is not None and sharding.shard is not None:
         model = sharding.shard(model)  # FSDP2 computes in model.dtype over these masters
-    compute, masters = trainable_policy(cfg, model)
+    compute, masters = (model, None) if has_lora(model) else trainable_policy(cfg, model)
     is_main = sharding is None or sharding.is_main
 
     log.event({"event": "data", "games": start.games, **start.counts, "wall_s": prepare_s})

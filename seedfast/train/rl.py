@@ -29,6 +29,8 @@ from seedfast.distributed.weight_push import buckets, check_colocated, hf_named_
 from seedfast.envs.failures import EnvironmentFailure
 from seedfast.envs.slots import counter_delta, counters_of
 from seedfast.model import save_hf
+from seedfast.model.lora import adapters_disabled, has_lora
+from seedfast.model.peft_io import save_peft_adapter
 from seedfast.rollout.agent_loop import run_agent_loop
 from seedfast.rollout.colocated import build_rollout
 from seedfast.runtime.checkpoint import save_checkpoint
@@ -157,7 +159,9 @@ class Trainer:
         self.tokenizer = load_run_tokenizer(cfg, start)
         self.plan = plan_step(cfg)
         self.ref = None
-        if self.plan.kl:
+        # with LoRA and no model.ref_path the reference is the policy with its adapters off: no second copy
+        self.ref_is_base = self.plan.kl and has_lora(self.policy) and not cfg.model.ref_path
+        if self.plan.kl and not self.ref_is_base:
             ref_dir = hf_folder_key("model.ref_path", cfg.model.ref_path) if cfg.model.ref_path else start
             self.ref = load_policy(cfg, ref_dir, self.device, trainable=False).eval()
         self.optimizer, self.scheduler = rl_optimizer(cfg, self.trained)
@@ -332,7 +336,11 @@ class Trainer:
                     tally.reduce(self.dp)
                 metrics.update(tally.metrics())
             ref_lp = None
-            if self.ref is not None:
+            if self.ref_is_base:
+                with unsharded(self.policy), adapters_disabled(self.policy):
+                    ref_lp = score_reference(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
+                                             temperature=cfg.rollout.temperature).logprob
+            elif self.ref is not None:
                 ref_lp = score_reference(self.ref, samples, token_budget=cfg.trainer.micro_batch_tokens,
                                          temperature=cfg.rollout.temperature).logprob
         return StepScores(scores, pg_weight, ref_lp)
@@ -394,19 +402,29 @@ class Trainer:
     def _learn_from(self, batch: UpdateBatch, use_opd: bool, evidence: TeacherEvidence | None,
                     privileged: Privileged | None, group_of: list, timer: PhaseTimer,
                     metrics: dict[str, float]) -> float:
-        """The mini-batch updates (and the reflection update where the algorithm has one), then the scheduler's
-        step; returns the learning rate the updates used."""
+        """The mini-batch updates (each optimizer step advances the schedule: `_update`), and the reflection update
+        where the algorithm has one; returns the learning rate of the update's first optimizer step."""
         self.policy.train()
         with timer.phase("update"):
-            metrics.update(self._update(batch, use_opd=use_opd, evidence=evidence))
+            out = self._update(batch, use_opd=use_opd, evidence=evidence)
+            metrics.update(out)
             if self.plan.reflection_update and privileged is not None and privileged.reflections is not None:
-                metrics.update(reflection_update(self.cfg, self.policy, self.optimizer, privileged.reflections,
-                                                 group_of, self.dp))
+                # GRSD's reflection step steps the same optimizer but is not a step of the schedule (it counts the
+                # mini-batch steps: trainer.steps x ppo_epochs x mini_batches, runtime/setup.py rl_optimizer): it
+                # runs at the lr of the update's last mini-batch step, as it ran at the update's lr when the
+                # schedule stepped once per update, and leaves the scheduled lr of the next step as it was
+                scheduled = [group["lr"] for group in self.optimizer.param_groups]
+                for group in self.optimizer.param_groups:  # one group (rl_optimizer)
+                    group["lr"] = out["optim/lr_last"]
+                try:
+                    metrics.update(reflection_update(self.cfg, self.policy, self.optimizer, privileged.reflections,
+                                                     group_of, self.dp))
+                finally:
+                    for group, lr in zip(self.optimizer.param_groups, scheduled):
+                        group["lr"] = lr
         if self.rounding is not None and self.rounding.last is not None:
             metrics["optim/rounded_away"] = self.rounding.last
-        lr_used = self.optimizer.param_groups[0]["lr"]  # this step's (a resumed lr shows at once), not the next's
-        self.scheduler.step()
-        return lr_used
+        return out["optim/lr"]
 
     def _step_metrics(self, step: int, result: Any, samples: list, lr_used: float, timer: PhaseTimer,
                       metrics: dict[str, float]) -> dict[str, float]:
@@ -444,6 +462,12 @@ class Trainer:
         return metrics
 
     def _update(self, batch: UpdateBatch, use_opd: bool, evidence: TeacherEvidence | None) -> dict[str, float]:
+        """The update's mini-batch steps, the schedule advanced after each optimizer step. Metrics: the last
+        mini-batch's loss terms, optim/lr and optim/lr_last (the lr of the first and of the last optimizer step;
+        with none, the lr the next one would take), and the spread of the probability ratio per mini-batch k
+        (epoch x mini_batches + its place in the epoch, in the order they step): ratio/mb{k}_min, _max, _clip_frac,
+        and ratio/moved_min / moved_max over the mini-batches after the first optimizer step (θ moved from θ_old:
+        the ratios that can differ from 1), absent with one optimizer step."""
         cfg = self.cfg
         n = len(batch.samples)
         gen = torch.Generator().manual_seed(update_seed(cfg.run.seed, self.step))
@@ -451,11 +475,13 @@ class Trainer:
         if batch.kept is not None:  # a correction mode: mini-batches it masked whole (docs/algorithms.md)
             out["train/skipped_all_masked"] = 0.0
         applied = 0
+        lrs: list[float] = []  # the lr of each optimizer step (a resumed lr shows at once)
+        moved: list[tuple[float, float]] = []  # (ratio_min, ratio_max) of the mini-batches after the first step
         for epoch in range(cfg.trainer.ppo_epochs):
             order = torch.randperm(n, generator=gen).tolist()
             size = math.ceil(n / cfg.trainer.mini_batches)
             starts = range(0, n, size) if self.dp is None else range(0, size * cfg.trainer.mini_batches, size)
-            for start in starts:  # sharded: mini_batches steps on every rank, whatever its sample count
+            for j, start in enumerate(starts):  # sharded: mini_batches steps on every rank, whatever its samples
                 index = sorted(order[start:start + size])
                 if batch.kept is not None and self._all_masked(batch, index):
                     # nothing of it enters any term: no forward, no optimizer step (Adam's moments and the weight
@@ -474,12 +500,25 @@ class Trainer:
                     out["train/skipped_nonfinite"] = out.get("train/skipped_nonfinite", 0) + 1
                     continue
                 self.bad_steps = 0
+                lrs.append(self.optimizer.param_groups[0]["lr"])
                 self.optimizer.step()
+                self.scheduler.step()  # the schedule counts optimizer steps: a skipped mini-batch advances nothing
                 applied += 1
                 out.update({(k if "/" in k else f"loss/{k}"): v for k, v in m.items()})
                 out["loss/total"] = loss
                 out["optim/grad_norm"] = norm
+                k = epoch * cfg.trainer.mini_batches + j
+                for name in ("ratio_min", "ratio_max", "clip_frac"):  # global under data parallelism already
+                    if name in m:
+                        out[f"ratio/mb{k}_{name.removeprefix('ratio_')}"] = m[name]
+                if applied > 1 and "ratio_min" in m:
+                    moved.append((m["ratio_min"], m["ratio_max"]))
         out["optim/updates_applied"] = float(applied)
+        now = self.optimizer.param_groups[0]["lr"]
+        out["optim/lr"], out["optim/lr_last"] = (lrs[0], lrs[-1]) if lrs else (now, now)
+        if moved:
+            out["ratio/moved_min"] = min(lo for lo, _ in moved)
+            out["ratio/moved_max"] = max(hi for _, hi in moved)
         if evidence is not None:
             if self.dp is not None:
                 evidence.reduce(self.dp)
@@ -578,7 +617,9 @@ class Trainer:
                 # every rank gathers, rank 0 writes, in the compute dtype (the master weights are in the checkpoint)
                 export_hf(self.policy, self.paths.hf, dtype=DTYPES[cfg.model.dtype])
             else:
-                save_hf(self.policy, self.paths.hf)  # the module that computes: model.dtype
+                save_hf(self.policy, self.paths.hf)  # the module that computes: model.dtype (LoRA: merged)
+            if has_lora(self.policy):  # beside the merged folder, the adapters alone for peft
+                save_peft_adapter(self.policy, self.paths.adapter, base_model=str(self.start_dir))
             if self.is_main:
                 self.tokenizer.save_pretrained(str(self.paths.hf))
         except RolloutProducerError as err:  # one line: what failed, and where a --resume auto starts

@@ -3,7 +3,12 @@
 
 import json
 import os
+import signal
+import subprocess
+import time
 from pathlib import Path
+
+from seedfast.runtime.checkpoint import list_checkpoints
 
 # keys that differ between two runs of one seed whatever the loop (clocks, memory) or that only the asynchronous
 # loop writes (the producer's weight send)
@@ -23,3 +28,17 @@ def metrics_lines(out: Path) -> list[dict]:
 def stable_rows(out: Path) -> list[dict]:
     """The run's per-update records less the VOLATILE keys: what two runs of one seed must agree on."""
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in metrics_lines(out) if "step" in r]
+
+
+def run_until_checkpoint(cmd: list[str], ckpt_dir: Path, step: int, timeout: float = 300) -> None:
+    """Start `cmd` and kill -9 it as soon as its checkpoint step_<step> is in place."""
+    proc = subprocess.Popen(cmd, env=one_thread_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.name == f"step_{step}" for p in list_checkpoints(ckpt_dir)):
+            break
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended early: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()

@@ -1,17 +1,15 @@
 """Kill -9 twice and resume: the metrics equal those of an uninterrupted run with the same seed."""
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from seedfast.runtime.checkpoint import list_checkpoints
+from tests.train.run_helpers import one_thread_env, run_until_checkpoint
 
 VOLATILE = ("time/", "throughput/", "memory/")
 
@@ -22,26 +20,9 @@ def _cmd(overrides, games, out, policy, *extra):
             f"trainer.init_from={policy}", *extra]
 
 
-def _env():
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
 def _stable(path):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
-
-
-def _run_until_checkpoint(cmd, ckpt_dir, step, timeout=300):
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(p.name == f"step_{step}" for p in list_checkpoints(ckpt_dir)):
-            break
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended early: {proc.stderr.read().decode()[-2000:]}")
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -49,15 +30,15 @@ def test_killed_twice_and_resumed_equals_uninterrupted(overrides, tiny_policy, t
     """bf16: the module computes in bf16 over fp32 master weights (runtime/precision.py); the checkpoints hold the
     masters, so a resume continues exactly."""
     straight = tmp_path / "straight"
-    subprocess.run(_cmd(overrides, train_games, straight, tiny_policy, f"model.dtype={dtype}"), env=_env(),
+    subprocess.run(_cmd(overrides, train_games, straight, tiny_policy, f"model.dtype={dtype}"), env=one_thread_env(),
                    check=True, capture_output=True)
 
     killed = tmp_path / "killed"
     cmd = _cmd(overrides, train_games, killed, tiny_policy, f"model.dtype={dtype}")
     ckpt = killed / "t" / "ckpt"
-    _run_until_checkpoint(cmd, ckpt, 1)
-    _run_until_checkpoint([*cmd, "--resume", "auto"], ckpt, 2)
-    subprocess.run([*cmd, "--resume", "auto"], env=_env(), check=True, capture_output=True)
+    run_until_checkpoint(cmd, ckpt, 1)
+    run_until_checkpoint([*cmd, "--resume", "auto"], ckpt, 2)
+    subprocess.run([*cmd, "--resume", "auto"], env=one_thread_env(), check=True, capture_output=True)
 
     expected = _stable(straight / "t" / "metrics.jsonl")
     got = _stable(killed / "t" / "metrics.jsonl")

@@ -1,0 +1,205 @@
+"""LoRA: low-rank adapters on the decoder's linear layers (docs/algorithms.md, 'LoRA').
+
+    add_lora(model, LoRASpec(rank=16, alpha=32, targets=LORA_TARGETS), seed=0)   # in place; base frozen
+    with adapters_disabled(model): ...          # the base policy (the KL reference: no second copy of the model)
+    adapter_state_dict(model)                   # {"model.layers.0.self_attn.q_proj.lora_A": [r, in], ...}
+    merged_state_dict(model, torch.bfloat16)    # HF names, W + (alpha/r)·B·A: what an engine or an HF folder gets
+
+A targeted `nn.Linear` becomes a `LoRALinear`: the same module path, its frozen `weight` and `bias` under their own
+names (so HF state dicts, tensor parallel's plans and FSDP2's units see the modules they always saw), plus `lora_A`
+[r, in] and `lora_B` [out, r], trainable, in the dtype of the master weights (fp32). The forward computes in the
+input's dtype (the base's, model.dtype): y = x Wᵀ + b + s·(x Aᵀ) Bᵀ with s = alpha / r. B starts at zero, so an
+added adapter changes nothing until it is trained; A starts as PEFT's (Kaiming-uniform, bound 1/sqrt(in)), so an
+adapter folder of seedfast's and one of PEFT's hold the same kind of numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# every linear layer of a decoder block (attention and MLP): "LoRA Without Regret" (Thinking Machines, 2025) finds
+# that adapting all of them, the MLP above all, is what lets LoRA match full fine-tuning
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAPTER_NAMES = ("lora_A", "lora_B")
+
+
+@dataclass(frozen=True)
+class LoRASpec:
+    """rank r, alpha (the update is scaled by alpha / r) and the module names adapted in every decoder block."""
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...] = LORA_TARGETS
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"LoRASpec: rank must be >= 1, got {self.rank}")
+        if not math.isfinite(self.alpha) or self.alpha <= 0:
+            raise ValueError(f"LoRASpec: alpha must be finite and > 0, got {self.alpha}")
+        unknown = sorted(set(self.targets) - set(LORA_TARGETS))
+        if unknown or not self.targets:
+            raise ValueError(f"LoRASpec: targets must be a non-empty subset of {LORA_TARGETS}, got {self.targets}")
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+class LoRALinear(nn.Linear):
+    """An nn.Linear with a frozen weight and bias and a trainable low-rank update (module docstring)."""
+
+    def __init__(self, base: nn.Linear, spec: LoRASpec, dtype: torch.dtype,
+                 generator: torch.Generator | None = None) -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight
+        self.bias = base.bias
+        self.weight.requires_grad_(False)
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+        device = base.weight.device
+        self.lora_A = nn.Parameter(torch.empty(spec.rank, self.in_features, dtype=dtype, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, spec.rank, dtype=dtype, device=device))
+        if device.type != "meta":
+            bound = 1.0 / math.sqrt(self.in_features)  # kaiming_uniform_(a=sqrt(5)), PEFT's and nn.Linear's default
+            with torch.no_grad():
+                values = torch.rand(self.lora_A.shape, generator=generator, dtype=torch.float64)
+                self.lora_A.copy_((values * 2 - 1) * bound)
+        self.scaling = spec.scaling
+        self.adapter_enabled = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight, self.bias)
+        if not self.adapter_enabled:
+            return out
+        down = F.linear(x, self.lora_A.to(x.dtype))
+        return out + F.linear(down, self.lora_B.to(x.dtype)) * self.scaling
+
+    @torch.no_grad()
+    def merged_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """W + s·B·A, summed in fp32 (fp64 for an fp64 model), in `dtype` (default: the base weight's)."""
+        acc = torch.promote_types(self.weight.dtype, torch.float32)
+        merged = self.weight.to(acc) + (self.lora_B.to(acc) @ self.lora_A.to(acc)) * self.scaling
+        return merged.to(dtype or self.weight.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rank={self.lora_A.shape[0]}, scaling={self.scaling:g}"
+
+
+def add_lora(model: nn.Module, spec: LoRASpec, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> list[str]:
+    """Freeze every parameter of `model` and put a LoRALinear (adapters in `dtype`) in place of each targeted linear
+    layer of its decoder blocks; returns the adapted module paths. The adapters' initial values depend on `seed`
+    and the module path only."""
+    if has_lora(model):
+        raise ValueError("add_lora: the model already has LoRA adapters")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    adapted = []
+    for path, module in list(model.named_modules()):
+        leaf = path.rsplit(".", 1)[-1]
+        if leaf not in spec.targets or not isinstance(module, nn.Linear):
+            continue
+        parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
+        generator = torch.Generator().manual_seed(_module_seed(seed, path))
+        setattr(parent, leaf, LoRALinear(module, spec, dtype, generator))
+        adapted.append(path)
+    if not adapted:
+        raise ValueError(f"add_lora: no linear layer of the model is named one of {spec.targets}")
+    model.lora_spec = spec
+    return adapted
+
+
+def _module_seed(seed: int, path: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{path}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def has_lora(model: nn.Module) -> bool:
+    return getattr(model, "lora_spec", None) is not None
+
+
+def lora_spec_of(model: nn.Module) -> LoRASpec | None:
+    return getattr(model, "lora_spec", None)
+
+
+def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
+    """module path -> LoRALinear, in the model's order."""
+    return {path: m for path, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def is_adapter_name(name: str) -> bool:
+    """Whether a parameter or state-dict name is one of an adapter's tensors."""
+    return name.rsplit(".", 1)[-1] in ADAPTER_NAMES
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """Within the block the model computes its base policy (the adapters switched off), e.g. the KL reference."""
+    modules = list(lora_modules(model).values())
+    before = [m.adapter_enabled for m in modules]
+    for m in modules:
+        m.adapter_enabled = False
+    try:
+        yield model
+    finally:
+        for m, enabled in zip(modules, before):
+            m.adapter_enabled = enabled
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters' tensors by name ('<module path>.lora_A' / '.lora_B'), detached, as the model holds them."""
+    return {name: t.detach() for name, t in model.state_dict().items() if is_adapter_name(name)}
+
+
+def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict less the adapters: the frozen base, under HF names."""
+    return {name: t for name, t in model.state_dict().items() if not is_adapter_name(name)}
+
+
+@torch.no_grad()
+def merged_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """HF name -> tensor of the adapted model with each adapter merged into its weight (W + s·B·A, summed in fp32),
+    in `dtype` (default: each tensor's own); a model without adapters gives its state dict (cast)."""
+    merged = {f"{path}.weight": m.merged_weight(dtype) for path, m in lora_modules(model).items()}
+    out = {}
+    for name, tensor in base_state_dict(model).items():
+        value = merged.get(name, tensor.detach())
+        out[name] = value if dtype is None else value.to(dtype)
+    return out
+
+
+def load_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], source: str = "adapter state") -> None:
+    """Copy `state` ('<path>.lora_A' / '.lora_B' -> tensor) into the model's adapters: every adapter must be there,
+    with its shape; a missing, unexpected or misshapen tensor is one error naming it."""
+    own = dict(model.named_parameters())
+    wanted = {name for name in own if is_adapter_name(name)}
+    missing, unexpected = sorted(wanted - set(state)), sorted(set(state) - wanted)
+    if missing or unexpected:
+        raise ValueError(f"{source}: the adapters differ from the model's: missing {missing[:4]}"
+                         f"{' ...' if len(missing) > 4 else ''}, unexpected {unexpected[:4]}"
+                         f"{' ...' if len(unexpected) > 4 else ''}")
+    with torch.no_grad():
+        for name in wanted:
+            if tuple(state[name].shape) != tuple(own[name].shape):
+                raise ValueError(f"{source}: {name} has shape {tuple(state[name].shape)}, the model's adapter "
+                                 f"{tuple(own[name].shape)}")
+            own[name].copy_(state[name])
+
+
+def adapter_fingerprint(tensors: Sequence[tuple[str, torch.Tensor]]) -> str:
+    """SHA-256 over (name, dtype, shape, bytes) of the tensors in the given order: equal for equal adapters on any
+    process that holds them (the engine's check that it runs what the trainer sent)."""
+    h = hashlib.sha256()
+    for name, t in tensors:
+        t = t.detach().contiguous().cpu()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
