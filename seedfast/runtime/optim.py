@@ -13,12 +13,14 @@ SCHEDULES = ("constant", "cosine")
 
 def lr_at(step: int, total: int, lr: float, warmup: int = 0, schedule: str = "cosine",
           min_ratio: float = 0.0) -> float:
-    """Learning rate of optimizer step `step` (0-based) of `total`: linear warm-up over `warmup` steps,
-    then constant, or cosine from lr towards lr * min_ratio (reached one step after the last)."""
+    """Learning rate of optimizer step `step` (0-based) of `total`: the first `warmup` steps run below lr, linearly,
+    at lr * (step + 1) / (warmup + 1) (warmup 1: lr / 2, then lr; warmup 0: lr from the first step); from step
+    `warmup` on, lr (constant), or the cosine from lr towards lr * min_ratio over the total - warmup steps left
+    (reached one step after the last)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule {schedule!r} is not one of {SCHEDULES}")
     if step < warmup:
-        return lr * (step + 1) / warmup
+        return lr * (step + 1) / (warmup + 1)
     if schedule == "constant":
         return lr
     progress = min((step - warmup) / max(total - warmup, 1), 1.0)
