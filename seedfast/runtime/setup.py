@@ -107,7 +107,8 @@ def shard_policy(cfg: Config, model: torch.nn.Module, device: torch.device) -> D
 
 def fsdp_precision(cfg: Config) -> dict[str, torch.dtype | None]:
     """FSDP2's mixed precision over master weights in optim.master_dtype: gathered in model.dtype, gradients
-    reduced in dist.reduce_dtype (runtime/precision.py)."""
+    reduced in dist.reduce_dtype (runtime/precision.py). With LoRA the same policy: the frozen base is in model.dtype
+    already, the fp32 adapters are gathered in it (distributed/parallelize.py, 'LoRA')."""
     p = precision_of(cfg)
     return {"param_dtype": p.compute if p.mixed else None, "reduce_dtype": p.reduce}
 
