@@ -171,3 +171,32 @@ def test_a_resume_inside_the_warm_up_repeats_the_uninterrupted_schedule(override
     lr = 1e-3  # tiny_overrides' optim.lr: steps 2 (update 1's first) and 4 (update 2's first) of 6
     assert [r["optim/lr"] for r in straight] == pytest.approx([lr / 4, 3 * lr / 4, lr * 0.5 * (1 + math.cos(
         math.pi / 3))])
+
+
+@pytest.mark.filterwarnings("ignore::seedfast.config.ConfigWarning")
+def test_grsds_reflection_step_runs_at_the_last_lr_and_is_no_step_of_the_schedule(overrides, tiny_policy,
+                                                                                  train_games, tmp_path,
+                                                                                  one_torch_thread, monkeypatch):
+    from seedfast.train import rl
+    from seedfast.train.rl import Trainer
+
+    def reflection_step(cfg, policy, optimizer, *args):  # the tiny judge's scores often tie: no step of its own
+        optimizer.step()
+        return {"grsd/reflection_loss": 1.0}
+
+    monkeypatch.setattr(rl, "reflection_update", reflection_step)
+    lr = 1e-3
+    cfg = load_config(None, [*overrides(train_games, tmp_path), "algorithm=grsd", "trainer.steps=1",
+                             "trainer.mini_batches=2", "optim.warmup_steps=2", "optim.schedule=constant",
+                             "trainer.checkpoint_every=0", f"optim.lr={lr}"])
+    trainer = Trainer(cfg, policy_dir=tiny_policy)
+    stepped = []
+    trainer.optimizer.register_step_pre_hook(lambda opt, *_: stepped.append(opt.param_groups[0]["lr"]))
+    try:
+        row = trainer.run()[0]
+        assert row["optim/updates_applied"] == 2.0 and row["grsd/reflection_loss"] == 1.0
+        # the two mini-batch steps, then the reflection step at the last one's lr
+        assert stepped == pytest.approx([lr / 3, 2 * lr / 3, 2 * lr / 3])
+        assert trainer.scheduler.last_epoch == 2 and trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr)
+    finally:
+        trainer.close()
