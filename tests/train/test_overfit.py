@@ -10,8 +10,8 @@ the same 128 episodes (64 per game, one sampler seed) at the rollout temperature
 
 Measured with this file's settings when the schedule stepped once per update (before #53; with the per-step
 schedule seed 0 passes both tests, seeds 1-9 not remeasured), start 0.195, RL run.seed 0-9: GRPO -> 0.50-0.66
-(+0.31 to +0.47), SEED -> 0.45-0.59 (+0.25 to +0.39); with the advantage sign flipped in Trainer.learn both end at 0.00-0.01.
-The margin asserted is 0.15. Other SFT seeds (starts 0.12-0.42, 4 RL seeds each, both algorithms) gained
+(+0.31 to +0.47), SEED -> 0.45-0.59 (+0.25 to +0.39); with the advantage sign flipped in Trainer.learn both end
+at 0.00-0.01. The margin asserted is 0.15. Other SFT seeds (starts 0.12-0.42, 4 RL seeds each, both algorithms) gained
 +0.20 to +0.45. Settings found by measurement (each alternative below failed at some seed):
 - env.max_steps=2 (every step of a winning episode is a right action) and rollout.max_response_tokens=5
   (`<action>go south` is 5 tokens; an unclosed tag parses): the samples hold the decision, no trailing junk;
