@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from seedfast.config import Config, ConfigError
+from seedfast.config.schema import LoRAConfig
 from seedfast.model.lora import LoRASpec, add_lora, has_lora
 from seedfast.model.peft_io import load_peft_adapter, read_peft_spec
 
@@ -37,6 +38,14 @@ def lora_spec(cfg: Config) -> LoRASpec | None:
     if lora.rank and lora.rank != spec.rank:
         raise ConfigError(f"model.lora.rank={lora.rank} but model.lora.adapter={lora.adapter!r} has r={spec.rank}; "
                           "leave model.lora.rank at 0 to take the adapter's")
+    # alpha and targets set away from their defaults must agree with the folder's too (the folder's are used)
+    default = LoRAConfig()
+    if lora.alpha != default.alpha and lora.alpha != spec.alpha:
+        raise ConfigError(f"model.lora.alpha={lora.alpha:g} but model.lora.adapter={lora.adapter!r} has lora_alpha="
+                          f"{spec.alpha:g}; leave model.lora.alpha unset to take the adapter's")
+    if list(lora.targets) != list(default.targets) and set(lora.targets) != set(spec.targets):
+        raise ConfigError(f"model.lora.targets={list(lora.targets)} but model.lora.adapter={lora.adapter!r} adapts "
+                          f"{list(spec.targets)}; leave model.lora.targets unset to take the adapter's")
     return spec
 
 

@@ -298,6 +298,13 @@ def test_an_adapter_of_another_rank_than_the_model_s_is_an_error(tmp_path):
         load_peft_adapter(ours, folder)
     with pytest.raises(ConfigError, match="model.lora.rank=8 but model.lora.adapter=.* has r=4"):
         attach_adapters(_config(folder, "model.lora.rank=8"), hf_and_ours("qwen3-untied")[1], base=None)
+    # alpha and targets set beside the folder must agree with it too (the folder's r=4, alpha 8, q and v)
+    with pytest.raises(ConfigError, match="model.lora.alpha=16 but model.lora.adapter=.* has lora_alpha=8"):
+        attach_adapters(_config(folder, "model.lora.alpha=16"), hf_and_ours("qwen3-untied")[1], base=None)
+    with pytest.raises(ConfigError, match=r"model.lora.targets=\['q_proj'\] but model.lora.adapter=.* adapts"):
+        attach_adapters(_config(folder, "model.lora.targets=[q_proj]"), hf_and_ours("qwen3-untied")[1], base=None)
+    attach_adapters(_config(folder, "model.lora.alpha=8", "model.lora.targets=[v_proj, q_proj]"),
+                    hf_and_ours("qwen3-untied")[1], base=None)
     # the config says r=2, the tensors are r=4: the first tensor of another shape is named
     _edit_config(folder, r=2)
     _, two = hf_and_ours("qwen3-untied")
