@@ -4,6 +4,10 @@ A sharded checkpoint folder holds `dcp/` (the model and optimizer states, writte
 with DCP's metadata, keyed by parameter name) beside what runtime/checkpoint.py writes for every run (scheduler,
 RNG, trainer state). DCP reshards on load: a checkpoint written on N ranks loads on M ranks, or into one unsharded
 model in a process without a process group (docs/scaling.md, 'Checkpoints').
+
+A LoRA policy's `dcp/` holds its trainable parameters (the adapters) and their optimizer states only: the frozen base
+is left out (StateDictOptions(ignore_frozen_params=True)) and named and hashed beside it instead (lora_base.json,
+runtime/checkpoint.py), as in a one-process LoRA checkpoint.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.tensor import DTensor
+
+from seedfast.model.lora import has_lora
 
 DCP_DIR = "dcp"
 
@@ -42,9 +48,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+def _options(model: torch.nn.Module) -> StateDictOptions:
+    """A LoRA model's states leave its frozen base out (module docstring); a full model's hold every parameter."""
+    return StateDictOptions(ignore_frozen_params=has_lora(model))
+
+
 def save_states(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-    """Every rank writes its shards of the model (and optimizer) states to `folder`/dcp (a collective)."""
-    model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else [])
+    """Every rank writes its shards of the model (and optimizer) states to `folder`/dcp (a collective); of a LoRA
+    model, the adapters' (module docstring)."""
+    model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else [], options=_options(model))
     state: dict[str, Any] = {"model": model_sd}
     if optimizer is not None:
         state["optimizer"] = optim_sd
@@ -58,13 +70,24 @@ def has_states(folder: str | Path) -> bool:
 def load_states(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
     """Load `folder`/dcp into `model` (and `optimizer`), whatever the ranks that wrote it and whatever this
     model's sharding (also none, in a process without a process group)."""
-    model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else [])
+    options = _options(model)
+    model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else [], options=options)
     state: dict[str, Any] = {"model": model_sd}
     if optimizer is not None:
         state["optimizer"] = optim_sd
-    dcp.load(state, checkpoint_id=str(Path(folder) / DCP_DIR))
-    set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],
-                   optim_state_dict=state.get("optimizer", {}))
+    dcp.load(state, checkpoint_id=str(Path(folder) / DCP_DIR))  # every key of `state` must be in the checkpoint
+    # set_state_dict hands model.load_state_dict its `strict`: with the frozen base left out, a strict load would
+    # call the base missing. Not strict, then, and what it reports is checked here: only frozen parameters missing
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad} if options.ignore_frozen_params else set()
+    result = set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=state["model"],
+                            optim_state_dict=state.get("optimizer", {}),
+                            options=StateDictOptions(ignore_frozen_params=options.ignore_frozen_params,
+                                                     strict=not options.ignore_frozen_params))
+    if result is not None:
+        missing = sorted(set(result.missing_keys) - frozen)
+        if missing or result.unexpected_keys:
+            raise ValueError(f"the model states of {Path(folder) / DCP_DIR} do not fit the model: missing "
+                             f"{missing[:4]}, unexpected {sorted(result.unexpected_keys)[:4]}")
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

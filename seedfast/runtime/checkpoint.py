@@ -143,8 +143,10 @@ def _finish(out: CheckpointWriter, step: int, trainer_state: dict, config_yaml: 
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
-    """The bytes of this process's model and optimizer tensors: what a checkpoint of them needs on disk, about."""
-    total = sum(t.numel() * t.element_size() for t in model.state_dict().values() if isinstance(t, torch.Tensor))
+    """The bytes of this process's model and optimizer tensors: what a checkpoint of them needs on disk, about (of a
+    LoRA model, the adapters': the checkpoint leaves the frozen base out)."""
+    state = adapter_state_dict(model) if has_lora(model) else model.state_dict()
+    total = sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
     if optimizer is not None:
         for per_param in optimizer.state.values():
             total += sum(t.numel() * t.element_size() for t in per_param.values() if isinstance(t, torch.Tensor))
@@ -226,6 +228,8 @@ def _save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: 
                 out.files.update(files)
             out.stream("state.pt", lambda f: torch.save(
                 {"scheduler": scheduler.state_dict() if scheduler is not None else None, "world": world}, f))
+            if has_lora(model):  # dcp/ holds the adapters; the frozen base is named and hashed here
+                out.stream(BASE_FILE, lambda f: f.write(base_record(model)))
             for name, data in (extra_files or {}).items():
                 out.stream(name, lambda f, data=data: f.write(data))
             _finish(out, step, trainer_state, config_yaml)
@@ -387,9 +391,11 @@ def resume_latest(ckpt_dir: str | Path, model: torch.nn.Module, optimizer: torch
 def _load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any | None,
                   generators: dict[str, torch.Generator] | None) -> dict[str, Any]:
     """A checkpoint written by `_save_sharded` on any number of ranks, into this model however it is sharded (DCP
-    reshards). The RNG state is this rank's when the checkpoint has one (same rank count), else rank 0's."""
+    reshards). The RNG state is this rank's when the checkpoint has one (same rank count), else rank 0's. A LoRA
+checkpoint (adapters and their optimizer states; lora_base.json) loads only onto the base it names (`_check_base`)."""
     from seedfast.distributed.checkpoint import load_states, rank_and_world
 
+    _check_base(path, model)  # a LoRA checkpoint onto its own base only, as in one process
     try:
         load_states(path, model, optimizer)
     except Exception as err:  # noqa: BLE001 - DCP's CheckpointException and the readers' errors beneath it
