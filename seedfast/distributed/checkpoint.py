@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from seedfast.model.lora import has_lora
+from seedfast.model.lora import has_lora, lora_spec_of, merge_state
 
 DCP_DIR = "dcp"
 
@@ -97,15 +97,50 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def export_hf(model: torch.nn.Module, folder: str | Path, dtype: torch.dtype | None = None) -> Path | None:
     """The sharded policy as one HF folder (config.json + safetensors) that transformers loads, its weights in
-    `dtype` (default: as trained): every rank takes part in gathering the weights, rank 0 alone writes. Returns the
-    folder on rank 0, None elsewhere."""
+    `dtype` (default: as trained): every rank takes part in gathering the weights, rank 0 alone writes. A LoRA
+    policy is written merged, W + s·B·A summed in fp32 from the gathered base and adapters (model/lora.py
+    merge_state): the folder a one-process run writes. Returns the folder on rank 0, None elsewhere."""
     from seedfast.model import save_hf
 
     state = full_state_dict(model)
-    if dtype is not None:
-        state = {k: v.to(dtype) for k, v in state.items()}
     rank, _ = rank_and_world()
+    if rank == 0:
+        spec = lora_spec_of(model)
+        if spec is not None:
+            state = merge_state(state, spec, dtype)
+        elif dtype is not None:
+            state = {k: v.to(dtype) for k, v in state.items()}
     out = save_hf(model, folder, state_dict=state) if rank == 0 else None
+    barrier()
+    return out
+
+
+class _GatheredAdapters(torch.nn.Module):
+    """What model/peft_io.py save_peft_adapter reads of a model, its LoRASpec and adapter tensors, holding the whole
+    tensors gathered from a sharded one."""
+
+    def __init__(self, spec: Any, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.lora_spec = spec
+        self._tensors = tensors
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # noqa: ARG002 - nn.Module's
+        return dict(self._tensors)
+
+
+def export_peft_adapter(model: torch.nn.Module, folder: str | Path, base_model: str | None = None) -> Path | None:
+    """A sharded LoRA policy's adapters as a PEFT adapter folder (model/peft_io.py): every rank takes part in
+    gathering the whole adapter tensors (the frozen base is not gathered), rank 0 alone writes. Returns the folder
+    on rank 0, None elsewhere."""
+    from seedfast.model.peft_io import save_peft_adapter
+
+    spec = lora_spec_of(model)
+    if spec is None:
+        raise ValueError("export_peft_adapter: the model has no LoRA adapters")
+    tensors = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                   ignore_frozen_params=True))
+    rank, _ = rank_and_world()
+    out = save_peft_adapter(_GatheredAdapters(spec, tensors), folder, base_model=base_model) if rank == 0 else None
     barrier()
     return out
 

@@ -203,3 +203,25 @@ def adapter_fingerprint(tensors: Sequence[tuple[str, torch.Tensor]]) -> str:
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+@torch.no_grad()
+def merge_state(state: dict[str, torch.Tensor], spec: LoRASpec,
+                dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """A full state dict of an adapted model (HF names and each adapter's '<path>.lora_A' / '.lora_B', e.g. gathered
+    from a sharded model) merged as `merged_state_dict` merges a model: '<path>.weight' becomes W + s·B·A summed in
+    fp32 (fp64 for an fp64 base), the adapters' tensors are dropped, and every tensor is in `dtype` (default: its
+    own; a merged weight in its base's). A weight with one of its two adapters and not the other is an error."""
+    adapted = sorted({name.rsplit(".", 1)[0] for name in state if is_adapter_name(name)})
+    out = {name: t for name, t in state.items() if not is_adapter_name(name)}
+    for path in adapted:
+        names = (f"{path}.lora_A", f"{path}.lora_B", f"{path}.weight")
+        missing = [n for n in names if n not in state]
+        if missing:
+            raise ValueError(f"merge_state: {path} has no {missing}")
+        a, b, w = (state[n] for n in names)
+        acc = torch.promote_types(w.dtype, torch.float32)
+        out[names[2]] = (w.to(acc) + (b.to(acc) @ a.to(acc)) * spec.scaling).to(dtype or w.dtype)
+    if dtype is not None:
+        out = {name: t.to(dtype) for name, t in out.items()}
+    return out

@@ -281,6 +281,10 @@ def _train_and_save(cfg: Config, start: SFTStart, sharding: Sharding | None,
             raise ValueError("main: a sharded run needs sharding.full_state to gather the weights")
         state = sharding.full_state(model)  # a collective: every rank gathers, rank 0 holds the result
         if is_main:
+            if has_lora(model):  # the base and the adapters gathered: merged, as one process saves them
+                from seedfast.model.lora import lora_spec_of, merge_state
+
+                state = merge_state(state, lora_spec_of(model))
             save_policy(model, tokenizer, out, DTYPES[cfg.model.dtype], state=state)
         dist.barrier()  # no rank ends before the folder is in place
     log.event({"event": "done", **vars(stats), "out": str(out)})

@@ -22,7 +22,7 @@ import torch
 from seedfast.algo import advantage as adv_math
 from seedfast.algo import losses
 from seedfast.config import Config
-from seedfast.distributed.checkpoint import export_hf
+from seedfast.distributed.checkpoint import export_hf, export_peft_adapter
 from seedfast.distributed.data import DataParallel, balance_samples, global_means
 from seedfast.distributed.parallelize import unsharded
 from seedfast.distributed.weight_push import buckets, check_colocated, hf_named_tensors
@@ -614,12 +614,15 @@ class Trainer:
                     if bar is not None:
                         bar.phase(f"checkpoint {saved} written ({time.perf_counter() - t0:.1f} s)")
             if self.dp is not None:
-                # every rank gathers, rank 0 writes, in the compute dtype (the master weights are in the checkpoint)
+                # every rank gathers, rank 0 writes, in the compute dtype (the master weights are in the checkpoint;
+                # LoRA: merged), and the whole adapters alone for peft beside it
                 export_hf(self.policy, self.paths.hf, dtype=DTYPES[cfg.model.dtype])
+                if has_lora(self.policy):
+                    export_peft_adapter(self.policy, self.paths.adapter, base_model=str(self.start_dir))
             else:
                 save_hf(self.policy, self.paths.hf)  # the module that computes: model.dtype (LoRA: merged)
-            if has_lora(self.policy):  # beside the merged folder, the adapters alone for peft
-                save_peft_adapter(self.policy, self.paths.adapter, base_model=str(self.start_dir))
+                if has_lora(self.policy):  # beside the merged folder, the adapters alone for peft
+                    save_peft_adapter(self.policy, self.paths.adapter, base_model=str(self.start_dir))
             if self.is_main:
                 self.tokenizer.save_pretrained(str(self.paths.hf))
         except RolloutProducerError as err:  # one line: what failed, and where a --resume auto starts
