@@ -432,3 +432,16 @@ def test_master_weights_are_fp32_unless_asked_and_then_a_warning():
     for compute, master in (("fp32", "bf16"), ("bf16", "fp16"), ("fp16", "bf16")):
         with pytest.raises(ConfigError, match=f"optim.master_dtype={master} with model.dtype={compute}"):
             load_config(None, [f"model.dtype={compute}", f"optim.master_dtype={master}"])
+
+
+def test_lora_keys_are_checked_with_the_key_named(tmp_path):
+    cfg = load_config(None, ["model.lora.rank=8", "model.lora.targets=[q_proj, down_proj]"])
+    assert (cfg.model.lora.rank, cfg.model.lora.targets) == (8, ["q_proj", "down_proj"])
+    with pytest.raises(ConfigError, match=r"model.lora.targets: expected distinct names among .* got \[lm_head\]"):
+        load_config(None, ["model.lora.rank=8", "model.lora.targets=[lm_head]"])
+    with pytest.raises(ConfigError, match="model.lora.targets: expected distinct names"):
+        load_config(None, ["model.lora.rank=8", "model.lora.targets=[q_proj, q_proj]"])
+    with pytest.raises(ConfigError, match="model.lora.rank: must be"):
+        load_config(None, ["model.lora.rank=-1"])
+    with pytest.raises(ConfigError, match="model.lora.adapter=.* is not a PEFT adapter folder"):
+        load_config(None, [f"model.lora.adapter={tmp_path}"])
