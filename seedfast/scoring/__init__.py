@@ -8,7 +8,7 @@ Step samples, prompt segments, insertion points and the truncation rule live in 
 from seedfast.context.sample import StepSample
 from seedfast.scoring.packing import shared_prefix_length
 from seedfast.scoring.prefix_kv_teacher import teacher_logprob_with_prefix
-from seedfast.scoring.results import ScoreResult, Scores
+from seedfast.scoring.results import ScoreResult, Scores, spread_scores
 from seedfast.scoring.score import DEFAULT_TOKEN_BUDGET, score, score_reference
 
 __all__ = [
@@ -19,5 +19,6 @@ __all__ = [
     "score",
     "score_reference",
     "shared_prefix_length",
+    "spread_scores",
     "teacher_logprob_with_prefix",
 ]

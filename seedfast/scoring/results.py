@@ -60,3 +60,38 @@ class Scores:
 
     def __iter__(self) -> Iterator[ScoreResult]:
         return (self[i] for i in range(len(self)))
+
+
+def spread_scores(part: Scores | None, samples: list, left_out: list[int], *, with_teacher: bool) -> Scores:
+    """Scores over every sample of `samples` from `part`, the scores of those not in `left_out` (in order): the
+    left-out samples' tokens hold placeholders (log-prob 0, teacher_mask False, zero hidden rows) for a caller that
+    computes them elsewhere (the first mini-batch that scores itself: train/rl.py). `with_teacher` gives teacher
+    tensors when `part` is None (nothing was scored)."""
+    lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.long)
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.long)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    skipped = set(left_out)
+    kept = [i for i in range(len(samples)) if i not in skipped]
+    if part is not None and len(part) != len(kept):
+        raise ValueError(f"spread_scores: {len(part)} scored samples for the {len(kept)} not left out")
+    index = torch.cat([torch.arange(int(offsets[i]), int(offsets[i + 1])) for i in kept]) if kept else \
+        torch.zeros(0, dtype=torch.long)
+    n = int(offsets[-1])
+
+    def spread(values: torch.Tensor | None, fill: torch.Tensor) -> torch.Tensor:
+        if values is not None:
+            fill[index.to(fill.device)] = values.to(fill.dtype)
+        return fill
+
+    device = part.logprob.device if part is not None else torch.device("cpu")
+    logprob = spread(part.logprob if part else None, torch.zeros(n, device=device))
+    teacher = mask = hidden = entropy = None
+    if (part.teacher_logprob is not None) if part is not None else with_teacher:
+        teacher = spread(part.teacher_logprob if part else None, torch.zeros(n, device=device))
+        mask = spread(part.teacher_mask if part else None, torch.zeros(n, dtype=torch.bool, device=device))
+    if part is not None and part.teacher_hidden is not None:
+        d = part.teacher_hidden.shape[1]
+        hidden = spread(part.teacher_hidden, part.teacher_hidden.new_zeros(n, d))
+    if part is not None and part.entropy is not None:
+        entropy = spread(part.entropy, torch.zeros(n, device=device))
+    return Scores(offsets, logprob, teacher, mask, entropy, hidden)

@@ -10,6 +10,7 @@ scheduler: a run killed at any moment and resumed reproduces the uninterrupted r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -59,20 +60,20 @@ from seedfast.runtime.setup import (
     vllm_options,
     watch_precision,
 )
-from seedfast.scoring import Scores, score, score_reference
+from seedfast.scoring import Scores, score, score_reference, spread_scores
 from seedfast.seeds import analyzer_seed, sampling_seed, step_seed, update_seed
 from seedfast.train.algorithms import privileged_text
-from seedfast.train.async_ranks import rank_share, take_part_in_push, wait_together
+from seedfast.train.async_ranks import rank_share, wait_together
 from seedfast.train.async_rollout import (
     RolloutProducer,
     RolloutProducerError,
-    channel_dtype,
     resume_point,
     split_threads,
+    take_part,
     trainer_engine,
 )
 from seedfast.train.batch import build_samples
-from seedfast.train.correction import correction_weights, warn_if_masked
+from seedfast.train.correction import CorrectionTally, correction_weights, warn_if_masked
 from seedfast.train.draws import choose_tasks, seed_everything, task_pool
 from seedfast.train.evaluate import evaluate_policy, evaluation_tasks
 from seedfast.train.privileged import Privileged, WriterContext
@@ -115,6 +116,10 @@ class StepScores:
     scores: Scores | None
     pg_weight: torch.Tensor | None
     ref_logprob: torch.Tensor | None
+    # the first mini-batch's samples when the scoring pass left them out (StepPlan.first_minibatch_scores_itself),
+    # and the train/rollout diagnostics of the scored samples, which its update forward completes
+    first: list[int] | None = None
+    tally: CorrectionTally | None = None
 
 
 SKILLS_PER_STEP = 4
@@ -181,7 +186,7 @@ class Trainer:
             check_colocated(self.dp.world if self.dp is not None else 1, cfg.rollout.tensor_parallel)
         self.rollout_dtype = engine_dtype(cfg)
         self.engine = build_rollout(engine, self.policy, start, seed=cfg.run.seed, dtype=self.rollout_dtype,
-                                    sleep=cfg.rollout.vllm_sleep, **vllm_options(cfg))
+                                    sleep=cfg.rollout.vllm_sleep, lora_sync=cfg.rollout.lora_sync, **vllm_options(cfg))
         # asynchronous RL (train/async_rollout.py): a producer process rolls out ahead, at most max_staleness updates
         self.max_staleness = cfg.rollout.max_staleness
         # where the producer runs (runtime/placement.py): the trainer's device, or GPUs of its own
@@ -238,7 +243,7 @@ class Trainer:
             wait_together(self._producer_ready if self.is_main else None, self.dp)
         if self.is_main:
             return self._producer().push(self.policy, version)
-        take_part_in_push(self.policy, channel_dtype(self.cfg))
+        take_part(self.cfg, self.policy)  # the gathers of what rank 0 sends (LoRA: maybe the adapters alone)
         return {}
 
     def _producer_ready(self, wait_s: float | None, since: float) -> bool | None:
@@ -288,7 +293,7 @@ class Trainer:
         scored = self._scores(samples, timer, metrics)
         advantages = self._advantages(samples, scored, trajectories, timer, metrics)
         batch, use_opd, evidence = self._update_batch(samples, advantages, scored, behaviour_old)
-        lr_used = self._learn_from(batch, use_opd, evidence, privileged, group_of, timer, metrics)
+        lr_used = self._learn_from(batch, use_opd, evidence, privileged, group_of, timer, metrics, scored)
         return self._step_metrics(step, result, batch.samples, lr_used, timer, metrics)
 
     def _privileged(self, step: int, trajectories: list, group_of: list, timer: PhaseTimer,
@@ -321,16 +326,26 @@ class Trainer:
         """The scoring pass under θ_old (ℓold, the teacher's ℓskill), its correction weights, and ℓref."""
         cfg = self.cfg
         with timer.phase("score"):
-            scores = None
+            scores, first, tally = None, None, None
             if self.plan.score_pass:
-                with unsharded(self.policy):  # ranks run different numbers of micro-batches: no collectives
-                    scores = score(self.policy, samples, token_budget=cfg.trainer.micro_batch_tokens,
-                                   temperature=cfg.rollout.temperature,
-                                   keep_teacher_hidden=self._keeps_teacher_hidden())
+                first = self._first_minibatch(len(samples)) if self.plan.first_minibatch_scores_itself else None
+                left_out = set(first or ())
+                scored = [s for i, s in enumerate(samples) if i not in left_out]
+                if scored:
+                    with unsharded(self.policy):  # ranks run different numbers of micro-batches: no collectives
+                        scores = score(self.policy, scored, token_budget=cfg.trainer.micro_batch_tokens,
+                                       temperature=cfg.rollout.temperature,
+                                       keep_teacher_hidden=self._keeps_teacher_hidden())
+                if first is not None:
+                    # the first mini-batch's tokens: placeholders its own update forward replaces
+                    _, tally = correction_weights(scores.logprob, scored, cfg.rollout.correction) if scores else (
+                        None, CorrectionTally())
+                    scores = spread_scores(scores, samples, first, with_teacher=self.plan.teacher == "scorer")
             # the rollout correction (docs/algorithms.md, 'Rollout correction'): ℓold against the engine's log-probs;
-            # without a scoring pass (on-policy, mode none) the update's forward gives the diagnostics
+            # without a scoring pass (on-policy, mode none) the update's forward gives the diagnostics, and the first
+            # mini-batch's forward adds its samples' to the scored ones' (`tally`) when it scores itself
             pg_weight = None
-            if scores is not None:
+            if scores is not None and first is None:
                 pg_weight, tally = correction_weights(scores.logprob, samples, cfg.rollout.correction)
                 if self.dp is not None:
                     tally.reduce(self.dp)
@@ -343,7 +358,12 @@ class Trainer:
             elif self.ref is not None:
                 ref_lp = score_reference(self.ref, samples, token_budget=cfg.trainer.micro_batch_tokens,
                                          temperature=cfg.rollout.temperature).logprob
-        return StepScores(scores, pg_weight, ref_lp)
+        return StepScores(scores, pg_weight, ref_lp, first, tally)
+
+    def _first_minibatch(self, n: int) -> list[int]:
+        """The samples of the update's first mini-batch: `_update`'s first draw of its order."""
+        gen = torch.Generator().manual_seed(update_seed(self.cfg.run.seed, self.step))
+        return sorted(torch.randperm(n, generator=gen).tolist()[:math.ceil(n / self.cfg.trainer.mini_batches)])
 
     def _keeps_teacher_hidden(self) -> bool:
         """A full-vocabulary teacher term scored under θ_old needs the teacher's hidden rows (N × d) from the scoring
@@ -401,12 +421,12 @@ class Trainer:
 
     def _learn_from(self, batch: UpdateBatch, use_opd: bool, evidence: TeacherEvidence | None,
                     privileged: Privileged | None, group_of: list, timer: PhaseTimer,
-                    metrics: dict[str, float]) -> float:
+                    metrics: dict[str, float], scored: StepScores | None = None) -> float:
         """The mini-batch updates (each optimizer step advances the schedule: `_update`), and the reflection update
         where the algorithm has one; returns the learning rate of the update's first optimizer step."""
         self.policy.train()
         with timer.phase("update"):
-            out = self._update(batch, use_opd=use_opd, evidence=evidence)
+            out = self._update(batch, use_opd=use_opd, evidence=evidence, scored=scored)
             metrics.update(out)
             if self.plan.reflection_update and privileged is not None and privileged.reflections is not None:
                 # GRSD's reflection step steps the same optimizer but is not a step of the schedule (it counts the
@@ -461,7 +481,8 @@ class Trainer:
                 metrics["throughput/mfu_update"] = util
         return metrics
 
-    def _update(self, batch: UpdateBatch, use_opd: bool, evidence: TeacherEvidence | None) -> dict[str, float]:
+    def _update(self, batch: UpdateBatch, use_opd: bool, evidence: TeacherEvidence | None,
+                scored: StepScores | None = None) -> dict[str, float]:
         """The update's mini-batch steps, the schedule advanced after each optimizer step. Metrics: the last
         mini-batch's loss terms, optim/lr and optim/lr_last (the lr of the first and of the last optimizer step;
         with none, the lr the next one would take), and the spread of the probability ratio per mini-batch k
@@ -477,6 +498,11 @@ class Trainer:
         applied = 0
         lrs: list[float] = []  # the lr of each optimizer step (a resumed lr shows at once)
         moved: list[tuple[float, float]] = []  # (ratio_min, ratio_max) of the mini-batches after the first step
+        first = scored.first if scored is not None else None
+        if first is not None:  # the first mini-batch scores itself: ℓold = sg(ℓθ), ℓskill from its prefix KV (θ_old)
+            first_batch = dataclasses.replace(batch, old_logprob=None, teacher_logprob=None, teacher_mask=None,
+                                              teacher_hidden=None, teacher_from_forward=use_opd,
+                                              diagnose_in_update=True)
         for epoch in range(cfg.trainer.ppo_epochs):
             order = torch.randperm(n, generator=gen).tolist()
             size = math.ceil(n / cfg.trainer.mini_batches)
@@ -489,10 +515,15 @@ class Trainer:
                     out["train/skipped_all_masked"] += 1
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
+                scores_itself = first is not None and epoch == 0 and j == 0
+                if scores_itself and index != first:
+                    raise RuntimeError(f"update {self.step}: the first mini-batch is {index[:8]}..., the scoring pass "
+                                       f"left out {first[:8]}...: their orders differ")
                 loss, m = minibatch_loss_backward(
-                    self.policy, batch, index, cfg.loss, use_kl=self.plan.kl, use_opd=use_opd,
-                    temperature=cfg.rollout.temperature, token_budget=cfg.trainer.micro_batch_tokens, dp=self.dp,
-                    evidence=evidence, first_look=epoch == 0)
+                    self.policy, first_batch if scores_itself else batch, index, cfg.loss, use_kl=self.plan.kl,
+                    use_opd=use_opd, temperature=cfg.rollout.temperature,
+                    token_budget=cfg.trainer.micro_batch_tokens, dp=self.dp, evidence=evidence,
+                    first_look=epoch == 0, correction=scored.tally if scores_itself else None)
                 norm = grad_norm_and_clip(self.optimizer, cfg.optim.grad_clip)
                 if not (math.isfinite(loss) and math.isfinite(norm)):
                     self.optimizer.zero_grad(set_to_none=True)

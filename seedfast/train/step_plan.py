@@ -25,6 +25,10 @@ class StepPlan:
     reflection_update: bool  # GRSD: the RL loss on the reflections themselves
     on_policy: bool  # one epoch, one mini-batch: θ = θ_old during the update
     algorithm: AlgorithmSpec  # the rest of what the algorithm does: its judge, its advantage modulation
+    # the scoring pass leaves out the first mini-batch's samples: its update forward runs under θ_old, so it gives
+    # their ℓold (the detached ℓθ) and their teacher (from its prefix KV) itself (docs/performance.md, 'The first
+    # mini-batch scores itself')
+    first_minibatch_scores_itself: bool = False
 
 
 def plan_step(cfg: Config) -> StepPlan:
@@ -46,6 +50,11 @@ def plan_step(cfg: Config) -> StepPlan:
     # 'Rollout correction')
     score_pass = (not (on_policy and (spec.privileged is None or teacher == "update"))
                   or cfg.rollout.correction.mode != "none")
+    # one epoch of several mini-batches, one process, synchronous, no correction weight (it needs every ℓold before
+    # the loss) and no advantage that reads the scoring pass (GRSD): the first mini-batch needs no scoring pass
+    first_scores_itself = (score_pass and cfg.trainer.ppo_epochs == 1 and cfg.trainer.mini_batches > 1
+                           and cfg.rollout.correction.mode == "none" and spec.modulate is None
+                           and cfg.rollout.max_staleness == 0 and cfg.dist.strategy == "none")
     return StepPlan(privileged_text=spec.privileged is not None, teacher=teacher, score_pass=score_pass,
                     kl=cfg.loss.kl_coef > 0, opd=opd, reflection_update=spec.reflection_update, on_policy=on_policy,
-                    algorithm=spec)
+                    algorithm=spec, first_minibatch_scores_itself=first_scores_itself)

@@ -127,7 +127,8 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
                             use_kl: bool, use_opd: bool, temperature: float, token_budget: int,
                             attn_backend: str | None = None, dp: DataParallel | None = None,
                             evidence: TeacherEvidence | None = None,
-                            first_look: bool = False) -> tuple[float, dict[str, float]]:
+                            first_look: bool = False,
+                            correction: CorrectionTally | None = None) -> tuple[float, dict[str, float]]:
     """Forward + backward of one mini-batch (gradients accumulate in the parameters); returns (loss, metrics).
 
     `evidence` (train/teacher_evidence.py) gets the OPD and policy terms' gradient weights of every micro-batch and,
@@ -137,7 +138,8 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
     With `dp` (a model sharded by distributed/parallelize.py), `index` is this rank's part of a mini-batch spread over
     the data-parallel ranks: the weights use the global counts, every rank runs as many micro-batches as the
     busiest one (the extra ones with weight 0: FSDP2's collectives need the same calls on every rank), and the
-    returned loss and metrics are the global ones."""
+    returned loss and metrics are the global ones. `correction`: the train/rollout diagnostics this forward adds its
+    samples' to (the scored samples' of an update whose first mini-batch scores itself), reported in the metrics."""
     # unsharded, a prompt repeated in a micro-batch runs once: its samples go into the same micro-batches. Sharded,
     # every rank must make the same model calls (FSDP2's collectives), so each sample runs its own prompt
     share_prompts = dp is None and not _is_fsdp(model)
@@ -164,7 +166,7 @@ def minibatch_loss_backward(model, batch: UpdateBatch, index: list[int], loss_cf
     run = _MicroBatchRun(loss_options(loss_cfg, use_kl=use_kl, use_opd=use_opd), use_kl=use_kl, use_opd=use_opd,
                          teacher_here=teacher_here, share_prompts=share_prompts, temperature=temperature,
                          attn_backend=attn_backend, evidence=evidence, first_look=first_look, divergence=divergence)
-    sums = _MiniBatchSums()
+    sums = _MiniBatchSums() if correction is None else _MiniBatchSums(correction=correction)
     for k in range(len(groups) + padding):
         if k < len(groups):
             part, micro = batch, [index[g] for g in groups[k]]
