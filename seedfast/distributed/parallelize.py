@@ -39,11 +39,12 @@ from typing import Any
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from seedfast.distributed.vocab_head import HEAD_OPS
 from seedfast.model.decoder import Decoder
+from seedfast.model.lora import ADAPTER_NAMES, LoRALinear
 
 
 def check_tp(model: Decoder, tp: int) -> None:
@@ -61,16 +62,22 @@ def apply_tp(model: Decoder, tp_mesh: DeviceMesh) -> Decoder:
     """Megatron-style tensor parallel over `tp_mesh` (module docstring); the model is changed in place."""
     tp = tp_mesh.size()
     check_tp(model, tp)
+    # SequenceParallel re-registers the norms' weights as new Parameters, trainable whatever they were: a frozen base
+    # (LoRA) would train its q/k norms, and FSDP2 would find bf16 and fp32 parameters to train in one unit
+    trainable = {name: p.requires_grad for name, p in model.named_parameters()}
     root_plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate())}
     if not model.config.tie_word_embeddings:
         root_plan["lm_head"] = ColwiseParallel()
     parallelize_module(model, tp_mesh, root_plan)
     for layer in model.model.layers:
-        parallelize_module(layer, tp_mesh, {
+        plan = {
             "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
             "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
             "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel(),
-        })
+        }
+        adapters = _take_adapters(layer, plan)  # LoRA: placed by the layer's style, not by the plan's (below)
+        parallelize_module(layer, tp_mesh, plan)
+        _place_adapters(layer, tp_mesh, plan, adapters)
         if hasattr(layer.self_attn, "q_norm"):
             # Qwen3's per-head q/k norms see this rank's heads ([N, heads / tp, hd]): their weights are replicated
             # DTensors over inputs sharded on the head dimension, so their gradients are summed over the group
@@ -78,10 +85,42 @@ def apply_tp(model: Decoder, tp_mesh: DeviceMesh) -> Decoder:
             parallelize_module(layer.self_attn, tp_mesh, {"q_norm": heads, "k_norm": heads})
         layer.self_attn.n_heads //= tp  # the views in Attention.qkv now see this rank's heads
         layer.self_attn.n_kv_heads //= tp
+    for name, p in model.named_parameters():
+        p.requires_grad_(trainable[name])
     model.tp_mesh = tp_mesh
     # scoring and the own sampler read their LM-head ops from here (they may not import dist)
     model.head_ops = HEAD_OPS
     return model
+
+
+# LoRA under tensor parallel: the (lora_A, lora_B) placements over the tp mesh of an adapted layer of each style. A
+# column-parallel layer's output rows are split: B [out, r] is split with them and A [r, in], which every output row
+# uses, is whole on every rank (x Aᵀ is computed once per rank, no collective). A row-parallel layer's input columns
+# are split: A [r, in] is split with them, so x Aᵀ is a partial sum like x Wᵀ, and B is whole; the layer's one
+# all-reduce of its output sums both. ColwiseParallel alone would split every parameter of the nn.Linear on dim 0 (A
+# over its r rows: an all-gather per forward), RowwiseParallel would leave the adapters plain tensors.
+ADAPTER_PLACEMENTS = {ColwiseParallel: (Replicate(), Shard(0)), RowwiseParallel: (Shard(1), Replicate())}
+
+
+def _take_adapters(layer: torch.nn.Module, plan: dict[str, Any]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Remove the adapters of the plan's LoRALinear modules (module path -> (lora_A, lora_B)), so that
+    parallelize_module places only the base's weight and bias."""
+    taken = {}
+    for path in plan:
+        module = layer.get_submodule(path)
+        if isinstance(module, LoRALinear):
+            taken[path] = (module._parameters.pop("lora_A"), module._parameters.pop("lora_B"))
+    return taken
+
+
+def _place_adapters(layer: torch.nn.Module, tp_mesh: DeviceMesh, plan: dict[str, Any],
+                    adapters: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Put the adapters `_take_adapters` took back, as DTensors over `tp_mesh` placed per ADAPTER_PLACEMENTS."""
+    for path, tensors in adapters.items():
+        module = layer.get_submodule(path)
+        for name, tensor, placement in zip(ADAPTER_NAMES, tensors, ADAPTER_PLACEMENTS[type(plan[path])]):
+            module.register_parameter(name, torch.nn.Parameter(distribute_tensor(tensor, tp_mesh, [placement]),
+                                                               requires_grad=tensor.requires_grad))
 
 
 def apply_fsdp(model: Decoder, dp_mesh: DeviceMesh, *, param_dtype: torch.dtype | None = None,

@@ -129,3 +129,33 @@ def test_sharded_sft_with_lora_saves_the_merged_weights_of_one_process(overrides
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "two" / "t" / "sft")
     assert torch.isfinite(next(hf.parameters())).all()
+
+
+@pytest.fixture(scope="module")
+def tp_policy(overrides, train_games, tmp_path_factory):
+    """A tiny SFT'd policy with 2 key-value heads, so tensor parallel over 2 ranks splits them."""
+    from seedfast.sft import run as sft
+
+    cfg = load_config(None, [*overrides(train_games, tmp_path_factory.mktemp("tp_policy")), "model.tiny.kv_heads=2"])
+    sft.main(cfg)
+    return cfg.run_dir / "sft"
+
+
+def test_a_tensor_parallel_lora_run_trains_and_exports_whole_adapters(overrides, tp_policy, train_games, tmp_path):
+    """dist.tp=2 with LoRA (adapters placed by their layer's style, tests/distributed/test_lora_tp.py): the TP
+    sampler rolls out, the update moves the adapters, and the exports hold whole tensors: the PEFT folder's adapters
+    and the merged HF folder, the base plus them."""
+    _run(_train(overrides, train_games, tmp_path, tp_policy, "dist.tp=2", "trainer.steps=2"))
+    rows = stable_rows(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(r["rollout/logprob_gap_max"] < 1e-2 for r in rows)  # the TP sampler's log-probs are the scorer's
+    adapters = load_file(tmp_path / "t" / "adapter" / "adapter_model.safetensors")
+    cfg = load_config(None, [*overrides(train_games, tmp_path), *LORA, f"trainer.init_from={tp_policy}",
+                             "dist.strategy=none"])
+    policy, _, _ = load_trainable_policy(cfg, tp_policy, torch.device("cpu"))
+    load_peft_adapter(policy, tmp_path / "t" / "adapter")  # every shape whole, or this raises
+    assert any(k.endswith("lora_B.weight") and t.abs().max() > 0 for k, t in adapters.items())
+    exported = load_file(weight_files(tmp_path / "t" / "hf")[0])
+    merged = merged_state_dict(policy)
+    assert exported.keys() == merged.keys()
+    assert all(torch.equal(exported[k], merged[k]) for k in exported)
