@@ -13,20 +13,22 @@ The attention modules then hold n_heads / tp query heads and n_kv_heads / tp key
 sampler use in place of the whole-head ones.
 
 FSDP2 (mesh dim "dp_shard") shards every parameter over the data-parallel ranks, one all-gather unit per decoder
-block plus the root (embeddings, final norm, LM head).
-
-LoRA (model/lora.py): a LoRALinear's frozen base (model.dtype) and its trainable fp32 adapters share their block's
-unit. This torch's FSDP2 takes a unit of mixed original dtypes and of frozen and trainable parameters as they are
-(measured on torch 2.13: tests/distributed/test_lora_fsdp.py): the base is sharded and gathered like any weight and
-never has a gradient, so each reduce-scatter carries the adapters' gradients alone, reduced in dist.reduce_dtype into
-fp32 sharded gradients that AdamW steps in place (no master copy). With model.dtype below fp32 the mixed-precision
-policy gathers every parameter in model.dtype (runtime/setup.py fsdp_precision): a bf16 base is gathered as it is,
-and the adapters in the dtype the one-process forward casts them to anyway, while their sharded copies stay fp32.
-Neither a unit of their own per adapter (hundreds of tiny collectives per block) nor a base held as buffers (FSDP2
-would not shard it) is needed. Gradients are SUMMED across data-parallel ranks (gradient
+block plus the root (embeddings, final norm, LM head). Gradients are SUMMED across data-parallel ranks (gradient
 divide factor 1): each rank's loss is its share of the global token-mean (train/update.py, docs/scaling.md 'The
 loss on N ranks'), so the sum over ranks is the one-process gradient and the learning rate does not depend on the
 world size.
+
+LoRA (model/lora.py): a LoRALinear's frozen base (model.dtype) and its trainable fp32 adapters share their block's
+unit. FSDP2 asks one original dtype of the parameters a unit trains (and one reduce dtype), not of the frozen ones
+(torch 2.13, _FSDPParamGroup._init_mp_dtypes; tests/distributed/test_lora_fsdp.py): the base is sharded and gathered
+like any weight and never has a gradient, so each reduce-scatter carries the adapters' gradients alone, reduced in
+dist.reduce_dtype into fp32 sharded gradients that AdamW steps in place (no master copy). A frozen parameter made
+trainable by mistake would break that rule: apply_tp keeps every parameter's requires_grad. With model.dtype below
+fp32 the mixed-precision policy gathers every parameter in model.dtype (runtime/setup.py fsdp_precision): a bf16
+base is gathered as it is, and the adapters in the dtype the one-process forward casts them to anyway, while their
+sharded copies stay fp32. Neither a unit of their own per adapter (hundreds of tiny collectives per block) nor a
+base held as buffers (FSDP2 would not shard it) is needed. Under tensor parallel the adapters are placed by their
+layer's style (ADAPTER_PLACEMENTS below).
 """
 
 from __future__ import annotations
