@@ -395,6 +395,9 @@ def validate(cfg: Config, command: str | None = None) -> Config:
               f"{cfg.optim.master_dtype}, so an update much smaller than a weight's ulp (optim.lr={cfg.optim.lr:g}) "
               "rounds away; the run warns with the share that does at its first step")
     _check_lora(cfg)
+    if cfg.rollout.lora_sync == "adapter" and cfg.rollout.engine == "vllm" and cfg.model.lora.rank > 512:
+        raise ConfigError(f"rollout.lora_sync=adapter with rollout.engine=vllm: vLLM serves LoRA ranks up to 512, "
+                          f"model.lora.rank is {cfg.model.lora.rank}; set rollout.lora_sync=merged")
     corr = cfg.rollout.correction
     for low, high in (("geo_low", "geo_high"), ("token_low", "token_high")):
         if getattr(corr, low) > getattr(corr, high):

@@ -9,6 +9,10 @@ per bucket of `weight_push.buckets`.
     channel.send(version, hf_named_tensors(policy), b)     version, flats = receiver.receive(layout)
                                                            load_buckets(model, layout, flats)
 
+With LoRA and rollout.lora_sync=adapter the tensors sent are the adapters alone (weight_push.adapter_named_tensors,
+in their own dtype; `named_layout` on the producer's adapted copy of the base gives their layout), a few MB where
+the merged model is hundreds.
+
 The group is built from its own TCPStore, never the default process group, so it lives beside torchrun's group of
 a sharded trainer. Both sides derive the same bucket layout from the same module (names, shapes, dtype), so only
 the flat buckets travel. A version of -1 tells the receiver that no more weights come. `close()` ends the group and
@@ -82,8 +86,14 @@ def _delta(seconds: float | None) -> datetime.timedelta:
 
 def bucket_layout(model: torch.nn.Module, bucket_bytes: int, dtype: torch.dtype | None = None) -> Layout:
     """The buckets `send` makes of `model`'s tensors (HF names, in order), as names and shapes."""
+    return named_layout(hf_named_tensors(model, dtype=dtype), bucket_bytes)
+
+
+def named_layout(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Layout:
+    """The buckets `send` makes of these (name, tensor), as names and shapes (e.g. a LoRA model's adapters alone:
+    weight_push.adapter_named_tensors)."""
     return [[Slot(name, tuple(t.shape), t.numel()) for name, t in bucket]
-            for bucket in buckets(hf_named_tensors(model, dtype=dtype), bucket_bytes)]
+            for bucket in buckets(named_tensors, bucket_bytes)]
 
 
 def named_buckets(layout: Layout, flats: list[torch.Tensor]) -> Iterator[list[tuple[str, torch.Tensor]]]:

@@ -8,6 +8,9 @@ A sharded parameter (FSDP2 and/or tensor parallel: a DTensor) is made whole with
 every rank must run the whole iteration, in the same order (each rank then pushes to its own engine). Names are
 the HF export's (model/hf_io.py: the Decoder's state-dict names), which transformers and vLLM's `load_weights`
 read; a tied LM head is the embedding and is sent once, as `model.embed_tokens.weight`.
+
+A LoRA policy's weights go out merged (W + s·B·A per adapted layer); `adapter_named_tensors` gives its adapters alone,
+what rollout.lora_sync=adapter sends to an engine that holds the base and serves adapters itself.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from seedfast.config import ConfigError
-from seedfast.model.lora import is_adapter_name, lora_modules
+from seedfast.model.lora import ADAPTER_NAMES, is_adapter_name, lora_modules
 
 
 class HFNamedTensors:
@@ -78,6 +81,25 @@ def hf_named_tensors(model: torch.nn.Module, dtype: torch.dtype | None = None) -
     `dtype` casts each tensor (before the gather), e.g. fp32 master weights to the engine's bf16.
     """
     return HFNamedTensors(model, dtype)
+
+
+def adapter_named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of a LoRA model's adapters alone ('<module path>.lora_A' / '.lora_B', in the model's
+    order and their own dtype, optim.master_dtype: the engine gets the trainer's values bit for bit): what an adapter
+    sync sends instead of the merged weights (docs/scaling.md, 'LoRA weight sync'). A sharded adapter is gathered
+    whole (a collective: every rank runs it, in this order). Small beside the model (rank r of [out, in] is r·(out + in)
+    numbers), so they are handed over as one list."""
+    out = []
+    with torch.no_grad():
+        for path, module in lora_modules(model).items():
+            for leaf in ADAPTER_NAMES:
+                tensor = getattr(module, leaf).detach()
+                if isinstance(tensor, DTensor):
+                    tensor = tensor.full_tensor()
+                out.append((f"{path}.{leaf}", tensor))
+    if not out:
+        raise ValueError("adapter_named_tensors: the model has no LoRA adapters")
+    return out
 
 
 def buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int

@@ -8,6 +8,11 @@ model, or a vLLM engine colocated on this rank's GPU that gets the policy's weig
     result = run_agent_loop(rollout, ...)       # generate / generate_full: the engine protocol (rollout/engine.py)
     metrics |= rollout.after_rollout()          # vLLM: sleeps (weights and KV cache freed) for the update
 
+With a LoRA policy and lora_sync="adapter" the vLLM engine keeps the base it loaded and serves the policy's adapters
+(vllm_engine.py `load_adapter`: a PEFT folder per push, vLLM's LoRA layers read back and hashed); `before_rollout`
+then sends the adapters alone and never iterates the merged-weight buckets it is handed (docs/scaling.md, 'LoRA
+weight sync').
+
 `reads_policy` says whether generation reads the training model itself (own: the caller all-gathers a sharded
 policy around it, distributed/parallelize.py `unsharded`) or a copy (vLLM: nothing to gather but the pushed buckets).
 Both seed their sampling from the step alone (`begin_step`), so a resumed run draws the same samples.
@@ -24,6 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from seedfast.model.lora import ADAPTER_NAMES, lora_modules, lora_spec_of
 from seedfast.rollout.engine import Generation, GenerationEngine
 from seedfast.rollout.own_engine import Sampler
 from seedfast.sampling_params import SamplingParams
@@ -95,10 +101,15 @@ class VLLMRollout:
     reads_policy = False
 
     def __init__(self, engine: Any, *, sleep: bool = True, sleep_level: int = 1, verify: bool = True,
-                 seed_requests: bool = True, clock: Callable[[], float] = time.perf_counter) -> None:
+                 seed_requests: bool = True, clock: Callable[[], float] = time.perf_counter,
+                 adapters_of: torch.nn.Module | None = None) -> None:
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level!r}")
+        if adapters_of is not None and sleep and sleep_level == 2:
+            raise ValueError("LoRA adapter sync keeps the base in the engine: sleep level 2 discards it (use 1)")
         self.engine = engine
+        # a LoRA policy whose adapters alone are pushed (lora_sync="adapter"); None: the weights are
+        self.adapters_of = adapters_of
         self.sleep = sleep
         self.sleep_level = sleep_level
         self.verify = verify
@@ -124,7 +135,10 @@ class VLLMRollout:
             t = self.clock()
             self.llm.wake_up(tags=["weights"])
             wake += self.clock() - t
-        stats = self.engine.push_weights(weights, verify=self.verify)
+        if self.adapters_of is not None:  # the adapters alone; the merged buckets are never gathered
+            stats = self.load_adapters(full_adapters(self.adapters_of))
+        else:
+            stats = self.engine.push_weights(weights, verify=self.verify)
         if self.asleep:
             t = self.clock()
             self.llm.wake_up(tags=["kv_cache"])
@@ -133,6 +147,13 @@ class VLLMRollout:
         return {"sync/seconds": self.clock() - start, "sync/push_seconds": float(stats["seconds"]),
                 "sync/wake_seconds": wake, "sync/bytes": float(stats["bytes"]),
                 "sync/buckets": float(stats["buckets"]), "sync/tensors": float(stats["tensors"])}
+
+    def load_adapters(self, adapters: Sequence[tuple[str, torch.Tensor]]) -> dict[str, float]:
+        """Serve these LoRA adapters from now on (vllm_engine.py `load_adapter`, verified): the push of
+        lora_sync="adapter", also the rollout producer's with a version received as adapters."""
+        if self.adapters_of is None:
+            raise RuntimeError("load_adapters: this vLLM rollout pushes merged weights (lora_sync='merged')")
+        return self.engine.load_adapter(adapters, lora_spec_of(self.adapters_of), verify=self.verify)
 
     def after_rollout(self) -> dict[str, float]:
         """Sleep until the next push (when `sleep`): the update gets the engine's memory."""
@@ -171,12 +192,29 @@ class VLLMRollout:
         return self.engine.generate_full(prompt_token_lists, replace(params, seed=None), seeds=seeds)
 
 
+def full_adapters(policy: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(name, whole tensor) of a LoRA policy's adapters, in its order and their own dtype; a sharded one gathered (a
+    collective: every rank pushes to its own engine at the same point). distributed/weight_push.py
+    adapter_named_tensors, which this package may not import (docs/architecture.md, 'Import direction')."""
+    from torch.distributed.tensor import DTensor
+
+    out = []
+    with torch.no_grad():
+        for path, module in lora_modules(policy).items():
+            for leaf in ADAPTER_NAMES:
+                tensor = getattr(module, leaf).detach()
+                out.append((f"{path}.{leaf}", tensor.full_tensor() if isinstance(tensor, DTensor) else tensor))
+    return out
+
+
 def build_rollout(engine: str, policy: torch.nn.Module, model_path: str | Path | None = None, *, seed: int = 0,
                   dtype: str = "bf16", gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                  sleep: bool = True, sleep_level: int = 1, seed_requests: bool = True, **llm_kwargs: Any
-                  ) -> OwnRollout | VLLMRollout:
+                  sleep: bool = True, sleep_level: int = 1, seed_requests: bool = True, lora_sync: str = "adapter",
+                  **llm_kwargs: Any) -> OwnRollout | VLLMRollout:
     """The RL loop's rollout engine: "own" over `policy`, or "vllm" loaded from the HF folder `model_path` (the
-    policy's weights: they are pushed before every rollout anyway) with sleep mode when `sleep`.
+    policy's weights: they are pushed before every rollout anyway) with sleep mode when `sleep`. With a LoRA policy
+    `lora_sync` (rollout.lora_sync) says what each push sends: "adapter", the adapters alone, served by vLLM's LoRA
+    support over the base `model_path` holds (which must be the policy's base); "merged", the merged weights.
 
     Under torchrun (WORLD_SIZE > 1) vLLM runs inside each rank's process on the rank's GPU, over the launcher's
     process group (distributed_executor_backend="external_launcher", as TRL's and verl's colocated modes do)."""
@@ -192,8 +230,14 @@ def build_rollout(engine: str, policy: torch.nn.Module, model_path: str | Path |
     if world > 1:  # one engine per trainer rank: vLLM's data-parallel replicas over torchrun's ranks
         llm_kwargs.setdefault("distributed_executor_backend", "external_launcher")
         llm_kwargs.setdefault("data_parallel_size", world // tensor_parallel_size)
+    if lora_sync not in ("adapter", "merged"):
+        raise ValueError(f"lora_sync must be 'adapter' or 'merged', got {lora_sync!r}")
+    spec = lora_spec_of(policy)
+    adapters_of = policy if spec is not None and lora_sync == "adapter" else None
+    if adapters_of is not None:
+        llm_kwargs["lora_rank"] = spec.rank
     vllm_engine = VLLMEngine(str(model_path), dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                              tensor_parallel_size=tensor_parallel_size, enable_sleep_mode=sleep, **llm_kwargs)
     # vLLM's CPU back end has no sleep mode: its engine stays awake (vllm_engine.py `sleep_mode`)
     return VLLMRollout(vllm_engine, sleep=sleep and getattr(vllm_engine, "sleep_mode", sleep), sleep_level=sleep_level,
-                       seed_requests=seed_requests)
+                       seed_requests=seed_requests, adapters_of=adapters_of)

@@ -20,15 +20,27 @@ each passed by, are compared with vLLM's copy, so a sync that silently did nothi
 training (docs/pitfalls.md, 'Weight sync that silently does nothing'). On the CPU back end the check also reads what
 vLLM computes with: each checked linear layer and the LM head run on unit vectors (a few columns of the identity:
 exact in any dtype) give those columns of the weight their kernel uses, so a stale packed copy fails it too.
+
+LoRA (docs/scaling.md, 'LoRA weight sync'): an engine built with `lora_rank` serves adapters with vLLM's LoRA
+support (enable_lora, one adapter slot) over the base it loaded, which no push changes. `load_adapter(adapters, spec)`
+writes the trainer's adapters as a PEFT folder (a new one per version, atomically, on tmpfs when there is one), adds it
+under a new LoRA id (vLLM loads and activates it at once; the previous one is evicted and its folder removed), and
+every later generate runs with it. Then the engine proves it runs what it was sent: the worker reads back the
+adapter's slot in every LoRA layer (the buffers vLLM's LoRA kernels compute with) and its SHA-256 must equal the one of
+the sent adapters as vLLM holds them (cast to the engine's dtype, B scaled by alpha / r: vLLM's own ops, bit for bit),
+or the push raises.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pickle
 import re
+import shutil
+import tempfile
 import time
 import types
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -52,6 +64,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # how many weight columns (unit input vectors) the CPU back end's kernels are probed with per checked tensor
 _PROBE_COLUMNS = 16
 _PROBE = "#probe"  # suffix of the checksum key of a probe (what a layer's kernel computes with)
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank choices (config/lora.py MaxLoRARanks)
 
 
 def _require_vllm() -> Any:
@@ -80,6 +93,7 @@ class VLLMEngine:
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
         enable_sleep_mode: bool = False,
+        lora_rank: int | None = None,
         **llm_kwargs: Any,
     ) -> None:
         vllm = _require_vllm()
@@ -103,6 +117,12 @@ class VLLMEngine:
             llm_kwargs["max_num_seqs"] = max_num_seqs
         if self.layerwise:
             llm_kwargs = {**whole_prefills(model_path, max_model_len), **llm_kwargs}
+        self.lora_request: Any = None  # the adapter every generate runs with (load_adapter); None: the base
+        self.lora_rank = lora_rank
+        self._lora_root: Path | None = None
+        if lora_rank is not None:  # LoRA serving: one adapter at a time, the trainer's latest
+            llm_kwargs.update(enable_lora=True, max_loras=1, max_cpu_loras=1,
+                              max_lora_rank=lora_slot_rank(lora_rank))
         self.llm = vllm.LLM(
             model=str(model_path),
             dtype=_DTYPES[dtype],
@@ -130,6 +150,9 @@ class VLLMEngine:
         if core is not None and not getattr(self, "_closed", False):
             self._closed = True
             core.shutdown()
+        if self._lora_root is not None:
+            shutil.rmtree(self._lora_root, ignore_errors=True)
+            self._lora_root = None
 
     def generate(self, prompt_token_lists: Sequence[Sequence[int]], params: SamplingParams, *,
                  seeds: Sequence[int] | None = None) -> list[list[int]]:
@@ -160,7 +183,8 @@ class VLLMEngine:
             )
 
         per_request = sampling(None) if seeds is None else [sampling(int(s)) for s in seeds]
-        outputs = self.llm.generate(prompts, per_request, use_tqdm=False)
+        lora = {} if self.lora_request is None else {"lora_request": self.lora_request}
+        outputs = self.llm.generate(prompts, per_request, use_tqdm=False, **lora)
         return [_generation(out.outputs[0]) for out in outputs]
 
     def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
@@ -243,6 +267,101 @@ class VLLMEngine:
         if not found:
             raise RuntimeError(f"vLLM weight sync cannot be verified: none of {sorted(expected)[:4]}... is a parameter "
                                "of vLLM's model (a model whose names vLLM changes)")
+
+
+    def load_adapter(self, adapters: Sequence[tuple[str, torch.Tensor]], spec: Any, verify: bool = True
+                     ) -> dict[str, float]:
+        """Serve LoRA adapters ('<module path>.lora_A' / '.lora_B' -> the trainer's tensor; `spec` their LoRASpec) from
+        the next generate on: a PEFT folder of its own, added to vLLM under a new id, the previous adapter and its
+        folder dropped, and (`verify`) what vLLM's LoRA layers hold read back and compared (the module docstring).
+        Needs an engine built with `lora_rank`. Returns {"bytes", "buckets", "tensors", "seconds", "write_seconds",
+        "verified_workers", "fingerprint"} (the SHA-256 of the adapters as vLLM holds them, as an int); under tensor
+        parallel each worker holds slices of the adapters, which are not hashed (verified_workers 0)."""
+        from vllm.lora.request import LoRARequest
+
+        from seedfast.model.peft_io import save_peft_adapter
+
+        if self.lora_rank is None:
+            raise RuntimeError("load_adapter: this vLLM engine was built without LoRA (VLLMEngine(lora_rank=...))")
+        if spec.rank > self.lora_rank:
+            raise ValueError(f"load_adapter: rank {spec.rank} adapters, the engine was built for rank {self.lora_rank}")
+        start = time.perf_counter()
+        adapters = [(name, t.detach()) for name, t in adapters]
+        if self._lora_root is None:
+            self._lora_root = Path(tempfile.mkdtemp(prefix="seedfast-lora-", dir=_tmpfs()))
+        lora_id = 1 if self.lora_request is None else self.lora_request.lora_int_id + 1
+        folder = self._lora_root / f"adapter-{lora_id}"
+        holder = types.SimpleNamespace(lora_spec=spec, state_dict=lambda: dict(adapters))
+        save_peft_adapter(holder, folder, base_model=None)  # atomically: a temporary folder renamed into place
+        written = time.perf_counter() - start
+        request = LoRARequest(f"seedfast-{lora_id}", lora_id, str(folder))
+        self.llm.llm_engine.add_lora(request)  # loaded and activated now (its errors here, not at a generate)
+        old, self.lora_request = self.lora_request, request
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)  # already evicted from the one slot: a no-op then
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+        expected = lora_slot_print(adapters, spec.scaling, self.torch_dtype)
+        checked = 0
+        if verify:
+            reports = self.llm.collective_rpc("seedfast_lora_print", args=(lora_id,))
+            if all(report is None for report in reports):
+                raise RuntimeError("vLLM LoRA sync cannot be verified: no worker has a LoRA manager")
+            for report in reports:
+                if report is None or report["sha256"] is None:  # tensor parallel: each worker holds slices
+                    continue
+                checked += 1
+                if report["sha256"] != expected:
+                    raise RuntimeError(
+                        f"vLLM LoRA sync failed: adapter {lora_id} as vLLM's LoRA layers hold it (slot "
+                        f"{report['slot']}, {report['modules']} projections) has SHA-256 {report['sha256'][:16]}..., "
+                        f"the trainer's adapters {expected[:16]}... ({len(adapters) // 2} projections): the engine "
+                        "does not run the adapters it was sent")
+        return {"bytes": float(sum(t.numel() * t.element_size() for _, t in adapters)), "buckets": 1.0,
+                "tensors": float(len(adapters)), "seconds": time.perf_counter() - start, "write_seconds": written,
+                "verified_workers": float(checked), "fingerprint": int(expected, 16)}
+
+
+def lora_slot_rank(rank: int) -> int:
+    """The smallest of vLLM's max_lora_rank choices that holds `rank`."""
+    for choice in _LORA_RANKS:
+        if choice >= rank:
+            return choice
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank ({_LORA_RANKS[-1]})")
+
+
+def _tmpfs() -> str | None:
+    """/dev/shm when this machine has it (a PEFT folder per push never touches a disk), else the default temp dir."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def _slot_sha256(entries: Iterable[tuple[str, torch.Tensor, torch.Tensor]]) -> str:
+    """SHA-256 over (module path, A, B) in path order: each tensor's dtype, shape and bytes."""
+    h = hashlib.sha256()
+    for name, a, b in sorted(entries, key=lambda e: e[0]):
+        h.update(f"{name}|".encode())
+        for t in (a, b):
+            t = t.detach().contiguous().cpu()
+            h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def lora_slot_print(adapters: Sequence[tuple[str, torch.Tensor]], scaling: float, dtype: torch.dtype) -> str:
+    """`_slot_sha256` of the trainer's adapters as vLLM's LoRA layers hold them: A and B cast to the engine's dtype
+    (vLLM's lora_dtype "auto") and B scaled by alpha / r in place (vLLM's LoRALayerWeights.optimize)."""
+    named = dict(adapters)
+    entries = []
+    for name in named:
+        if not name.endswith(".lora_A"):
+            continue
+        path = name.removesuffix(".lora_A")
+        a = named[name].to(dtype)
+        b = named[f"{path}.lora_B"].to(dtype).clone()
+        if scaling != 1:
+            b *= scaling
+        entries.append((path, a, b))
+    return _slot_sha256(entries)
 
 
 def _checksum(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[tuple[float, ...], float, int]:
@@ -386,6 +505,10 @@ class WeightSyncExtension:
         if repack:
             _repack_vocab_layers(model)
 
+    def seedfast_lora_print(self, lora_id: int) -> dict[str, Any] | None:
+        """`_lora_report` of this worker: the SHA-256 of adapter `lora_id` as its LoRA layers hold it."""
+        return _lora_report(self.model_runner, lora_id)
+
     def seedfast_weight_sums(self, names: list[str]) -> dict[str, Any]:
         """(sum, numel) of this worker's copy of each named parameter it has (its shard under tensor parallel); on the
         CPU back end also, under `name + "#probe"`, a list of (sum, columns) of the probe's columns of the weight as
@@ -406,6 +529,37 @@ class WeightSyncExtension:
                 if probes:
                     sums[key] = probes
         return sums
+
+
+def _lora_report(runner: Any, lora_id: int) -> dict[str, Any] | None:
+    """What the worker's LoRA layers hold of adapter `lora_id` in its slot, as `_slot_sha256` over every projection
+    the adapter has (A [:rank] and B [:, :rank] of each slice: what vLLM's LoRA kernels multiply with); None without
+    a LoRA manager. A projection of the adapter that no layer took is missing from the hash, so it differs."""
+    manager = getattr(getattr(runner, "lora_manager", None), "_adapter_manager", None)
+    if manager is None:
+        return None
+    model = manager.get_adapter(lora_id)
+    if model is None or lora_id not in manager.lora_index_to_id:
+        return {"slot": None, "modules": 0, "sha256": f"adapter {lora_id} is not active"}
+    slot = manager.lora_index_to_id.index(lora_id)
+    if any(getattr(m, "tp_size", 1) > 1 for m in manager.modules.values()):
+        return {"slot": slot, "modules": 0, "sha256": None}  # each worker holds slices: not the whole adapters
+    entries = []
+    for module_name, module in manager.modules.items():
+        weights = model.get_lora(module_name)
+        stacked_a = getattr(module, "lora_a_stacked", None)
+        if weights is None or stacked_a is None:
+            continue
+        subs = manager.packed_modules.get(module_name, [module_name])
+        parts = weights.lora_a if isinstance(weights.lora_a, list) else [weights.lora_a]
+        for i, (sub, part) in enumerate(zip(subs, parts)):
+            if part is None:  # a projection the adapter does not adapt
+                continue
+            rank = part.shape[0]
+            a = stacked_a[i][slot, 0, :rank, :]
+            b = module.lora_b_stacked[i][slot, 0, :, :rank]
+            entries.append((sub, a, b))
+    return {"slot": slot, "modules": len(entries), "sha256": _slot_sha256(entries)}
 
 
 def _probe(layer: torch.nn.Module, dtype: torch.dtype) -> tuple[float, int] | None:

@@ -51,8 +51,10 @@ from seedfast.distributed.weight_channel import (
     load_buckets,
     loaded_fingerprint,
     named_buckets,
+    named_layout,
 )
-from seedfast.distributed.weight_push import hf_named_tensors
+from seedfast.distributed.weight_push import adapter_named_tensors, hf_named_tensors
+from seedfast.model.lora import adapter_fingerprint
 from seedfast.runtime.placement import producer_device, producer_environment
 from seedfast.runtime.precision import DTYPES
 from seedfast.train.staleness import VERSION_KEY, Produced, check_weights, rollout_version
@@ -104,6 +106,12 @@ class RolloutProducerError(RuntimeError):
 
 class RolloutProducerTimeout(RolloutProducerError):
     """The producer sent nothing for rollout.producer_timeout_s."""
+
+
+class WeightSyncError(RolloutProducerError):
+    """The producer rolled out with weights other than the version the trainer sent (their fingerprints differ): a
+    push that did not land (verl #7495: an asynchronous LoRA run that silently trained on the first policy). Never
+    trained on."""
 
 
 def resume_point(ckpt_dir: Path) -> str:
@@ -273,6 +281,8 @@ class RolloutProducer:
         self.inbox = Inbox(self.process, self._results_r, timeout)
         self._ready = False
         self.sent: dict[int, int] = {}  # version -> fingerprint of the weights sent as it
+        self.adapters = sends_adapters(cfg)  # LoRA with rollout.lora_sync=adapter: the adapters alone travel
+        self.checked: int | None = None  # the fingerprint the producer reported for the last batch, checked
         self._exit: list[int | None] = [None]  # the exit code, kept when close() releases the process
         self._finalizer = util.Finalize(self, _end, exitpriority=10,
                                         args=(self.process, self._lifeline_w, self.inbox, self.channel, self._exit))
@@ -303,8 +313,11 @@ class RolloutProducer:
         self._started()
         if not self.process.is_alive():
             raise self.inbox.died(f"sent it policy version {version}")
+        named, sent_print = sent_weights(self.cfg, policy), None
+        if self.adapters:  # the adapters alone, hashed as sent: what the producer's copy must hold bit for bit
+            sent_print = adapter_print(named)
         try:
-            stats = self.channel.send(version, hf_named_tensors(policy, dtype=self.dtype), self.bucket_bytes)
+            stats = self.channel.send(version, named, self.bucket_bytes)
         except RuntimeError as err:  # the peer closed the group mid-broadcast, or the group's timeout passed
             doing = f"sent it policy version {version} ({' '.join(str(err).split())[:300]})"
             # a killed peer's sockets close before the kernel reaps it: give its death a moment to show before
@@ -316,8 +329,12 @@ class RolloutProducer:
                     f"{self.cfg.rollout.producer_timeout_s:g} s (rollout.producer_timeout_s) while the trainer "
                     f"{doing}, after update {version - 1}") from err
             raise self.inbox.died(doing) from err
-        self.sent[version] = int(stats["fingerprint"])
-        return {"async/push_seconds": time.perf_counter() - start, "async/push_bytes": stats["bytes"]}
+        self.sent[version] = int(stats["fingerprint"]) if sent_print is None else sent_print
+        metrics = {"async/push_seconds": time.perf_counter() - start, "async/push_bytes": stats["bytes"],
+                   "async/push_fingerprint": short_print(self.sent[version])}
+        if self.checked is not None:  # the weights the batch just learned from were rolled out with, as loaded
+            metrics["async/rollout_fingerprint"] = short_print(self.checked)
+        return metrics
 
     def next(self, step: int, *, wait_s: float | None = None, since: float | None = None) -> Produced | None:
         """Update `step`'s batch (the producer sends them in order); with `wait_s`, None when it has not come within
@@ -329,8 +346,23 @@ class RolloutProducer:
         if not isinstance(msg, Produced):
             raise RolloutProducerError(f"the rollout producer sent {type(msg).__name__} where update {step}'s "
                                        "rollout was due")
-        check_weights(msg, self.sent)
+        self._check_weights(msg)
         return msg
+
+    def _check_weights(self, produced: Produced) -> None:
+        """The producer's engine held the very weights the trainer sent as the batch's version (staleness.check_weights:
+        the fingerprint it read back after loading them), checked on the first batch of every version pushed; a
+        mismatch is one WeightSyncError naming the update and the version, before anything is learned from it."""
+        want = self.sent.get(produced.version)
+        if want is not None and produced.fingerprint != want:
+            what = "LoRA adapters (rollout.lora_sync=adapter)" if self.adapters else "weights"
+            got = "none" if produced.fingerprint is None else f"{produced.fingerprint % 2**64:016x}"
+            raise WeightSyncError(
+                f"update {produced.step}: the rollout producer rolled out with {what} that are not policy version "
+                f"{produced.version} as the trainer sent them (fingerprint {got} loaded, {want % 2**64:016x} sent): "
+                "the push did not land in its engine; the run stops rather than learn from another policy's rollouts")
+        check_weights(produced, self.sent)
+        self.checked = produced.fingerprint
 
     def close(self) -> None:
         """End the producer now, whatever it is doing (its lifeline closes; its environment workers follow), then
@@ -411,10 +443,47 @@ class _Staged:
 
 def channel_dtype(cfg: Config) -> torch.dtype:
     """The dtype a version travels in: the one the producer's engine computes in (model.dtype for the own engine;
-    for vLLM rollout.vllm_dtype when set, what the synchronous loop pushes)."""
+    for vLLM rollout.vllm_dtype when set, what the synchronous loop pushes); LoRA adapters sent alone travel in
+    their own dtype (optim.master_dtype), so the engine's adapters are the trainer's bit for bit."""
     from seedfast.runtime.setup import engine_dtype
 
+    if sends_adapters(cfg):
+        return DTYPES[cfg.optim.master_dtype]
     return DTYPES[engine_dtype(cfg) if cfg.rollout.engine == "vllm" else cfg.model.dtype]
+
+
+def sends_adapters(cfg: Config) -> bool:
+    """Whether a version is the LoRA adapters alone (model.lora with rollout.lora_sync=adapter), not the weights."""
+    from seedfast.runtime.adapters import uses_lora
+
+    return uses_lora(cfg) and cfg.rollout.lora_sync == "adapter"
+
+
+def sent_weights(cfg: Config, policy: torch.nn.Module) -> Any:
+    """What a push sends of `policy` as (name, full tensor): its adapters (`sends_adapters`), else its weights in
+    HF names (merged with a LoRA policy), in `channel_dtype`. Under torchrun every rank runs it (the gathers of a
+    sharded policy: `take_part`)."""
+    if sends_adapters(cfg):
+        return adapter_named_tensors(policy)
+    return hf_named_tensors(policy, dtype=channel_dtype(cfg))
+
+
+def take_part(cfg: Config, policy: torch.nn.Module) -> None:
+    """A trainer rank other than 0 while rank 0 sends a version: the same gathers, in the same order
+    (train/async_ranks.py take_part_in_push, for the adapters too)."""
+    for _ in sent_weights(cfg, policy):
+        pass
+
+
+def adapter_print(named: Any) -> int:
+    """The fingerprint of LoRA adapters as (name, tensor): model/lora.py's adapter_fingerprint (SHA-256 over the
+    names, dtypes, shapes and bytes), as an int."""
+    return int(adapter_fingerprint(list(named)), 16)
+
+
+def short_print(value: int) -> float:
+    """A fingerprint as a metric: its low 48 bits, exact in a float."""
+    return float(value % 2**48)
 
 
 def trainer_engine(cfg: Config) -> str:
@@ -443,18 +512,34 @@ class ProducerEngine:
 
 class OwnProducerEngine(ProducerEngine):
     """The own engine over the producer's copy of the policy: a version is copied into the copy, and its fingerprint
-    is read back from the copy the sampler reads (a copy that loaded nothing keeps the old fingerprint)."""
+    is read back from the copy the sampler reads (a copy that loaded nothing keeps the old fingerprint).
+
+    With LoRA adapters sent alone (`sends_adapters`) the copy is the run's adapted model (runtime/adapters.py
+    attach_adapters on the producer's own base: the frozen base in model.dtype, the adapters in
+    optim.master_dtype, as the trainer's policy) and a version is its adapters, copied into its LoRA layers; the
+    fingerprint is `adapter_print` of the adapters the copy then holds."""
 
     def __init__(self, cfg: Config, policy_dir: Path, device: torch.device) -> None:
         from seedfast.rollout.colocated import OwnRollout
+        from seedfast.runtime.adapters import attach_adapters
         from seedfast.runtime.setup import load_policy
 
         self.model = load_policy(cfg, policy_dir, device, trainable=False)
-        self.layout = bucket_layout(self.model, cfg.rollout.sync_bucket_mb << 20, dtype=channel_dtype(cfg))
+        self.adapters = sends_adapters(cfg)
+        bucket_bytes = cfg.rollout.sync_bucket_mb << 20
+        if self.adapters:
+            attach_adapters(cfg, self.model, base=None)  # its values are replaced by every version sent
+            self.model.requires_grad_(False)
+            self.layout = named_layout(adapter_named_tensors(self.model), bucket_bytes)
+        else:
+            self.layout = bucket_layout(self.model, bucket_bytes, dtype=channel_dtype(cfg))
         self.rollout = OwnRollout(self.model, seed=cfg.run.seed)
 
     def load(self, flats: list[torch.Tensor]) -> int:
         load_buckets(self.model, self.layout, flats)
+        if self.adapters:
+            state = self.model.state_dict(keep_vars=True)
+            return adapter_print((slot.name, state[slot.name]) for bucket in self.layout for slot in bucket)
         return loaded_fingerprint(self.model, self.layout)
 
 
@@ -470,21 +555,38 @@ class VLLMProducerEngine(ProducerEngine):
     fingerprint reported is that of the received flat buckets that were pushed, not one read back from vLLM: vLLM
     repacks its copy (q/k/v and gate/up fused, the CPU kernels' packed layouts), so the sent tensors cannot be found
     in it bit for bit. The fingerprint shows that the version crossed the channel intact, the verify that vLLM
-    computes with it."""
+    computes with it.
+
+    With LoRA adapters sent alone (`sends_adapters`) the engine serves them over the base it loaded from the policy
+    folder (vLLM's LoRA support: VLLMRollout.load_adapters, which hashes what vLLM's LoRA layers then hold against
+    the adapters received and raises when they differ); the fingerprint reported is `adapter_print` of the adapters
+    received, the trainer's as sent."""
 
     def __init__(self, cfg: Config, policy_dir: Path) -> None:
         from seedfast.model import Decoder, hf_config
+        from seedfast.model.lora import add_lora
         from seedfast.rollout.colocated import build_rollout
+        from seedfast.runtime.adapters import lora_spec
         from seedfast.runtime.setup import engine_dtype, vllm_options
 
         with torch.device("meta"):  # the layout needs names and shapes only: no second copy of the weights
             structure = Decoder(hf_config(policy_dir))
-        self.layout = bucket_layout(structure, cfg.rollout.sync_bucket_mb << 20, dtype=channel_dtype(cfg))
+        bucket_bytes = cfg.rollout.sync_bucket_mb << 20
+        self.adapters = sends_adapters(cfg)
+        if self.adapters:  # the adapters' names and shapes, on the meta structure
+            add_lora(structure, lora_spec(cfg), dtype=channel_dtype(cfg))
+            self.layout = named_layout(adapter_named_tensors(structure), bucket_bytes)
+        else:
+            self.layout = bucket_layout(structure, bucket_bytes, dtype=channel_dtype(cfg))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.rollout = build_rollout("vllm", structure, policy_dir, seed=cfg.run.seed, dtype=engine_dtype(cfg),
-                                     sleep=False, **vllm_options(cfg))
+                                     sleep=False, lora_sync=cfg.rollout.lora_sync, **vllm_options(cfg))
 
     def load(self, flats: list[torch.Tensor]) -> int:
+        if self.adapters:
+            adapters = [item for bucket in named_buckets(self.layout, flats) for item in bucket]
+            self.rollout.load_adapters(adapters)  # raises when vLLM's LoRA layers do not hold them
+            return adapter_print(adapters)
         self.rollout.before_rollout(named_buckets(self.layout, flats))  # raises when the push did not land
         return fingerprint(flats)
 
