@@ -1,0 +1,297 @@
+"""One SmolLM2-135M update on this CPU by phase, full fine-tuning vs LoRA, each phase beside its floor.
+
+    python -m benchmarks.real_update                 # table + benchmarks/results/real_update.json
+    python -m benchmarks.real_update --reps 1 --lora-rank 16
+
+The recipe is configs/smollm2-135m_textworld_cpu.yaml (SEED, the policy as its own analyzer, 2 games x 4
+trajectories, two mini-batches), on SmolLM2-135M-Instruct as fetched (`seedfast models fetch smollm2-135m`). One
+rollout is made and handed to every variant, each starting from the same weights (benchmarks/step.py's method):
+    full-grpo, full-seed       every weight trained (fp32 masters)
+    lora-grpo, lora-seed       model.lora at the recipe's rank, the base frozen
+GRPO's scoring pass is the old-policy scoring alone, so teacher scoring = SEED's scoring minus GRPO's.
+
+A phase's floor is its FLOPs over the GEMM rate this box reaches in the same run at the phase's own shape (fp32
+torch.mm with the recipe's threads, at M = the packed tokens of a forward and M = the sequences of a decode step):
+    forward FLOPs   2·(block linear parameters) per token through the stack + 2·d·V per row the LM head scores
+                    (causal attention added: 4·layers·d_attn·(context) per token)
+    update          full: 3x forward (activations, input and weight gradients; the head too); LoRA: 2x forward
+                    (no weight gradient of a frozen weight) + the adapters' own FLOPs
+The tokens each phase pushes through the model are counted by wrapping the policy's forward, prefill and decode, and
+the head's rows by wrapping the fused ops, while the phase runs; nothing is estimated from the config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import ROOT, machine_info, median, print_table, write_results
+from seedfast.config import load_config
+from seedfast.envs.textworld_games import make_games
+from seedfast.model.lora import lora_modules
+from seedfast.runtime.profiling import PhaseTimer
+from seedfast.train.draws import seed_everything
+from seedfast.train.rl import Trainer
+
+RECIPE = ROOT / "configs" / "smollm2-135m_textworld_cpu.yaml"
+MODEL = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
+PHASES = ("rollout", "analyze", "score", "advantage", "update", "sync")
+
+
+class Counter:
+    """Tokens through the decoder stack, attention context, and LM-head rows, per phase (the timer's current one)."""
+
+    def __init__(self) -> None:
+        self.phase = "other"
+        self.tokens: dict[str, float] = {}
+        self.decode_rows: dict[str, float] = {}
+        self.attn: dict[str, float] = {}  # Σ over query tokens of the keys each attends to
+        self.head_rows: dict[str, float] = {}
+
+    def add(self, table: dict[str, float], value: float) -> None:
+        table[self.phase] = table.get(self.phase, 0.0) + float(value)
+
+
+@contextlib.contextmanager
+def counted(policy: torch.nn.Module, counter: Counter) -> Iterator[None]:
+    """Wrap the policy's forward / prefill / decode and the fused ops' entry points to count what they compute."""
+    import seedfast.scoring.prefix_kv_teacher as teacher_mod
+    import seedfast.scoring.score as score_mod
+    import seedfast.train.update as update_mod
+
+    def on_forward(_module, args, kwargs) -> None:
+        ids = args[0] if args else kwargs["input_ids"]
+        cu = args[1] if len(args) > 1 else kwargs.get("cu_seqlens")
+        counter.add(counter.tokens, ids.numel())
+        if cu is not None:  # causal attention within each sequence (a shared past's keys are left out: a floor)
+            lengths = (cu[1:] - cu[:-1]).double()
+            counter.add(counter.attn, float((lengths * (lengths + 1) / 2).sum()))
+
+    def on_decode(ids: torch.Tensor, cache) -> None:
+        counter.add(counter.tokens, ids.numel())
+        counter.add(counter.decode_rows, ids.numel())
+        counter.add(counter.head_rows, ids.numel())  # each row's next-token distribution
+        counter.add(counter.attn, float(cache.lengths.double().sum()))
+
+    handles = [policy.register_forward_pre_hook(on_forward, with_kwargs=True)]
+    original_decode, original_prefill = policy.decode, policy.prefill
+
+    def decode(ids, cache):
+        on_decode(ids, cache)
+        return original_decode(ids, cache)
+
+    def prefill(ids, cu, *args, **kwargs):
+        counter.add(counter.head_rows, cu.numel() - 1)  # each prompt's first sampled token
+        return original_prefill(ids, cu, *args, **kwargs)
+
+    policy.decode, policy.prefill = decode, prefill
+
+    patched = []
+
+    def wrap(module, name: str) -> None:
+        fn = getattr(module, name)
+
+        def counting(hidden, *args, **kwargs):
+            counter.add(counter.head_rows, hidden.shape[0])
+            return fn(hidden, *args, **kwargs)
+
+        setattr(module, name, counting)
+        patched.append((module, name, fn))
+
+    for module in (score_mod, teacher_mod, update_mod):
+        for name in ("linear_logprob", "fused_loss", "fused_divergence"):
+            if hasattr(module, name):
+                wrap(module, name)
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        del policy.decode, policy.prefill
+        for module, name, fn in patched:
+            setattr(module, name, fn)
+
+
+class CountingTimer(PhaseTimer):
+    def __init__(self, counter: Counter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        before = self.counter.phase
+        self.counter.phase = name
+        try:
+            with super().phase(name):
+                yield
+        finally:
+            self.counter.phase = before
+
+
+def gemm_rate(m: int, k: int, n: int, reps: int = 5) -> float:
+    """FLOP/s of fp32 torch.mm [m, k] x [k, n] on this box, best of `reps` after a warm-up."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * m * k * n / best
+
+
+def model_shape(policy: torch.nn.Module) -> dict[str, float]:
+    c = policy.config
+    blocks = sum(m.weight.numel() for name, m in policy.named_modules()
+                 if isinstance(m, torch.nn.Linear) and ".layers." in f".{name}")
+    adapters = sum(m.lora_A.numel() + m.lora_B.numel() for m in lora_modules(policy).values())
+    return {"block_linear_params": blocks, "adapter_params": adapters, "d": c.hidden_size, "vocab": c.vocab_size,
+            "layers": c.num_hidden_layers, "d_attn": c.num_attention_heads * c.head_dim,
+            "intermediate": c.intermediate_size}
+
+
+def phase_flops(shape: dict[str, float], counter: Counter, phase: str, training: str | None) -> float:
+    """The phase's FLOPs from what was counted (module docstring); `training` 'full' / 'lora' for the update."""
+    tokens = counter.tokens.get(phase, 0.0)
+    rows = counter.head_rows.get(phase, 0.0)
+    forward = (2 * shape["block_linear_params"] * tokens + 2 * shape["d"] * shape["vocab"] * rows
+               + 4 * shape["layers"] * shape["d_attn"] * counter.attn.get(phase, 0.0))
+    if training == "full":
+        return 3 * forward
+    if training == "lora":
+        return 2 * forward + 6 * shape["adapter_params"] * tokens
+    return forward + (2 * shape["adapter_params"] * tokens if shape["adapter_params"] else 0.0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--lora-rank", type=int, default=16)
+    ap.add_argument("--lora-alpha", type=float, default=32.0)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--games-dir", default=str(Path(tempfile.gettempdir()) / "seedfast_real_update_games"))
+    args = ap.parse_args()
+    if not (MODEL / "config.json").is_file():
+        raise SystemExit(f"{MODEL} is missing: run `seedfast models fetch smollm2-135m` first")
+    torch.set_num_threads(args.threads)
+    work = Path(tempfile.mkdtemp(prefix="seedfast_real_update_"))
+    base = [f"model.path={MODEL}", f"env.games_dir={args.games_dir}", f"run.out_dir={work}", "trainer.eval_every=0",
+            "log.tensorboard=false", "log.progress=false", "env.workers=1"]
+    cfg0 = load_config(RECIPE, base)
+    env = cfg0.env
+    make_games(args.games_dir, env.game_type, env.levels, env.n_train, env.n_eval, seed=0, workers=1)
+    lora = [f"model.lora.rank={args.lora_rank}", f"model.lora.alpha={args.lora_alpha}"]
+    variants = {"full-grpo": ["algorithm=grpo"], "full-seed": ["algorithm=seed"],
+                "lora-grpo": ["algorithm=grpo", *lora], "lora-seed": ["algorithm=seed", *lora]}
+    seconds: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
+    counts: dict[str, Counter] = {}
+    shapes: dict[str, dict[str, float]] = {}
+    rollout_counter = Counter()
+    for rep in range(args.reps):
+        seed_everything(rep)
+        roller = Trainer(load_config(RECIPE, [*base, "algorithm=grpo", "run.name=roll"]))
+        timer = CountingTimer(rollout_counter if rep == 0 else Counter())
+        with counted(roller.policy, timer.counter):
+            result = roller.rollout(rep, timer)
+        rollout_s = timer.seconds["rollout"]
+        roller.close()
+        for name, extra in variants.items():
+            trainer = Trainer(load_config(RECIPE, [*base, *extra, f"run.name={name}"]))
+            counter = Counter()
+            timer = CountingTimer(counter)
+            seed_everything(rep)
+            with counted(trainer.policy, counter):
+                trainer.learn(rep, result, timer)
+            shapes[name] = model_shape(trainer.policy)
+            trainer.close()
+            for k, v in {"rollout": rollout_s, **timer.seconds}.items():
+                seconds[name].setdefault(k, []).append(v)
+            if rep == 0:
+                counts[name] = counter
+        print(f"rep {rep} done", flush=True)
+
+    d, inter = int(shapes["full-grpo"]["d"]), int(shapes["full-grpo"]["intermediate"])
+    batch = cfg0.rollout.n * cfg0.rollout.tasks_per_batch  # the sequences a decode step carries
+    rates = {"packed": gemm_rate(4096, d, inter), "decode": gemm_rate(batch, d, inter)}
+    rows = []
+    for name in variants:
+        med = {k: median(v) for k, v in seconds[name].items()}
+        counter = counts[name]
+        training = name.split("-")[0]
+        for phase in PHASES:
+            if phase not in med:
+                continue
+            c = rollout_counter if phase == "rollout" else counter
+            decode_share = c.decode_rows.get(phase, 0.0) / max(c.tokens.get(phase, 0.0), 1.0)
+            rate = rates["decode"] if decode_share > 0.5 else rates["packed"]
+            flops = phase_flops(shapes[name], c, phase, training if phase == "update" else None)
+            floor = flops / rate
+            rows.append({"variant": name, "phase": phase, "seconds": round(med[phase], 3),
+                         "gflop": round(flops / 1e9, 2), "floor_s": round(floor, 3),
+                         "vs_floor": round(med[phase] / floor, 2) if floor > 0 else None,
+                         "tokens": int(c.tokens.get(phase, 0)), "head_rows": int(c.head_rows.get(phase, 0))})
+    print_table(rows, ["variant", "phase", "seconds", "floor_s", "vs_floor", "gflop", "tokens", "head_rows"],
+                title=f"SmolLM2-135M update by phase on this CPU (median of {args.reps}, {args.threads} threads, "
+                      "eager)")
+    update = {name: median(seconds[name]["update"]) for name in variants}
+    ratios = {"lora_update_vs_full_grpo": update["lora-grpo"] / update["full-grpo"],
+              "lora_update_vs_full_seed": update["lora-seed"] / update["full-seed"]}
+    teacher = {name: median(seconds[name]["score"]) - median(seconds[name.replace("seed", "grpo")]["score"])
+               for name in variants if name.endswith("seed")}
+    print({k: round(v, 3) for k, v in ratios.items()}, "teacher scoring s:",
+          {k: round(v, 3) for k, v in teacher.items()})
+    write_results("real_update", {
+        "machine": machine_info(),
+        "recipe": str(RECIPE.relative_to(ROOT)),
+        "settings": {"threads": args.threads, "mode": "eager", "reps": args.reps, "lora_rank": args.lora_rank,
+                     "lora_alpha": args.lora_alpha, "dtype": cfg0.model.dtype},
+        "shapes": {"model": shapes, "step_records": len(result.steps), "trajectories": len(result.trajectories)},
+        "gemm_flops_per_s": rates,
+        "rows": rows,
+        "ratios": ratios,
+        "teacher_scoring_s": teacher,
+        "goal": "every phase within 2x of its floor; the LoRA update <= 0.7x the full update (issue #53)",
+    })
+
+
+if __name__ == "__main__":
+    main()
+
+
+def docs_table(result: dict) -> str:
+    """docs/performance.md's table (make docs): SEED's update by phase, full vs LoRA, each beside its floor; the
+    scoring pass split into old-policy scoring (GRPO's) and the teacher's (SEED's minus GRPO's)."""
+    rows = {(r["variant"], r["phase"]): r for r in result["rows"]}
+
+    def cell(variant: str, phase: str) -> tuple[float, float]:
+        if phase == "teacher scoring":
+            seed, grpo = rows[(f"{variant}-seed", "score")], rows[(f"{variant}-grpo", "score")]
+            return seed["seconds"] - grpo["seconds"], seed["floor_s"] - grpo["floor_s"]
+        name, key = (f"{variant}-grpo", "score") if phase == "old-policy scoring" else (f"{variant}-seed", phase)
+        r = rows.get((name, key))
+        return (r["seconds"], r["floor_s"]) if r else (0.0, 0.0)
+
+    def ratio(seconds: float, floor: float) -> str:
+        return f"{seconds / floor:.1f}x" if floor > 0 else "—"
+
+    lines = ["| phase | full: s | floor s | vs floor | LoRA: s | floor s | vs floor |", "|---|---|---|---|---|---|---|"]
+    for phase in ("rollout", "analyze", "old-policy scoring", "teacher scoring", "update", "sync"):
+        full, lora = cell("full", phase), cell("lora", phase)
+        lines.append(f"| {phase} | {full[0]:.2f} | {full[1]:.2f} | {ratio(*full)} | {lora[0]:.2f} | {lora[1]:.2f} | "
+                     f"{ratio(*lora)} |")
+    m, s = result["machine"], result["settings"]
+    lines.append("")
+    lines.append(f"LoRA (r {s['lora_rank']}, alpha {s['lora_alpha']:g}) update / full update: "
+                 f"{result['ratios']['lora_update_vs_full_seed']:.2f} (SEED), "
+                 f"{result['ratios']['lora_update_vs_full_grpo']:.2f} (GRPO). {m['cpu']}, {s['threads']} threads, "
+                 f"{s['mode']}, {s['dtype']}, median of {s['reps']}; GEMM rate measured in the same run: "
+                 f"{result['gemm_flops_per_s']['packed'] / 1e9:.0f} GFLOP/s packed, "
+                 f"{result['gemm_flops_per_s']['decode'] / 1e9:.0f} GFLOP/s at a decode step's rows "
+                 "(`benchmarks/results/real_update.json`).")
+    return "\n".join(lines)
