@@ -30,6 +30,19 @@ parameters themselves. What cannot be read off a parameter is counted from the m
                               gathered units + the reduce-scatter copy; an estimate before allocator fragmentation
                               and temporaries
 
+With LoRA (model.lora: the base frozen in model.dtype, trainable adapters in optim.master_dtype, one module and no
+master copy; docs/algorithms.md, 'LoRA') the same sharding is applied to the adapted model and:
+
+    parameters                the frozen base's local elements x model.dtype bytes (sharded like any weight), plus
+                              the adapters' local elements x optim.master_dtype bytes
+    gradients                 the adapters' alone (the base has none), in optim.master_dtype
+    optimizer states          AdamW's two moments of the adapters alone: 2 x their bytes
+    activations               + rank x (adapted layers per block) elements per token: each adapter's x·Aᵀ
+    gathered units            the root is frozen: gathered, with no gradient; the reduce-scatter's copy is of the
+                              largest unit's adapter gradients
+    train peak, rollout       the base + 4 x (train) or 3 x (rollout: no gradients) the adapters' bytes, in place of
+                              4 x / 3 x the parameters
+
 With GPUs of the rollout's own (`rollout.devices`, asynchronous RL: runtime/placement.py), the trainer's GPUs hold no
 rollout, and the plan adds the producer's side, per rollout GPU (rollout tp = len(rollout.devices)), in the engine's
 dtype (rollout.vllm_dtype, else model.dtype):
@@ -60,6 +73,7 @@ from seedfast.config import Config, ConfigError
 from seedfast.model.config import DecoderConfig
 from seedfast.model.decoder import Decoder
 from seedfast.model.hf_io import hf_config, is_hf_folder
+from seedfast.model.lora import LoRASpec, add_lora
 
 from .mesh import MESH_DIMS, mesh_shape
 from .parallelize import check_tp, parallelize_decoder
@@ -153,6 +167,7 @@ class MemoryPlan:
     rollout_tokens_per_row: int
     gib: dict[str, float]  # per GPU
     rollout_side: dict[str, Any] | None = None  # per rollout GPU, with rollout.devices (module docstring)
+    lora: dict[str, Any] | None = None  # model.lora: rank, alpha, targets, adapter parameters (module docstring)
 
     def to_json(self) -> dict[str, Any]:
         """The plan, with how it was made (no GPU: the meta device and torch's fake process group)."""
@@ -162,8 +177,11 @@ class MemoryPlan:
     def table(self) -> str:
         lines = [f"{self.model}: {self.params_total / 1e9:.2f}B parameters on {self.world} GPUs "
                  f"(dp_shard={self.dp_shard} x tp={self.tp}), {self.compute_dtype} compute over "
-                 f"{self.master_dtype} master weights and AdamW states, gradients reduced in {self.reduce_dtype}; "
-                 "per GPU:"]
+                 + (f"{self.master_dtype} master weights and AdamW states" if self.lora is None else
+                    f"a frozen base and LoRA adapters (rank {self.lora['rank']}, "
+                    f"{self.lora['adapter_params_total'] / 1e6:.1f}M parameters) with their AdamW states in "
+                    f"{self.master_dtype}")
+                 + f", gradients reduced in {self.reduce_dtype}; per GPU:"]
         lines += [f"  {k:<34}{v:>10.2f} GiB" for k, v in self.gib.items()]
         if self.rollout_side is not None:
             r = self.rollout_side
@@ -172,6 +190,21 @@ class MemoryPlan:
                          f"{r['staged_versions']} staged versions); per rollout GPU:")
             lines += [f"  {k:<34}{v:>10.2f} GiB" for k, v in r["gib"].items()]
         return "\n".join(lines)
+
+
+def lora_spec_of_config(cfg: Config) -> LoRASpec | None:
+    """model.lora's LoRASpec (the PEFT folder's for model.lora.adapter), or None for full fine-tuning."""
+    lora = cfg.model.lora
+    if lora.adapter is not None:
+        from seedfast.model.peft_io import read_peft_spec
+
+        try:
+            return read_peft_spec(lora.adapter)
+        except ValueError as err:
+            raise ConfigError(f"model.lora.adapter: {err}") from None
+    if lora.rank > 0:
+        return LoRASpec(rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets))
+    return None
 
 
 def memory_plan(cfg: Config, world: int) -> MemoryPlan:
@@ -187,22 +220,32 @@ def memory_plan(cfg: Config, world: int) -> MemoryPlan:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     params_total = sum(p.numel() for p in model.parameters())
+    spec = lora_spec_of_config(cfg)
+    if spec is not None:  # on the meta device too: the adapters' shapes, no values
+        add_lora(model, spec, dtype=torch.float32)
     with fake_process_group(world):
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cpu", (shape.dp_shard, shape.tp), mesh_dim_names=MESH_DIMS)
         parallelize_decoder(model, mesh)
-        local = sum(_local_numel(p) for p in model.parameters())
+        local = sum(_local_numel(p) for p in model.parameters() if not p.requires_grad or spec is None)
+        local_adapters = sum(_local_numel(p) for p in model.parameters() if p.requires_grad and spec is not None)
         # FSDP2 units all-gathered (TP-local): a decoder block at a time (two with prefetch), and the root
         # (embeddings, final norm, LM head), which stays gathered from its forward to the end of backward
         block = sum(_local_numel(p) for p in model.model.layers[0].parameters()) * shape.dp_shard
+        block_adapters = sum(_local_numel(p) for p in model.model.layers[0].parameters()
+                             if p.requires_grad) * shape.dp_shard
         in_layers = {id(p) for p in model.model.layers.parameters()}
         root = sum(_local_numel(p) for p in model.parameters() if id(p) not in in_layers) * shape.dp_shard
+    adapters_total = sum(p.numel() for p in model.parameters() if p.requires_grad) if spec is not None else 0
     bytes_ = DTYPE_BYTES[cfg.model.dtype]  # what computes
     master_bytes = DTYPE_BYTES[cfg.optim.master_dtype]
     reduce_bytes = DTYPE_BYTES[cfg.dist.reduce_dtype] if cfg.dist.reduce_dtype != cfg.model.dtype else 0
     tokens = cfg.trainer.micro_batch_tokens
-    per_block = activation_elements_per_token(arch, shape.tp) * tokens * bytes_
+    per_token = activation_elements_per_token(arch, shape.tp)
+    if spec is not None:  # each adapted layer keeps its [tokens, rank] x·Aᵀ for B's gradient
+        per_token += spec.rank * len(spec.targets)
+    per_block = per_token * tokens * bytes_
     layers = arch.num_hidden_layers
     act_full = per_block * layers
     act_ckpt = tokens * arch.hidden_size * bytes_ * layers + per_block
@@ -212,26 +255,35 @@ def memory_plan(cfg: Config, world: int) -> MemoryPlan:
     kv = rows * row_tokens * 2 * layers * (arch.num_key_value_heads // shape.tp) * arch.head_dim * bytes_
     vocab_local = math.ceil(arch.vocab_size / shape.tp)
     logits = tokens * vocab_local * 4
-    params = local * master_bytes
     gathered = (root + block * layers) * bytes_  # generation runs on every unit gathered (TP-local)
-    reduce_copy = max(root, block) * reduce_bytes
+    if spec is None:  # every weight trained: master weights, their gradients and AdamW's moments
+        frozen, trained = 0, local * master_bytes
+        root_grad = root * bytes_  # the root's unsharded gradient, gathered with it until the end of backward
+        reduce_copy = max(root, block) * reduce_bytes
+    else:  # LoRA: the base frozen in model.dtype, the adapters trained (module docstring)
+        frozen, trained = local * bytes_, local_adapters * master_bytes
+        root_grad = 0  # the root (embeddings, final norm, LM head) is frozen
+        reduce_copy = block_adapters * reduce_bytes
+    params = frozen + trained
     gib = {
         "parameters": params / GIB,
-        "gradients": params / GIB,
-        "optimizer_states": 2 * params / GIB,
+        "gradients": trained / GIB,
+        "optimizer_states": 2 * trained / GIB,
         "activations_no_checkpointing": act_full / GIB,
         "activations_checkpointing": act_ckpt / GIB,
         "gathered_block": block * bytes_ / GIB,
-        "gathered_root_and_its_grad": 2 * root * bytes_ / GIB,
+        "gathered_root_and_its_grad": (root * bytes_ + root_grad) / GIB,
         "reduce_scatter_copy": reduce_copy / GIB,
-        "train_peak_checkpointing": (4 * params + act_ckpt + 2 * block * bytes_ + 2 * root * bytes_
-                                     + reduce_copy) / GIB,
+        "train_peak_checkpointing": (frozen + 4 * trained + act_ckpt + 2 * block * bytes_ + root * bytes_
+                                     + root_grad + reduce_copy) / GIB,
         "rollout_weights_gathered": gathered / GIB,
         "rollout_kv_cache": kv / GIB,
-        "rollout_peak": (3 * params + gathered + kv) / GIB,
+        "rollout_peak": (frozen + 3 * trained + gathered + kv) / GIB,
         "logits_avoided_fp32": logits / GIB,
         "logits_and_grad_avoided_fp32": 2 * logits / GIB,
     }
+    if spec is not None:  # the parameters' two parts
+        gib = {"frozen_base": frozen / GIB, "adapters": trained / GIB, **gib}
     if cfg.rollout.devices is not None:  # the trainer's GPUs roll nothing out (module docstring)
         for key in ("rollout_weights_gathered", "rollout_kv_cache", "rollout_peak"):
             del gib[key]
@@ -239,7 +291,10 @@ def memory_plan(cfg: Config, world: int) -> MemoryPlan:
                       compute_dtype=cfg.model.dtype, master_dtype=cfg.optim.master_dtype,
                       reduce_dtype=cfg.dist.reduce_dtype, micro_batch_tokens=tokens, rollout_rows_per_rank=rows,
                       rollout_tokens_per_row=row_tokens, gib={k: round(v, 4) for k, v in gib.items()},
-                      rollout_side=rollout_side(cfg, arch, params_total))
+                      rollout_side=rollout_side(cfg, arch, params_total),
+                      lora=None if spec is None else {"rank": spec.rank, "alpha": spec.alpha,
+                                                      "targets": list(spec.targets),
+                                                      "adapter_params_total": adapters_total})
 
 
 def rollout_side(cfg: Config, arch: DecoderConfig, params_total: int) -> dict[str, Any] | None:
