@@ -21,13 +21,13 @@ from tests.distributed.dist_helpers import grouped_samples, make_config, run_on_
 from tests.distributed.test_fsdp_update import CASES, _batch, _full
 
 N_SAMPLES, BUDGET, LR = 12, 48, 1e-2
-SPEC = LoRASpec(rank=4, alpha=8.0)
+LORA_SPEC = LoRASpec(rank=4, alpha=8.0)
 
 
 def lora_model(dtype: torch.dtype, family: str = "qwen2") -> torch.nn.Module:
     """A tiny decoder in `dtype` (frozen) with fp32 adapters whose B is not zero, so that A has a gradient at once."""
     model = build_decoder(make_config(family), dtype=dtype, seed=3)
-    add_lora(model, SPEC, seed=1)
+    add_lora(model, LORA_SPEC, seed=1)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for m in lora_modules(model).values():
