@@ -117,7 +117,11 @@ def _opd_modes() -> str:
 # them, so their table is made here.
 PLANS = (("qwen2.5-7b_seed_8xh100.yaml", "plan_7b_world8_tp1.json"),
          ("qwen2.5-32b_seed_4x8xh100.yaml", "plan_32b_world32_tp4.json"),
-         ("qwen2.5-72b_seed_4x8xh100.yaml", "plan_72b_world32_tp8.json"))
+         ("qwen2.5-72b_seed_4x8xh100.yaml", "plan_72b_world32_tp8.json"),
+         # the same recipes with model.lora.rank=32 (docs/scaling.md, 'LoRA')
+         ("qwen2.5-7b_seed_8xh100.yaml", "plan_7b_world8_tp1_lora_r32.json"),
+         ("qwen2.5-32b_seed_4x8xh100.yaml", "plan_32b_world32_tp4_lora_r32.json"),
+         ("qwen2.5-72b_seed_4x8xh100.yaml", "plan_72b_world32_tp8_lora_r32.json"))
 PLAN_COLUMNS = ("parameters", "gradients", "optimizer_states", "activations_checkpointing",
                 "activations_no_checkpointing", "train_peak_checkpointing", "rollout_peak")
 
@@ -132,7 +136,9 @@ def _memory_plans() -> str:
         gib, tp = plan["gib"], plan["tp"]
         gpus = f"{plan['world']} (dp {plan['dp_shard']}" + (f" x tp {tp})" if tp > 1 else ")")
         logits, grad = gib["logits_avoided_fp32"], gib["logits_and_grad_avoided_fp32"] - gib["logits_avoided_fp32"]
-        cells = [f"{plan['model']}, `{config}`", gpus, str(plan["micro_batch_tokens"]),
+        lora = plan.get("lora")
+        run = f"{plan['model']}, `{config}`" + (f", LoRA r {lora['rank']}" if lora else "")
+        cells = [run, gpus, str(plan["micro_batch_tokens"]),
                  *(f"{gib[k]:.1f}" for k in PLAN_COLUMNS), f"{logits:.1f} (+{grad:.1f}{' grad' if i == 0 else ''})"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
