@@ -89,6 +89,24 @@ def ensure_sft(cfg: Any) -> Path:
     return out
 
 
+def docs_table(result: dict) -> str:
+    """docs/demo.md's table (make docs): per mode and lr, the share of moved tokens inside the clip range in each
+    batch, the ratios' 1st and 99th percentiles, and the lr the rule chose."""
+    lines = ["| mode | lr | inside the clip range, per batch | ratio p1 – p99 (worst batch) | passes |",
+             "|---|---|---|---|---|"]
+    for mode, record in result["modes"].items():
+        for row in record["rows"]:
+            shares = ", ".join(f"{b['inside_share']:.4f}" for b in row["batches"])
+            p1 = min(b["quantiles"]["0.01"] for b in row["batches"] if b["quantiles"])
+            p99 = max(b["quantiles"]["0.99"] for b in row["batches"] if b["quantiles"])
+            lines.append(f"| {mode} | {row['lr']:g} | {shares} | {p1:.3f} – {p99:.3f} | "
+                         f"{'yes' if row['passes'] else 'no'} |")
+    chosen = ", ".join(f"{mode} {r['chosen_lr']:g}" if r["chosen_lr"] else f"{mode}: none of the grid"
+                       for mode, r in result["modes"].items())
+    return "\n".join([*lines, "", f"Chosen by the rule ({result['rule']}): {chosen}. "
+                      f"{result['machine']['cpu']}, `experiments/results/lr_probe.json`."])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(RECIPE))
