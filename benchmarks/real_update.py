@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import tempfile
 import time
 from collections.abc import Iterator
@@ -61,9 +62,9 @@ class Counter:
 @contextlib.contextmanager
 def counted(policy: torch.nn.Module, counter: Counter) -> Iterator[None]:
     """Wrap the policy's forward / prefill / decode and the fused ops' entry points to count what they compute."""
-    import seedfast.scoring.prefix_kv_teacher as teacher_mod
-    import seedfast.scoring.score as score_mod
-    import seedfast.train.update as update_mod
+    # by module name: the package seedfast.scoring exports a function `score` that hides its submodule's name
+    score_mod, teacher_mod, update_mod = (importlib.import_module(f"seedfast.{name}") for name in (
+        "scoring.score", "scoring.prefix_kv_teacher", "train.update"))
 
     def on_forward(_module, args, kwargs) -> None:
         ids = args[0] if args else kwargs["input_ids"]
@@ -98,7 +99,8 @@ def counted(policy: torch.nn.Module, counter: Counter) -> Iterator[None]:
         fn = getattr(module, name)
 
         def counting(hidden, *args, **kwargs):
-            counter.add(counter.head_rows, hidden.shape[0])
+            teacher = kwargs.get("teacher_hidden")  # linear_logprob scores the teacher's rows in the same pass
+            counter.add(counter.head_rows, hidden.shape[0] + (0 if teacher is None else teacher.shape[0]))
             return fn(hidden, *args, **kwargs)
 
         setattr(module, name, counting)
@@ -283,6 +285,10 @@ def docs_table(result: dict) -> str:
     lines = ["| phase | full: s | floor s | vs floor | LoRA: s | floor s | vs floor |", "|---|---|---|---|---|---|---|"]
     for phase in ("rollout", "analyze", "old-policy scoring", "teacher scoring", "update", "sync"):
         full, lora = cell("full", phase), cell("lora", phase)
+        if phase == "rollout":  # one rollout, made by the full model, is handed to every variant
+            lines.append(f"| {phase} | {full[0]:.2f} | {full[1]:.2f} | {ratio(*full)} | (the full model's) | "
+                         f"{lora[1]:.2f} | — |")
+            continue
         lines.append(f"| {phase} | {full[0]:.2f} | {full[1]:.2f} | {ratio(*full)} | {lora[0]:.2f} | {lora[1]:.2f} | "
                      f"{ratio(*lora)} |")
     m, s = result["machine"], result["settings"]

@@ -112,6 +112,18 @@ def _opd_modes() -> str:
     return peers.opd_modes_table(_json("benchmarks/results/peers_cpu.json"))
 
 
+def _lr_probe() -> str:
+    from experiments import lr_probe
+
+    return lr_probe.docs_table(_json("experiments/results/lr_probe.json"))
+
+
+def _real_update() -> str:
+    from benchmarks import real_update
+
+    return real_update.docs_table(_json("benchmarks/results/real_update.json"))
+
+
 # The memory plans of docs/scaling.md: `seedfast plan CONFIG --world N --json benchmarks/results/plan_*.json` per recipe
 # of configs/. The package writes them and must not read committed results, and no script of benchmarks/ owns
 # them, so their table is made here.
@@ -175,6 +187,8 @@ SECTIONS = (
     Section("docs/performance.md", "divergences without logits", _divergences),
     Section("docs/performance.md", "opd modes in one update", _opd_modes),
     Section("docs/scaling.md", "memory plans", _memory_plans),
+    Section("docs/demo.md", "lr probe", _lr_probe),
+    Section("docs/performance.md", "smollm2 update by phase", _real_update),
 )
 
 
