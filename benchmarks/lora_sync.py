@@ -128,29 +128,36 @@ def own_channel(folder: Path, policy: torch.nn.Module, rank: int, alpha: float, 
             "push_s_all": pushes[1:], "send_s": median(sends[1:]), "load_s": median(loads[1:])}
 
 
-def own_rollout(folder: Path, policy: torch.nn.Module, mode: str, reps: int, prompts: int, new_tokens: int
-                ) -> dict:
-    """The own sampler's greedy batch on what the producer's copy is: the adapted model (its LoRA layers add their
-    matmuls to every projection), or a plain model holding the merged weights."""
+def own_rollouts(folder: Path, policy: torch.nn.Module, reps: int, prompts: int, new_tokens: int
+                 ) -> dict[str, dict]:
+    """The own sampler's greedy batch on each kind of producer copy, alternating (a load that changes between them
+    reaches both): the adapted model (`adapter`: its LoRA layers add their matmuls to every projection) and a plain
+    model holding the merged weights (`merged`); one thread, the producer's share of this 2-core machine
+    (async_rollout.split_threads)."""
     from seedfast.model import load_hf
     from seedfast.model.lora import merged_state_dict
     from seedfast.rollout.own_engine import Sampler
     from seedfast.sampling_params import SamplingParams
 
-    model = policy
-    if mode == "merged":
-        model = load_hf(folder, dtype=torch.float32, device="cpu")
-        model.load_state_dict(merged_state_dict(policy), strict=False)
-    model.eval()
+    merged = load_hf(folder, dtype=torch.float32, device="cpu")
+    merged.load_state_dict(merged_state_dict(policy), strict=False)
+    copies = {"merged": merged.eval(), "adapter": policy.eval()}
     batch = _prompts(folder, prompts)
     params = SamplingParams(new_tokens, temperature=0.0)
-    times = []
-    with torch.no_grad():
-        for _ in range(reps + 1):
-            t = time.perf_counter()
-            Sampler(model).generate_full(batch, params)
-            times.append(time.perf_counter() - t)
-    return {"rollout_s": median(times[1:]), "rollout_s_all": times[1:], "rollout_tokens": prompts * new_tokens}
+    times: dict[str, list[float]] = {mode: [] for mode in copies}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            for _ in range(reps + 1):  # the first of each is the warm-up
+                for mode, model in copies.items():
+                    t = time.perf_counter()
+                    Sampler(model).generate_full(batch, params)
+                    times[mode].append(time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+    return {mode: {"rollout_s": median(ts[1:]), "rollout_s_all": ts[1:], "rollout_tokens": prompts * new_tokens,
+                   "rollout_threads": 1} for mode, ts in times.items()}
 
 
 def _prompts(folder: Path, n: int, length: int = 200) -> list[list[int]]:
@@ -162,8 +169,10 @@ def _prompts(folder: Path, n: int, length: int = 200) -> list[list[int]]:
 # ------------------------------------------------------------------ vLLM's CPU build
 
 
-def vllm_engine_run(folder: Path, policy: torch.nn.Module, rank: int, mode: str, reps: int, prompts: int,
-                    new_tokens: int) -> dict:
+def vllm_runs(folder: Path, policy: torch.nn.Module, rank: int, reps: int, prompts: int, new_tokens: int
+              ) -> list[dict]:
+    """Both engines up at once (merged: a plain engine; adapter: LoRA served), each rep a push and a rollout on one
+    and then the other, so a load that changes between them reaches both."""
     from seedfast.distributed.weight_push import buckets, hf_named_tensors
     from seedfast.model.lora import lora_spec_of
     from seedfast.rollout.colocated import full_adapters
@@ -173,32 +182,41 @@ def vllm_engine_run(folder: Path, policy: torch.nn.Module, rank: int, mode: str,
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     config = json.loads((folder / "config.json").read_text())
-    t = time.perf_counter()
-    engine = VLLMEngine(str(folder), dtype="fp32", max_model_len=min(1024, config["max_position_embeddings"]),
-                        enforce_eager=True, max_num_seqs=prompts, lora_rank=rank if mode == "adapter" else None)
-    start_s = time.perf_counter() - t
-    batch = _prompts(folder, prompts)
-    params = SamplingParams(new_tokens, temperature=0.0)
-    pushes, rollouts, sent = [], [], 0
+    engines, starts = {}, {}
     try:
-        for v in range(reps + 1):
+        for mode in ("merged", "adapter"):
+            t = time.perf_counter()
+            engines[mode] = VLLMEngine(str(folder), dtype="fp32", enforce_eager=True, max_num_seqs=prompts,
+                                       max_model_len=min(1024, config["max_position_embeddings"]),
+                                       lora_rank=rank if mode == "adapter" else None)
+            starts[mode] = time.perf_counter() - t
+        batch = _prompts(folder, prompts)
+        params = SamplingParams(new_tokens, temperature=0.0)
+        pushes: dict[str, list[float]] = {mode: [] for mode in engines}
+        rollouts: dict[str, list[float]] = {mode: [] for mode in engines}
+        sent: dict[str, int] = {}
+        for v in range(reps + 1):  # the first of each is the warm-up
             nudge(policy, v)
-            t = time.perf_counter()
-            if mode == "adapter":
-                stats = engine.load_adapter(full_adapters(policy), lora_spec_of(policy))
-            else:
-                stats = engine.push_weights(buckets(hf_named_tensors(policy, dtype=torch.float32), BUCKET_MB << 20))
-            pushes.append(time.perf_counter() - t)
-            sent = int(stats["bytes"])
-            t = time.perf_counter()
-            out = engine.generate_full(batch, params)
-            rollouts.append(time.perf_counter() - t)
-            assert sum(len(g.token_ids) for g in out) > 0
+            for mode, engine in engines.items():
+                t = time.perf_counter()
+                if mode == "adapter":
+                    stats = engine.load_adapter(full_adapters(policy), lora_spec_of(policy))
+                else:
+                    stats = engine.push_weights(buckets(hf_named_tensors(policy, dtype=torch.float32),
+                                                        BUCKET_MB << 20))
+                pushes[mode].append(time.perf_counter() - t)
+                sent[mode] = int(stats["bytes"])
+                t = time.perf_counter()
+                out = engine.generate_full(batch, params)
+                rollouts[mode].append(time.perf_counter() - t)
+                assert sum(len(g.token_ids) for g in out) > 0
     finally:
-        engine.close()
-    return {"engine": "vLLM CPU", "sync": mode, "bytes": sent, "push_s": median(pushes[1:]), "push_s_all": pushes[1:],
-            "rollout_s": median(rollouts[1:]), "rollout_s_all": rollouts[1:], "engine_start_s": start_s,
-            "rollout_tokens": prompts * new_tokens}
+        for engine in engines.values():
+            engine.close()
+    return [{"engine": "vLLM CPU", "sync": mode, "bytes": sent[mode], "push_s": median(pushes[mode][1:]),
+             "push_s_all": pushes[mode][1:], "rollout_s": median(rollouts[mode][1:]),
+             "rollout_s_all": rollouts[mode][1:], "engine_start_s": starts[mode],
+             "rollout_tokens": prompts * new_tokens} for mode in engines]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -222,8 +240,8 @@ def main(argv: list[str] | None = None) -> None:
               "rank": args.rank, "alpha": args.alpha, "targets": "every projection (q k v o gate up down)",
               "dtype": "fp32 (base, adapters and engine)", "bucket_mb": BUCKET_MB,
               "rollout": f"{args.prompts} prompts of 200 tokens, {args.new_tokens} new tokens each, greedy"}
-    rows = [{**own_channel(args.model, policy, args.rank, args.alpha, mode, args.reps),
-             **own_rollout(args.model, policy, mode, args.reps, args.prompts, args.new_tokens)}
+    rolled = own_rollouts(args.model, policy, args.reps, args.prompts, args.new_tokens)
+    rows = [{**own_channel(args.model, policy, args.rank, args.alpha, mode, args.reps), **rolled[mode]}
             for mode in ("merged", "adapter")]
     vllm_version = None
     if not args.no_vllm:
@@ -233,8 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             print("vllm is not installed here: the vLLM rows are left out (run with .venv-vllm/bin/python)")
     if vllm_version is not None:
-        rows += [vllm_engine_run(args.model, policy, args.rank, mode, args.reps, args.prompts, args.new_tokens)
-                 for mode in ("merged", "adapter")]
+        rows += vllm_runs(args.model, policy, args.rank, args.reps, args.prompts, args.new_tokens)
     for row in rows:
         row["MB"] = row["bytes"] / 1e6
     print_table(rows, ["engine", "sync", "MB", "push_s", "rollout_s", "engine_start_s"],

@@ -209,12 +209,12 @@ class RolloutConfig:
                               ge=1)
     vllm_sleep: bool = opt(True, "vLLM in the RL loop: the colocated engine sleeps during the update (its weights "
                                  "and KV cache freed) and wakes before the weight push")
-    lora_sync: Literal["adapter", "merged"] = opt(
-        "adapter", "LoRA (model.lora) with an engine that holds its own copy of the policy (vLLM, the rollout "
-                   "producer): after every update send the adapters alone (the engine keeps the base and applies them: "
-                   "vLLM's LoRA serving, the producer's own adapted copy; the trainer's values bit for bit, checked by "
-                   "fingerprint every push) or the merged weights W + s·B·A (the whole model each push); "
-                   "docs/scaling.md, 'LoRA weight sync'")
+    lora_sync: Literal["auto", "adapter", "merged"] = opt(
+        "auto", "LoRA (model.lora) with an engine that holds its own copy of the policy (vLLM, the rollout producer): "
+                "after every update send the adapters alone (the engine keeps the base and applies them: vLLM's LoRA "
+                "serving, the producer's own adapted copy; the trainer's values bit for bit, checked by fingerprint "
+                "every push) or the merged weights W + s·B·A (the whole model each push); auto = adapter for the own "
+                "engine, merged for vLLM, as measured on the CPU (docs/scaling.md, 'LoRA weight sync')")
     max_staleness: int = opt(0, "asynchronous RL: a rollout producer in its own process rolls out update s on the "
                                 "policy of update s - max_staleness (docs/architecture.md, 'Asynchronous rollouts'); "
                                 "0 = the synchronous loop (rollout, then update, on the same weights)", ge=0)

@@ -192,6 +192,17 @@ class VLLMRollout:
         return self.engine.generate_full(prompt_token_lists, replace(params, seed=None), seeds=seeds)
 
 
+def resolve_lora_sync(lora_sync: str, engine: str) -> str:
+    """rollout.lora_sync for `engine` ("own" or "vllm"): "auto" is "adapter" for the own engine and "merged" for
+    vLLM, the faster of the two on each as measured (docs/scaling.md, 'LoRA weight sync'; benchmarks/lora_sync.py:
+    on vLLM's CPU build its LoRA serving made the rollout 5.6x slower, more than the adapters' push saved)."""
+    if lora_sync not in ("auto", "adapter", "merged"):
+        raise ValueError(f"lora_sync must be 'auto', 'adapter' or 'merged', got {lora_sync!r}")
+    if lora_sync == "auto":
+        return "merged" if engine == "vllm" else "adapter"
+    return lora_sync
+
+
 def full_adapters(policy: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """(name, whole tensor) of a LoRA policy's adapters, in its order and their own dtype; a sharded one gathered (a
     collective: every rank pushes to its own engine at the same point). distributed/weight_push.py
@@ -209,12 +220,13 @@ def full_adapters(policy: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 def build_rollout(engine: str, policy: torch.nn.Module, model_path: str | Path | None = None, *, seed: int = 0,
                   dtype: str = "bf16", gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                  sleep: bool = True, sleep_level: int = 1, seed_requests: bool = True, lora_sync: str = "adapter",
+                  sleep: bool = True, sleep_level: int = 1, seed_requests: bool = True, lora_sync: str = "auto",
                   **llm_kwargs: Any) -> OwnRollout | VLLMRollout:
     """The RL loop's rollout engine: "own" over `policy`, or "vllm" loaded from the HF folder `model_path` (the
     policy's weights: they are pushed before every rollout anyway) with sleep mode when `sleep`. With a LoRA policy
     `lora_sync` (rollout.lora_sync) says what each push sends: "adapter", the adapters alone, served by vLLM's LoRA
-    support over the base `model_path` holds (which must be the policy's base); "merged", the merged weights.
+    support over the base `model_path` holds (which must be the policy's base); "merged" (and "auto", for vLLM:
+    `resolve_lora_sync`), the merged weights.
 
     Under torchrun (WORLD_SIZE > 1) vLLM runs inside each rank's process on the rank's GPU, over the launcher's
     process group (distributed_executor_backend="external_launcher", as TRL's and verl's colocated modes do)."""
@@ -230,10 +242,8 @@ def build_rollout(engine: str, policy: torch.nn.Module, model_path: str | Path |
     if world > 1:  # one engine per trainer rank: vLLM's data-parallel replicas over torchrun's ranks
         llm_kwargs.setdefault("distributed_executor_backend", "external_launcher")
         llm_kwargs.setdefault("data_parallel_size", world // tensor_parallel_size)
-    if lora_sync not in ("adapter", "merged"):
-        raise ValueError(f"lora_sync must be 'adapter' or 'merged', got {lora_sync!r}")
     spec = lora_spec_of(policy)
-    adapters_of = policy if spec is not None and lora_sync == "adapter" else None
+    adapters_of = policy if spec is not None and resolve_lora_sync(lora_sync, engine) == "adapter" else None
     if adapters_of is not None:
         llm_kwargs["lora_rank"] = spec.rank
     vllm_engine = VLLMEngine(str(model_path), dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,

@@ -355,7 +355,7 @@ class RolloutProducer:
         mismatch is one WeightSyncError naming the update and the version, before anything is learned from it."""
         want = self.sent.get(produced.version)
         if want is not None and produced.fingerprint != want:
-            what = "LoRA adapters (rollout.lora_sync=adapter)" if self.adapters else "weights"
+            what = f"LoRA adapters (rollout.lora_sync={self.cfg.rollout.lora_sync})" if self.adapters else "weights"
             got = "none" if produced.fingerprint is None else f"{produced.fingerprint % 2**64:016x}"
             raise WeightSyncError(
                 f"update {produced.step}: the rollout producer rolled out with {what} that are not policy version "
@@ -453,10 +453,12 @@ def channel_dtype(cfg: Config) -> torch.dtype:
 
 
 def sends_adapters(cfg: Config) -> bool:
-    """Whether a version is the LoRA adapters alone (model.lora with rollout.lora_sync=adapter), not the weights."""
+    """Whether a version is the LoRA adapters alone (model.lora with rollout.lora_sync=adapter, or auto with the own
+    engine: rollout/colocated.py resolve_lora_sync), not the weights."""
+    from seedfast.rollout.colocated import resolve_lora_sync
     from seedfast.runtime.adapters import uses_lora
 
-    return uses_lora(cfg) and cfg.rollout.lora_sync == "adapter"
+    return uses_lora(cfg) and resolve_lora_sync(cfg.rollout.lora_sync, cfg.rollout.engine) == "adapter"
 
 
 def sent_weights(cfg: Config, policy: torch.nn.Module) -> Any:

@@ -22,6 +22,24 @@ from seedfast.train.async_rollout import RolloutProducer, short_print
 LORA = ("model.lora.rank=4", "model.lora.alpha=8", "rollout.max_staleness=1", "trainer.checkpoint_every=0")
 
 
+def test_what_each_engine_is_sent_by_default():
+    """rollout.lora_sync=auto: the adapters alone to the own engine, the merged weights to vLLM, the faster of the two
+    on each (benchmarks/results/lora_sync.json); adapter and merged are taken as they are."""
+    from seedfast.rollout.colocated import resolve_lora_sync
+    from seedfast.train.async_rollout import channel_dtype, sends_adapters
+
+    assert [resolve_lora_sync("auto", e) for e in ("own", "vllm")] == ["adapter", "merged"]
+    assert [resolve_lora_sync(s, "vllm") for s in ("adapter", "merged")] == ["adapter", "merged"]
+    lora = ["model.lora.rank=4", "model.dtype=bf16"]
+    vllm = ["rollout.engine=vllm", "model.path=/some/hf"]
+    assert sends_adapters(load_config(None, lora))
+    assert channel_dtype(load_config(None, lora)) == torch.float32  # the adapters' own dtype (the masters')
+    assert not sends_adapters(load_config(None, [*lora, *vllm]))
+    assert sends_adapters(load_config(None, [*lora, *vllm, "rollout.lora_sync=adapter"]))
+    assert not sends_adapters(load_config(None, [*lora, "rollout.lora_sync=merged"]))
+    assert not sends_adapters(load_config(None, []))  # no LoRA: the weights
+
+
 def _args(overrides, games, out, policy, *extra):
     return ["train", *overrides(games, out), "algorithm=grpo", f"trainer.init_from={policy}", *LORA, *extra]
 
@@ -117,7 +135,7 @@ def test_a_push_that_does_not_land_stops_the_run_with_one_line(monkeypatch, caps
     assert len(lines) == 1, err[-3000:]
     # version 0 is the adapters the producer built itself (the same seed): update 2 is the first on version 1
     assert lines[0].startswith("seedfast train: rollout producer failure: update 2: the rollout producer rolled out "
-                               "with LoRA adapters (rollout.lora_sync=adapter) that are not policy version 1 as the "
+                               "with LoRA adapters (rollout.lora_sync=auto) that are not policy version 1 as the "
                                "trainer sent them"), lines[0]
     assert "the push did not land" in lines[0]
     assert [r["step"] for r in _rows(out)] == [0, 1]  # nothing learned from the stale rollout

@@ -28,7 +28,7 @@ from seedfast.sampling_params import SamplingParams  # noqa: E402
 from tests.vllm_real.vllm_helpers import GAP_FP32, SMALL_ENGINE, STEPS, engine_env, prompts, tiny_policy  # noqa: E402
 
 NEW_TOKENS = 8
-SPEC = LoRASpec(rank=4, alpha=8)
+LORA = LoRASpec(rank=4, alpha=8)
 
 
 def _train_adapters(policy: torch.nn.Module, seed: int) -> None:
@@ -45,11 +45,11 @@ def setup(tmp_path_factory):
     """(the adapted fp32 policy, a vLLM engine over its base with LoRA rank 4 served): one engine for the module."""
     folder = tmp_path_factory.mktemp("vllm_lora")
     policy = tiny_policy("qwen3", folder)  # the base, saved before the adapters are added
-    add_lora(policy, SPEC, seed=0)
+    add_lora(policy, LORA, seed=0)
     _train_adapters(policy, 1)
     engine_env()
     engine = VLLMEngine(str(folder), dtype="fp32", max_model_len=256, enforce_eager=True, max_num_seqs=8,
-                        lora_rank=SPEC.rank)
+                        lora_rank=LORA.rank)
     yield policy, engine
     engine.close()
 
@@ -65,12 +65,12 @@ def _same_as_own(engine, policy) -> list[float]:
 
 
 def _expected(policy) -> int:
-    return int(lora_slot_print(full_adapters(policy), SPEC.scaling, torch.float32), 16)
+    return int(lora_slot_print(full_adapters(policy), LORA.scaling, torch.float32), 16)
 
 
 def test_the_engine_serves_the_adapters_it_was_sent(setup):
     policy, engine = setup
-    stats = engine.load_adapter(full_adapters(policy), SPEC)
+    stats = engine.load_adapter(full_adapters(policy), LORA)
     # vLLM's LoRA layers hold the trainer's adapters bit for bit (as vLLM keeps them: B scaled by alpha / r)
     assert stats["verified_workers"] == 1 and stats["fingerprint"] == _expected(policy)
     assert stats["bytes"] == sum(t.numel() * 4 for t in adapter_state_dict(policy).values())
@@ -83,11 +83,11 @@ def test_the_engine_serves_the_adapters_it_was_sent(setup):
 
 def test_a_second_push_is_served_not_the_first(setup):
     policy, engine = setup
-    engine.load_adapter(full_adapters(policy), SPEC)
+    engine.load_adapter(full_adapters(policy), LORA)
     first_id, first_path = engine.lora_request.lora_int_id, Path(engine.lora_request.lora_path)
     before = _same_as_own(engine, policy)
     _train_adapters(policy, 2)
-    stats = engine.load_adapter(full_adapters(policy), SPEC)
+    stats = engine.load_adapter(full_adapters(policy), LORA)
     assert stats["fingerprint"] == _expected(policy)
     assert engine.lora_request.lora_int_id == first_id + 1 and not first_path.exists()  # the old folder is gone
     assert set(engine.llm.llm_engine.list_loras()) == {first_id + 1}  # one adapter in vLLM: the newest
@@ -100,7 +100,7 @@ def test_a_push_that_does_not_land_fails_the_verify(setup, monkeypatch, tmp_path
     """'add lost': the LoRA never reaches the worker; 'id reused': the new adapters under the id vLLM already holds,
     which it serves from its cache without reading the folder (vLLM keys adapters by lora_int_id)."""
     policy, engine = setup
-    engine.load_adapter(full_adapters(policy), SPEC)
+    engine.load_adapter(full_adapters(policy), LORA)
     served = engine.lora_request
     _train_adapters(policy, 3)
     if fault == "add lost":
@@ -108,9 +108,9 @@ def test_a_push_that_does_not_land_fails_the_verify(setup, monkeypatch, tmp_path
     else:  # the engine believes the adapter before is one id lower: the new one gets the id being served
         engine.lora_request = type(served)("earlier", served.lora_int_id - 1, str(tmp_path / "earlier"))
     with pytest.raises(RuntimeError, match="vLLM LoRA sync failed: adapter .* the engine does not run the adapters"):
-        engine.load_adapter(full_adapters(policy), SPEC)
+        engine.load_adapter(full_adapters(policy), LORA)
     monkeypatch.undo()
-    engine.load_adapter(full_adapters(policy), SPEC)  # a push that lands afterwards is served
+    engine.load_adapter(full_adapters(policy), LORA)  # a push that lands afterwards is served
     _same_as_own(engine, policy)
 
 
@@ -161,7 +161,7 @@ def test_the_synchronous_loop_syncs_lora_and_the_gap_stays_at_rounding(overrides
 
 @pytest.mark.usefixtures("small_engine")
 def test_one_step_off_the_producers_vllm_serves_each_version_sent(overrides, policy32, train_games, tmp_path):
-    cfg = _cfg(overrides, policy32, train_games, tmp_path, "rollout.max_staleness=1")
+    cfg = _cfg(overrides, policy32, train_games, tmp_path, "rollout.max_staleness=1", "rollout.lora_sync=adapter")
     trainer, history, moved = _run(cfg, policy32)
     assert isinstance(trainer.engine, OwnRollout)  # the producer's vLLM rolls out
     assert moved > 1e-3
