@@ -267,7 +267,7 @@ if __name__ == "__main__":
 
 
 def docs_table(result: dict) -> str:
-    """docs/performance.md's table (make docs): SEED's update by phase, full vs LoRA, each beside its floor; the
+    """The table of docs/performance.md (make docs): SEED's update by phase, full vs LoRA, each beside its floor; the
     scoring pass split into old-policy scoring (GRPO's) and the teacher's (SEED's minus GRPO's)."""
     rows = {(r["variant"], r["phase"]): r for r in result["rows"]}
 

@@ -90,7 +90,7 @@ def ensure_sft(cfg: Any) -> Path:
 
 
 def docs_table(result: dict) -> str:
-    """docs/demo.md's table (make docs): per mode and lr, the share of moved tokens inside the clip range in each
+    """The table of docs/demo.md (make docs): per mode and lr, the share of moved tokens inside the clip range in each
     batch, the ratios' 1st and 99th percentiles, and the lr the rule chose."""
     lines = ["| mode | lr | inside the clip range, per batch | ratio p1 – p99 (worst batch) | passes |",
              "|---|---|---|---|---|"]

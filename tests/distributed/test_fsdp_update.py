@@ -12,37 +12,17 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from seedfast.config import LossConfig
 from seedfast.distributed.data import DataParallel, split_whole_groups
 from seedfast.distributed.parallelize import apply_fsdp, fsdp_modules, unsharded
 from seedfast.model.decoder import build_decoder
 from seedfast.runtime.optim import adamw, grad_norm_and_clip
-from seedfast.train.update import UpdateBatch, minibatch_loss_backward
+from seedfast.train.update import minibatch_loss_backward
 from tests.distributed.dist_helpers import grouped_samples, make_config, run_on_ranks
+from tests.distributed.update_helpers import CASES
+from tests.distributed.update_helpers import full as _full
+from tests.distributed.update_helpers import update_batch as _batch
 
-CASES = {
-    # GRPO, on-policy (ℓold from the update's own forward)
-    "grpo": dict(loss=LossConfig(opd_coef=0.0, entropy_coef=0.01, kl_coef=0.0), use_opd=False, teacher=False),
-    # SEED: ℓskill from the teacher branches on the prefix KV of the update's forward
-    "seed": dict(loss=LossConfig(opd_coef=0.5, opd_beta=2.0, entropy_coef=0.0, kl_coef=0.0), use_opd=True,
-                 teacher=True),
-    # the signed and the full-vocabulary forms of the teacher term (docs/algorithms.md, 'Forms of the teacher term')
-    "seed_advantage": dict(loss=LossConfig(opd_coef=0.5, opd_mode="advantage", entropy_coef=0.0, kl_coef=0.0),
-                           use_opd=True, teacher=True),
-    "seed_reverse_kl": dict(loss=LossConfig(opd_coef=0.5, opd_mode="reverse_kl", entropy_coef=0.0, kl_coef=0.0),
-                            use_opd=True, teacher=True),
-}
 N_SAMPLES, BUDGET, LR = 12, 48, 1e-2  # a small budget: several micro-batches, more on one rank than the other
-
-
-def _batch(samples, teacher: bool) -> UpdateBatch:
-    rewards = torch.tensor([s.reward for s in samples])
-    groups = torch.tensor([s.group_id for s in samples])
-    adv = torch.zeros(len(samples))
-    for g in groups.unique():  # GRPO advantages per group, computed before the split (statistics are per group)
-        m = groups == g
-        adv[m] = (rewards[m] - rewards[m].mean()) / (rewards[m].std() + 1e-6)
-    return UpdateBatch(samples, adv, None, teacher_from_forward=teacher)
 
 
 def _update(model, samples, case, dp=None):
@@ -54,10 +34,6 @@ def _update(model, samples, case, dp=None):
     norm = grad_norm_and_clip(opt, 1e9)
     opt.step()
     return loss, metrics, norm, grads
-
-
-def _full(t):
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _worker(rank, world, name, average, checkpointing=False, after_rollout=False):

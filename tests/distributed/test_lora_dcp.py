@@ -21,8 +21,9 @@ from seedfast.runtime.checkpoint import CheckpointError, latest_checkpoint, load
 from seedfast.runtime.optim import adamw, grad_norm_and_clip
 from seedfast.train.update import minibatch_loss_backward
 from tests.distributed.dist_helpers import grouped_samples, run_on_ranks
-from tests.distributed.test_fsdp_update import CASES, _batch, _full
-from tests.distributed.test_lora_fsdp import lora_model
+from tests.distributed.update_helpers import CASES, lora_model
+from tests.distributed.update_helpers import full as _full
+from tests.distributed.update_helpers import update_batch as _batch
 
 BASE = {"path": "/models/base", "sha256": "ab" * 32}
 CASE = CASES["grpo"]

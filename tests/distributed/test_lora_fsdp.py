@@ -13,44 +13,12 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from seedfast.distributed.data import DataParallel, split_whole_groups
 from seedfast.distributed.parallelize import apply_fsdp
-from seedfast.model.decoder import build_decoder
-from seedfast.model.lora import LoRASpec, add_lora, is_adapter_name, lora_modules
-from seedfast.runtime.optim import adamw, grad_norm_and_clip
-from seedfast.train.update import minibatch_loss_backward
-from tests.distributed.dist_helpers import grouped_samples, make_config, run_on_ranks
-from tests.distributed.test_fsdp_update import CASES, _batch, _full
+from seedfast.model.lora import is_adapter_name
+from tests.distributed.dist_helpers import grouped_samples, run_on_ranks
+from tests.distributed.update_helpers import CASES, lora_model, lora_updates
+from tests.distributed.update_helpers import full as _full
 
 N_SAMPLES, BUDGET, LR = 12, 48, 1e-2
-LORA_SPEC = LoRASpec(rank=4, alpha=8.0)
-
-
-def lora_model(dtype: torch.dtype, family: str = "qwen2") -> torch.nn.Module:
-    """A tiny decoder in `dtype` (frozen) with fp32 adapters whose B is not zero, so that A has a gradient at once."""
-    model = build_decoder(make_config(family), dtype=dtype, seed=3)
-    add_lora(model, LORA_SPEC, seed=1)
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for m in lora_modules(model).values():
-            m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=gen) * 0.05)
-    return model
-
-
-def lora_updates(model, samples, case, steps=2, dp=None):
-    """`steps` optimizer steps of AdamW over the adapters, each on the same batch; returns the losses, norms and
-    the first step's gradients (by name)."""
-    opt = adamw([p for p in model.parameters() if p.requires_grad], lr=LR, weight_decay=0.01, eps=1e-4)
-    batch = _batch(samples, case["teacher"])
-    losses, norms, grads = [], [], None
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss, _ = minibatch_loss_backward(model, batch, list(range(len(samples))), case["loss"], use_kl=False,
-                                          use_opd=case["use_opd"], temperature=1.1, token_budget=BUDGET, dp=dp)
-        if grads is None:
-            grads = {n: _full(p.grad).clone() for n, p in model.named_parameters() if p.grad is not None}
-        norms.append(grad_norm_and_clip(opt, 1e9))
-        opt.step()
-        losses.append(loss)
-    return losses, norms, grads, opt
 
 
 def _worker(rank, world, name, dtype_name):

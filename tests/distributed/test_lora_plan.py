@@ -14,7 +14,7 @@ import pytest
 from seedfast.cli import main
 from seedfast.config import load_config
 from seedfast.distributed.plan import GIB, QWEN25, memory_plan
-from tests.distributed.test_plan import _hand
+from tests.distributed.plan_helpers import hand_parameters as _hand
 
 ROOT = Path(__file__).resolve().parents[2]
 RANK = 32

@@ -21,8 +21,8 @@ from seedfast.distributed.parallelize import parallelize_decoder
 from seedfast.model.decoder import build_decoder
 from seedfast.model.lora import adapters_disabled, is_adapter_name, lora_modules
 from tests.distributed.dist_helpers import grouped_samples, make_config, run_on_ranks
-from tests.distributed.test_fsdp_update import CASES, _full
-from tests.distributed.test_lora_fsdp import lora_model, lora_updates
+from tests.distributed.update_helpers import CASES, lora_model, lora_updates
+from tests.distributed.update_helpers import full as _full
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 

@@ -11,24 +11,11 @@ import pytest
 from seedfast.cli import main
 from seedfast.config import ConfigError, load_config
 from seedfast.distributed.plan import GIB, QWEN25, memory_plan
+from tests.distributed.plan_helpers import hand_parameters as _hand
 
 CONFIG = "configs/qwen2.5-7b_alfworld_8xh100.yaml"
 # (shape, world, tp, parameters as the model pages on the Hugging Face hub round them, in billions)
 SHAPES = [("Qwen2.5-7B", 8, 1, 7.62), ("Qwen2.5-32B", 32, 8, 32.8), ("Qwen2.5-72B", 32, 8, 72.7)]
-
-
-def _hand(shape: dict, tp: int) -> tuple[int, int]:
-    """(all parameters, the parameters one rank of a tp-way tensor-parallel group holds), from the Qwen2 layout:
-    q/k/v with bias, o and the SwiGLU MLP split tp ways, the two norms per layer and the final norm replicated,
-    embedding and (untied) LM head split over the vocabulary."""
-    d, inter, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
-    heads, kv, vocab = shape["num_attention_heads"], shape["num_key_value_heads"], shape["vocab_size"]
-    hd = d // heads
-    split = (d * heads * hd + heads * hd) + 2 * (d * kv * hd + kv * hd) + heads * hd * d + 3 * d * inter
-    heads_total = vocab * d * (1 if shape["tie_word_embeddings"] else 2)
-    total = layers * (split + 2 * d) + heads_total + d
-    local = layers * (split // tp + 2 * d) + heads_total // tp + d
-    return total, local
 
 
 @pytest.mark.parametrize("name,world,tp,billions", SHAPES)
