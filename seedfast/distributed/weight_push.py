@@ -21,7 +21,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from seedfast.config import ConfigError
-from seedfast.model.lora import ADAPTER_NAMES, is_adapter_name, lora_modules
+from seedfast.model.lora import ADAPTER_NAMES, is_adapter_name, lora_modules, merge_weight
 
 
 class HFNamedTensors:
@@ -162,7 +162,6 @@ def _merged(module: torch.nn.Module) -> torch.Tensor:
     """The merged weight of one LoRALinear, its (possibly sharded) base and adapters gathered whole first."""
     if not any(isinstance(t, DTensor) for t in (module.weight, module.lora_A, module.lora_B)):
         return module.merged_weight()
-    full = [t.full_tensor() if isinstance(t, DTensor) else t for t in (module.weight, module.lora_A, module.lora_B)]
-    weight, a, b = (t.detach() for t in full)
-    acc = torch.promote_types(weight.dtype, torch.float32)
-    return (weight.to(acc) + (b.to(acc) @ a.to(acc)) * module.scaling).to(weight.dtype)
+    weight, a, b = (t.full_tensor() if isinstance(t, DTensor) else t for t in (module.weight, module.lora_A,
+                                                                               module.lora_B))
+    return merge_weight(weight, a, b, module.scaling)

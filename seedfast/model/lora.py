@@ -53,6 +53,15 @@ class LoRASpec:
         return self.alpha / self.rank
 
 
+def merge_weight(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float,
+                 dtype: torch.dtype | None = None) -> torch.Tensor:
+    """W + s·B·A summed in fp32 (fp64 for an fp64 base), in `dtype` (default: W's): the one merge every export and
+    push uses."""
+    acc = torch.promote_types(weight.dtype, torch.float32)
+    merged = weight.detach().to(acc) + (b.detach().to(acc) @ a.detach().to(acc)) * scaling
+    return merged.to(dtype or weight.dtype)
+
+
 class LoRALinear(nn.Linear):
     """An nn.Linear with a frozen weight and bias and a trainable low-rank update (module docstring)."""
 
@@ -85,10 +94,8 @@ class LoRALinear(nn.Linear):
 
     @torch.no_grad()
     def merged_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """W + s·B·A, summed in fp32 (fp64 for an fp64 model), in `dtype` (default: the base weight's)."""
-        acc = torch.promote_types(self.weight.dtype, torch.float32)
-        merged = self.weight.to(acc) + (self.lora_B.to(acc) @ self.lora_A.to(acc)) * self.scaling
-        return merged.to(dtype or self.weight.dtype)
+        """W + s·B·A (`merge_weight`), in `dtype` (default: the base weight's)."""
+        return merge_weight(self.weight, self.lora_A, self.lora_B, self.scaling, dtype)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, rank={self.lora_A.shape[0]}, scaling={self.scaling:g}"
@@ -220,8 +227,7 @@ def merge_state(state: dict[str, torch.Tensor], spec: LoRASpec,
         if missing:
             raise ValueError(f"merge_state: {path} has no {missing}")
         a, b, w = (state[n] for n in names)
-        acc = torch.promote_types(w.dtype, torch.float32)
-        out[names[2]] = (w.to(acc) + (b.to(acc) @ a.to(acc)) * spec.scaling).to(dtype or w.dtype)
+        out[names[2]] = merge_weight(w, a, b, spec.scaling, dtype)
     if dtype is not None:
         out = {name: t.to(dtype) for name, t in out.items()}
     return out
