@@ -1259,18 +1259,17 @@ def gap_reading(a: dict, gaps: dict, pool_name: str | None) -> list[str]:
 def docs_section(data: dict, real: dict | None = None) -> str:
     """The "Result" of docs/study.md, every number read from study.json (and the records of the real model where its
     runs keep them: `real`, from real_model_records): the pool and how it was decided, λ per form and the primary,
-    the teacher gap, per seed and per arm the criterion's numbers, each clause's verdict, the deviations (before the
-    verdicts), the real model and the demo check. Without runs: no result yet."""
+    the teacher gap, per seed and per arm the criterion's numbers, each clause's verdict, the real model, the demo
+    check and the deviations. The answer comes first, with the count of the deviations and what the data supports
+    (experiments/study_reading.py); the deviations' list comes last. Without runs: no result yet."""
     if not data or not (data.get("runs") or data.get("teacher_gap") or data.get("starts") or data.get("demo_check")):
         return wrap_paragraph("No result yet: `experiments/results/study.json` does not exist. `make docs` writes "
                               "this section from it once the runs are in (`python -m experiments.study report` reads "
                               "the criterion).")
-    lines: list[str] = []
+    from experiments import study_reading  # it reads this module's statistics and formats
+
     devs = data.get("deviations") or []
-    lines += ["**Deviations** (" + (f"{len(devs)}" if devs else "none") + ")" + (":" if devs else "."), ""]
-    lines += deviation_lines(devs)
-    if devs:
-        lines.append("")
+    lines = study_reading.answer_lines(data.get("analysis"), devs) + study_reading.reading_lines(data)
     lines += [f"**Study commit** {str(data.get('study_commit'))[:12]}, its first runs on "
               f"{(data.get('machine') or {}).get('cpu')}" + seeds_cpus(data.get("runs") or {}) + ".", ""]
     pool = data.get("pool")
@@ -1355,6 +1354,8 @@ def docs_section(data: dict, real: dict | None = None) -> str:
     lines += demo_lines(demo) if demo else ["**The demo check:** not run yet."]
     if demo and demo.get("confirmation"):
         lines += ["", *demo_lines(demo["confirmation"])]
+    lines += ["", "**Deviations** (" + (f"{len(devs)}" if devs else "none") + ")" + (":" if devs else "."), ""]
+    lines += deviation_lines(devs)
     return "\n".join(wrap_paragraph(line) if not line.startswith("|") else line for line in lines)
 
 
