@@ -24,7 +24,7 @@ from typing import Any
 
 from seedfast.app.demo_jobs import CONTROL, SFT_EVAL, JobResult, run_jobs, start_lanes
 from seedfast.app.host_memory import give_back_freed_memory
-from seedfast.app.report import EVIDENCE, curve_means, write_json, write_report
+from seedfast.app.report import EVIDENCE, curve_means, teacher_shares, write_json, write_report
 from seedfast.config import Config
 from seedfast.envs.textworld_games import make_games
 from seedfast.model import parameter_count
@@ -145,7 +145,8 @@ def main(cfg: Config, **_: Any) -> int:
         "seed": cfg.run.seed, "pool_success": curves, "groups_with_signal": signal,
         "means": {name: curve_means(c) for name, c in curves.items()},
         "seed_metrics": {name: {k: sum(r.get(k, 0.0) for r in h) / len(h) for k in EVIDENCE if any(k in r for r in h)}
-                         for name, h in histories.items()}})
+                         for name, h in histories.items()},
+        "teacher_share": teacher_shares(histories)})
     _say(f"report: {report}")
     print(report.read_text())
     return 0

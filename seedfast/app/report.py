@@ -17,6 +17,11 @@ from seedfast.runtime.paths import RunPaths
 # are not signed by construction (train/teacher_evidence.py)
 EVIDENCE = ("skill/parse_rate", "samples/teacher_valid_rate", "teacher/contrast", "teacher/raised_win",
             "teacher/raised_lose", "teacher/opd_share", "train/groups_with_signal", "time/step")
+# Below this share of the update the teacher cannot make SEED differ from GRPO: the part that depends on what the
+# teacher says is smaller still (the gate's ≈ share·(β/4)·contrast), and at 3.5% (the study's gate arm) and 0.6-0.8%
+# (the demo's SEED) SEED was GRPO within the seeds' spread (docs/demo.md, 'What it measures and why it is built this
+# way').
+SMALL_TEACHER_SHARE = 0.05
 
 
 def curve_means(curve: Sequence[float]) -> dict[str, float]:
@@ -28,6 +33,41 @@ def curve_means(curve: Sequence[float]) -> dict[str, float]:
     half = curve[n // 2:] if n > 1 else curve
     return {"first_quarter": sum(curve[:quarter]) / quarter, "last_half": sum(half) / len(half),
             "all": sum(curve) / n}
+
+
+def teacher_share(history: Sequence[dict[str, Any]]) -> float | None:
+    """`teacher/opd_share` (train/teacher_evidence.py: the OPD term's part of the update's ℓθ-gradient), mean over
+    the updates that log it; None where none does (GRPO, or a full-vocabulary OPD form, which logs no share)."""
+    values = [r["teacher/opd_share"] for r in history if r.get("teacher/opd_share") is not None]
+    return sum(values) / len(values) if values else None
+
+
+def teacher_shares(histories: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per algorithm with a teacher (its updates log teacher/* metrics): its share of the update, whether it is below
+    SMALL_TEACHER_SHARE, and the sentence the report prints."""
+    out = {}
+    for name, history in histories.items():
+        if not any(k.startswith("teacher/") for r in history for k in r):
+            continue
+        share = teacher_share(history)
+        small = None if share is None else share < SMALL_TEACHER_SHARE
+        out[name] = {"opd_share": share, "too_small": small, "threshold": SMALL_TEACHER_SHARE,
+                     "note": teacher_share_note(name, share)}
+    return out
+
+
+def teacher_share_note(name: str, share: float | None) -> str:
+    """The teacher's share of an algorithm's update in words, and, below SMALL_TEACHER_SHARE, that it is too small for
+    the algorithm to differ from GRPO."""
+    who = name.upper()
+    if share is None:
+        return (f"{who}'s teacher share of the update: not logged (its OPD form pushes every logit, not the sampled "
+                "token's log-prob, so no share is measured).")
+    text = f"{who}'s teacher is {share:.1%} of its update (`teacher/opd_share`, mean over updates)"
+    if share < SMALL_TEACHER_SHARE:
+        return (text + f": below {SMALL_TEACHER_SHARE:.0%}, too small for {who} to differ from GRPO. Here {who} is "
+                "GRPO in effect; a difference between their numbers is the run's noise, not the teacher.")
+    return text + "."
 
 
 def write_json(path: Path, data: Any) -> Path:
@@ -96,6 +136,9 @@ def write_report(run_dir: Path, histories: dict[str, list[dict[str, Any]]], *, f
     for name, m in after.items():
         lines.append(f"| {name} after {len(histories[name])} updates | {m['eval/success_rate']:.3f} | "
                      f"{m['eval/invalid_rate']:.3f} | {m['eval/episode_length']:.2f} |")
+    shares = teacher_shares(histories)
+    if shares:
+        lines += ["", *(v["note"] for v in shares.values())]
     curves = {**({"control (no learning)": control} if control else {}), **histories}
     lines += ["", "Training-pool success per update (rollouts at the training temperature; the control rolls out "
               "the SFT policy on the same games with the same sampling seeds and never updates):", ""]
