@@ -90,7 +90,10 @@ class LoRALinear(nn.Linear):
         if not self.adapter_enabled:
             return out
         down = F.linear(x, self.lora_A.to(x.dtype))
-        return out + F.linear(down, self.lora_B.to(x.dtype)) * self.scaling
+        # out + s·down·Bᵀ as one addmm: no [tokens, out] temporaries for the product and its scaling, forward or back
+        lifted = torch.addmm(out.reshape(-1, self.out_features), down.reshape(-1, down.shape[-1]),
+                             self.lora_B.to(x.dtype).t(), alpha=self.scaling)
+        return lifted.view(out.shape)
 
     @torch.no_grad()
     def merged_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
