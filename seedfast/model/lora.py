@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 # every linear layer of a decoder block (attention and MLP): "LoRA Without Regret" (Thinking Machines, 2025) finds
 # that adapting all of them, the MLP above all, is what lets LoRA match full fine-tuning
@@ -84,8 +85,14 @@ class LoRALinear(nn.Linear):
                 self.lora_A.copy_((values * 2 - 1) * bound)
         self.scaling = spec.scaling
         self.adapter_enabled = True
+        self.use_merged = False  # set by `adapters_merged`: generation's one GEMM per layer
+        self._merged: tuple[tuple, torch.Tensor] | None = None  # (what it was merged from, W + s·B·A)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.adapter_enabled and self.use_merged:
+            return F.linear(x, self._merged_for(x.dtype), self.bias)
+        if torch.is_grad_enabled():
+            self._merged = None  # training moves the adapters: a merged copy would be stale, and it costs memory
         out = F.linear(x, self.weight, self.bias)
         if not self.adapter_enabled:
             return out
@@ -94,6 +101,15 @@ class LoRALinear(nn.Linear):
         lifted = torch.addmm(out.reshape(-1, self.out_features), down.reshape(-1, down.shape[-1]),
                              self.lora_B.to(x.dtype).t(), alpha=self.scaling)
         return lifted.view(out.shape)
+
+    def _merged_for(self, dtype: torch.dtype) -> torch.Tensor:
+        """W + s·B·A in `dtype`, merged again only when W, A or B changed since (their version counters move with every
+        in-place update: an optimizer step, a load)."""
+        source = tuple((t.data_ptr(), t._version) for t in (self.weight, self.lora_A, self.lora_B)) + (dtype,)
+        if self._merged is None or self._merged[0] != source:
+            self._merged = None  # the stale copy goes before the new one is allocated
+            self._merged = (source, self.merged_weight(dtype))
+        return self._merged[1]
 
     @torch.no_grad()
     def merged_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -162,6 +178,24 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for m, enabled in zip(modules, before):
             m.adapter_enabled = enabled
+
+
+@contextmanager
+def adapters_merged(model: nn.Module) -> Iterator[nn.Module]:
+    """Within the block each adapted layer computes x·(W + s·B·A)ᵀ: one GEMM, where the adapters cost two small ones
+    and an add per layer and token, which a decode step of a few rows pays in full (docs/algorithms.md, 'LoRA').
+    For inference (generation): the merged copy is kept while the adapters stay as they are and dropped by the
+    next forward with gradients. Layers whose tensors are sharded (DTensor) or hooked compute as they always do."""
+    modules = [m for m in lora_modules(model).values()
+               if not any(isinstance(t, DTensor) for t in (m.weight, m.lora_A, m.lora_B))
+               and not (m._forward_hooks or m._forward_pre_hooks)]
+    for m in modules:
+        m.use_merged = True
+    try:
+        yield model
+    finally:
+        for m in modules:
+            m.use_merged = False
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -23,6 +23,7 @@ from dataclasses import replace
 import torch
 
 from seedfast.model.kv import StaticKVCache
+from seedfast.model.lora import adapters_merged
 from seedfast.model.packing import distinct, make_cu_seqlens
 from seedfast.rollout.engine import Generation
 from seedfast.rollout.sampling import sample_next
@@ -79,7 +80,7 @@ class Sampler:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), adapters_merged(self.model):
                 for start in range(0, len(prompts), chunk):
                     out += self._generate_batch(prompts[start : start + chunk], max_new_tokens, temperature,
                                                 top_p, stops)

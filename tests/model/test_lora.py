@@ -22,6 +22,8 @@ from seedfast.model.lora import (
     merged_state_dict,
 )
 from seedfast.ops import fused_loss
+from seedfast.rollout.own_engine import Sampler
+from seedfast.sampling_params import SamplingParams
 from tests.model.model_helpers import tiny_decoder
 
 
@@ -201,3 +203,43 @@ def test_a_bad_spec_is_one_error_naming_it():
     add_lora(model, LoRASpec(rank=1, alpha=1.0))
     with pytest.raises(ValueError, match="already has LoRA"):
         add_lora(model, LoRASpec(rank=1, alpha=1.0))
+
+
+def test_generation_under_merged_adapters_equals_a_plain_decoder_holding_the_merged_weights():
+    """The own engine generates with W + s·B·A in one GEMM (adapters_merged); the reference is a plain decoder that
+    holds those weights, merged by hand in fp64; after an optimizer step the engine must run the new adapters."""
+    model = tiny_decoder("qwen3-untied").double()
+    add_lora(model, LoRASpec(rank=4, alpha=8.0), dtype=torch.float64)
+    _randomize_adapters(model)
+    prompts = [[3, 17, 5, 9], [4, 4, 21], [3, 17, 5, 9]]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=7)
+
+    def reference() -> list:
+        plain = tiny_decoder("qwen3-untied").double()
+        state = {k: v.clone() for k, v in plain.state_dict().items()}
+        for path, m in lora_modules(model).items():
+            state[f"{path}.weight"] = m.weight + 2.0 * m.lora_B @ m.lora_A
+        plain.load_state_dict(state)
+        return Sampler(plain).generate_full(prompts, params)
+
+    def check(got: list, want: list) -> None:
+        assert [g.token_ids for g in got] == [w.token_ids for w in want]
+        for g, w in zip(got, want):
+            torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), rtol=0, atol=1e-6)
+
+    engine = Sampler(model)
+    check(engine.generate_full(prompts, params), reference())
+    merged = [m._merged for m in lora_modules(model).values()]
+    assert all(m is not None for m in merged)  # kept for the next call while the adapters stay as they are
+    assert not any(m.use_merged for m in lora_modules(model).values())  # outside generation: the adapter path
+    # a training step moves the adapters in place: the next generation merges them again
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    ids, cu = _batch(model.config.vocab_size)
+    model(ids, cu).pow(2).mean().backward()
+    assert all(m._merged is None for m in lora_modules(model).values())  # the forward with gradients dropped them
+    optimizer.step()
+    check(engine.generate_full(prompts, params), reference())
+    with torch.no_grad():  # a load into the adapters (no forward with gradients between) is seen too
+        for m in lora_modules(model).values():
+            m.lora_A.mul_(-1.0)
+    check(engine.generate_full(prompts, params), reference())
