@@ -64,6 +64,18 @@ def _study() -> str:
     return study.docs_section(data, study.real_model_records())
 
 
+def _smollm2_study_power() -> str:
+    from experiments import smollm2_study
+
+    return smollm2_study.power_section(smollm2_study.load())
+
+
+def _smollm2_study_result() -> str:
+    from experiments import smollm2_study
+
+    return smollm2_study.docs_section(smollm2_study.load())
+
+
 def _rollout_engines() -> str:
     from benchmarks import rollout
 
@@ -178,6 +190,8 @@ SECTIONS = (
     Section("docs/demo.md", "smollm2 results", _smollm2_table),
     Section("docs/demo.md", "smollm2 in a sparse pool", _smollm2_sparse),
     Section("docs/study.md", "study result", _study),
+    Section("docs/study_smollm2.md", "smollm2 study power", _smollm2_study_power),
+    Section("docs/study_smollm2.md", "smollm2 study result", _smollm2_study_result),
     Section("docs/performance.md", "rollout engines", _rollout_engines),
     Section("docs/architecture.md", "asynchronous rollouts", _async_grid),
     Section("docs/reference.md", "commands and options", _reference),

@@ -103,6 +103,8 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
                        help="where the JSON goes; default <run_dir>/plan_world<N>_tp<T>.json")
     if name == "eval":
         p.add_argument("--split", choices=("train", "eval"), default="eval", help="games to evaluate on")
+        p.add_argument("--per-game", dest="per_game", action="store_true", default=None,
+                       help="add every play (game id, won, steps, actions) to the JSON: paired comparisons")
     return p
 
 
