@@ -10,10 +10,15 @@ rollout is made and handed to every variant, each starting from the same weights
     lora-grpo, lora-seed       model.lora at the recipe's rank, the base frozen
 GRPO's scoring pass is the old-policy scoring alone, so teacher scoring = SEED's scoring minus GRPO's.
 
-A phase's floor is its FLOPs over the GEMM rate this box reaches in the same run at the phase's own shape (fp32
-torch.mm with the recipe's threads, at M = the packed tokens of a forward and M = the sequences of a decode step):
-    forward FLOPs   2·(block linear parameters) per token through the stack + 2·d·V per row the LM head scores
-                    (causal attention added: 4·layers·d_attn·(context) per token)
+A phase's floor is what the GEMMs inside it take on this box, measured in the same run (fp32, the recipe's threads):
+    packed forward  its FLOPs over the rate of torch.mm at M = 4096 packed tokens: 2·(block linear parameters) per
+                    token through the stack + 2·d·V per row the LM head scores + 4·layers·d_attn·(context) per
+                    token of causal attention
+    decode step     the time of that step's own GEMMs: F.linear of every block weight and the LM head of the model
+                    at the step's rows, the weights read from memory as a step reads them (at a few rows a step is
+                    bound by streaming 0.4 GB of weights, not by FLOPs: a rate measured on one cache-resident weight
+                    would put the floor below what the hardware can do); a LoRA policy generates with its merged
+                    weights (model/lora.py adapters_merged), so its floor is the base's
     update          full: 3x forward (activations, input and weight gradients; the head too); LoRA: 2x forward
                     (no weight gradient of a frozen weight) + the adapters' own FLOPs
 The tokens each phase pushes through the model are counted by wrapping the policy's forward, prefill and decode, and
@@ -31,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from benchmarks.common import ROOT, machine_info, median, print_table, write_results
 from seedfast.config import load_config
@@ -54,6 +60,8 @@ class Counter:
         self.decode_rows: dict[str, float] = {}
         self.attn: dict[str, float] = {}  # Σ over query tokens of the keys each attends to
         self.head_rows: dict[str, float] = {}
+        self.decode_steps: dict[str, list[int]] = {}  # the rows of each decode step
+        self.decode_attn: dict[str, float] = {}
 
     def add(self, table: dict[str, float], value: float) -> None:
         table[self.phase] = table.get(self.phase, 0.0) + float(value)
@@ -78,7 +86,8 @@ def counted(policy: torch.nn.Module, counter: Counter) -> Iterator[None]:
         counter.add(counter.tokens, ids.numel())
         counter.add(counter.decode_rows, ids.numel())
         counter.add(counter.head_rows, ids.numel())  # each row's next-token distribution
-        counter.add(counter.attn, float(cache.lengths.double().sum()))
+        counter.add(counter.decode_attn, float(cache.lengths.double().sum()))
+        counter.decode_steps.setdefault(counter.phase, []).append(ids.numel())
 
     handles = [policy.register_forward_pre_hook(on_forward, with_kwargs=True)]
     original_decode, original_prefill = policy.decode, policy.prefill
@@ -148,6 +157,23 @@ def gemm_rate(m: int, k: int, n: int, reps: int = 5) -> float:
     return 2 * m * k * n / best
 
 
+def decode_step_seconds(policy: torch.nn.Module, rows: int, reps: int = 5) -> float:
+    """The GEMMs of one decode step at `rows` rows: F.linear of each block weight (the adapted layers' base weights:
+    generation merges the adapters into them) and the LM head, best of `reps` after a warm-up."""
+    weights = [m.weight for name, m in policy.named_modules()
+               if isinstance(m, torch.nn.Linear) and ".layers." in f".{name}"] + [policy.lm_head_weight]
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights}
+    best = float("inf")
+    with torch.inference_mode():
+        for rep in range(reps + 1):
+            t = time.perf_counter()
+            for w in weights:
+                F.linear(inputs[w.shape[1]], w)
+            if rep:
+                best = min(best, time.perf_counter() - t)
+    return best
+
+
 def model_shape(policy: torch.nn.Module) -> dict[str, float]:
     c = policy.config
     blocks = sum(m.weight.numel() for name, m in policy.named_modules()
@@ -158,17 +184,21 @@ def model_shape(policy: torch.nn.Module) -> dict[str, float]:
             "intermediate": c.intermediate_size}
 
 
-def phase_flops(shape: dict[str, float], counter: Counter, phase: str, training: str | None) -> float:
-    """The phase's FLOPs from what was counted (module docstring); `training` 'full' / 'lora' for the update."""
-    tokens = counter.tokens.get(phase, 0.0)
-    rows = counter.head_rows.get(phase, 0.0)
+def phase_flops(shape: dict[str, float], counter: Counter, phase: str, training: str | None) -> tuple[float, float]:
+    """(the FLOPs of the phase's packed forwards (and backward, `training` 'full' / 'lora' for the update), the FLOPs
+    of its decode steps), from what was counted (module docstring)."""
+    decoded = counter.decode_rows.get(phase, 0.0)
+    tokens = counter.tokens.get(phase, 0.0) - decoded
+    rows = counter.head_rows.get(phase, 0.0) - decoded
     forward = (2 * shape["block_linear_params"] * tokens + 2 * shape["d"] * shape["vocab"] * rows
                + 4 * shape["layers"] * shape["d_attn"] * counter.attn.get(phase, 0.0))
+    decode = (2 * (shape["block_linear_params"] + shape["d"] * shape["vocab"]) * decoded
+              + 4 * shape["layers"] * shape["d_attn"] * counter.decode_attn.get(phase, 0.0))
     if training == "full":
-        return 3 * forward
+        return 3 * forward, 0.0
     if training == "lora":
-        return 2 * forward + 6 * shape["adapter_params"] * tokens
-    return forward + (2 * shape["adapter_params"] * tokens if shape["adapter_params"] else 0.0)
+        return 2 * forward + 6 * shape["adapter_params"] * tokens, 0.0
+    return forward + 2 * shape["adapter_params"] * tokens, decode
 
 
 def main() -> None:
@@ -202,6 +232,7 @@ def main() -> None:
         with counted(roller.policy, timer.counter):
             result = roller.rollout(rep, timer)
         rollout_s = timer.seconds["rollout"]
+        floor_model = roller.policy  # the decode steps' GEMMs are timed on its weights
         roller.close()
         for name, extra in variants.items():
             trainer = Trainer(load_config(RECIPE, [*base, *extra, f"run.name={name}"]))
@@ -219,8 +250,10 @@ def main() -> None:
         print(f"rep {rep} done", flush=True)
 
     d, inter = int(shapes["full-grpo"]["d"]), int(shapes["full-grpo"]["intermediate"])
-    batch = cfg0.rollout.n * cfg0.rollout.tasks_per_batch  # the sequences a decode step carries
-    rates = {"packed": gemm_rate(4096, d, inter), "decode": gemm_rate(batch, d, inter)}
+    rates = {"packed": gemm_rate(4096, d, inter)}
+    all_counters = [rollout_counter, *counts.values()]
+    step_rows = sorted({r for c in all_counters for steps in c.decode_steps.values() for r in steps})
+    step_floor = {r: decode_step_seconds(floor_model, r) for r in step_rows}
     rows = []
     for name in variants:
         med = {k: median(v) for k, v in seconds[name].items()}
@@ -230,14 +263,14 @@ def main() -> None:
             if phase not in med:
                 continue
             c = rollout_counter if phase == "rollout" else counter
-            decode_share = c.decode_rows.get(phase, 0.0) / max(c.tokens.get(phase, 0.0), 1.0)
-            rate = rates["decode"] if decode_share > 0.5 else rates["packed"]
-            flops = phase_flops(shapes[name], c, phase, training if phase == "update" else None)
-            floor = flops / rate
+            packed, decode = phase_flops(shapes[name], c, phase, training if phase == "update" else None)
+            steps = c.decode_steps.get(phase, [])
+            floor = packed / rates["packed"] + sum(step_floor[r] for r in steps)
             rows.append({"variant": name, "phase": phase, "seconds": round(med[phase], 3),
-                         "gflop": round(flops / 1e9, 2), "floor_s": round(floor, 3),
+                         "gflop": round((packed + decode) / 1e9, 2), "floor_s": round(floor, 3),
                          "vs_floor": round(med[phase] / floor, 2) if floor > 0 else None,
-                         "tokens": int(c.tokens.get(phase, 0)), "head_rows": int(c.head_rows.get(phase, 0))})
+                         "tokens": int(c.tokens.get(phase, 0)), "head_rows": int(c.head_rows.get(phase, 0)),
+                         "decode_steps": len(steps), "decode_rows": int(sum(steps))})
     print_table(rows, ["variant", "phase", "seconds", "floor_s", "vs_floor", "gflop", "tokens", "head_rows"],
                 title=f"SmolLM2-135M update by phase on this CPU (median of {args.reps}, {args.threads} threads, "
                       "eager)")
@@ -255,6 +288,7 @@ def main() -> None:
                      "lora_alpha": args.lora_alpha, "dtype": cfg0.model.dtype},
         "shapes": {"model": shapes, "step_records": len(result.steps), "trajectories": len(result.trajectories)},
         "gemm_flops_per_s": rates,
+        "decode_step_floor_s": {str(r): v for r, v in step_floor.items()},
         "rows": rows,
         "ratios": ratios,
         "teacher_scoring_s": teacher,
@@ -297,7 +331,8 @@ def docs_table(result: dict) -> str:
                  f"{result['ratios']['lora_update_vs_full_seed']:.2f} (SEED), "
                  f"{result['ratios']['lora_update_vs_full_grpo']:.2f} (GRPO). {m['cpu']}, {s['threads']} threads, "
                  f"{s['mode']}, {s['dtype']}, median of {s['reps']}; GEMM rate measured in the same run: "
-                 f"{result['gemm_flops_per_s']['packed'] / 1e9:.0f} GFLOP/s packed, "
-                 f"{result['gemm_flops_per_s']['decode'] / 1e9:.0f} GFLOP/s at a decode step's rows "
+                 f"{result['gemm_flops_per_s']['packed'] / 1e9:.0f} GFLOP/s packed; a decode step's GEMMs "
+                 f"{1e3 * result['decode_step_floor_s'][max(result['decode_step_floor_s'], key=int)]:.0f} ms at "
+                 f"{max(result['decode_step_floor_s'], key=int)} rows "
                  "(`benchmarks/results/real_update.json`).")
     return "\n".join(lines)
