@@ -11,6 +11,7 @@ Per micro-batch (packed varlen, no padding; packing.py says which tokens go wher
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -208,5 +209,5 @@ def _micro_batches(samples: list[StepSample], costs: list[tuple[int, ...]], toke
 
 
 def _check_temperature(temperature: float) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ValueError(f"temperature must be a positive number, got {temperature!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}")

@@ -100,8 +100,9 @@ def test_bad_input_is_named():
         score(model, [fine, {"prompt_ids": [1]}])
     with pytest.raises(TypeError, match="samples must be a sequence"):
         score(model, fine)
-    with pytest.raises(ValueError, match="temperature must be a positive number"):
-        score(model, [fine], temperature=0.0)
+    for bad in (0.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="temperature must be a positive finite number"):
+            score(model, [fine], temperature=bad)
     with pytest.raises(ValueError, match="input_ids must lie in"):
         score(model, [StepSample(prompt_ids=[VOCAB + 5, 1], response_ids=[1])])
 
