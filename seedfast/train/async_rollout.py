@@ -176,6 +176,7 @@ class Inbox:
         self._decode = decode
         self._queue: queue.Queue[Any] = queue.Queue()
         self._ended = False
+        self._failure: _Failure | None = None  # the producer's failure, once read
         self.reader = threading.Thread(target=self._read, name="rollout-producer-reader", daemon=True)
         self.reader.start()
 
@@ -197,9 +198,32 @@ class Inbox:
         return self.process.exitcode
 
     def died(self, doing: str) -> RolloutProducerError:
+        """The error for a producer found gone while the trainer was `doing` something: its own failure with its
+        traceback when it sent one (whichever call finds it gone: a push reads no messages, and the failure may sit
+        behind batches not yet read), else its exit."""
         self.process.join(timeout=5)
+        failure = self._failure_sent()
+        if failure is not None:
+            return _error(f"the rollout producer failed at update {failure.step}: {failure.error} (found when the "
+                          f"trainer {doing})", failure.trace)
         return RolloutProducerError(f"the rollout producer (pid {self.process.pid}) ended "
                                     f"({describe_exit(self.process.exitcode)}) while the trainer {doing}")
+
+    def _failure_sent(self) -> _Failure | None:
+        """The failure the ended producer sent, if any: the reader is given until the pipe's end (READER_GRACE_S)
+        to take in what is left, and the messages before the failure are dropped (the run cannot go on)."""
+        if self._failure is None and not self.process.is_alive():
+            self.reader.join(timeout=READER_GRACE_S)
+            while True:
+                try:
+                    msg = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(msg, _Failure):
+                    self._failure = msg
+                if msg is _EOF or isinstance(msg, (_Failure, _ReaderFailed)):
+                    self._ended = True
+        return self._failure
 
     def get(self, doing: str, *, wait_s: float | None = None, since: float | None = None) -> Any:
         """The next message; raises RolloutProducerError when the producer ended, failed or sent nothing for
@@ -236,7 +260,7 @@ class Inbox:
                 raise _error(f"the trainer's reader of the rollout producer failed ({msg.error}) while the trainer "
                              f"{doing}", msg.trace)
             if isinstance(msg, _Failure):
-                self._ended = True
+                self._ended, self._failure = True, msg
                 raise _error(f"the rollout producer failed at update {msg.step}: {msg.error}", msg.trace)
             return msg
 

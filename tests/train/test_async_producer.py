@@ -282,3 +282,85 @@ def test_readers_do_not_pile_up_in_a_threaded_trainer():
         proc.join()
         proc.close()
     assert threading.active_count() == before
+
+
+# ------------------------------------------------------------------ a failure found by whichever call comes next
+
+
+def _produce_failing_in(update: int, *args) -> None:
+    """The producer process (async_rollout.produce), its rollout of `update` raising (first_step 0): the batches
+    before it are sent, then the failure's traceback, then it exits (ProducerExit.FAILED)."""
+    import seedfast.rollout.agent_loop as agent_loop
+    from seedfast.train import async_rollout
+
+    real, calls = agent_loop.run_agent_loop, []
+
+    def run_agent_loop(*a, **k):
+        calls.append(1)
+        if len(calls) == update + 1:
+            raise RuntimeError(f"injected failure in the rollout of update {update}")
+        return real(*a, **k)
+
+    agent_loop.run_agent_loop = run_agent_loop
+    async_rollout.produce(*args)
+
+
+def _fails_in_update_1(*args) -> None:
+    _produce_failing_in(1, *args)
+
+
+def _fails_in_update_2(*args) -> None:
+    _produce_failing_in(2, *args)
+
+
+def test_a_producer_that_failed_mid_rollout_shows_its_traceback_to_the_next_push(
+        overrides, train_games, tiny_policy, tmp_path, monkeypatch, one_torch_thread):
+    """The producer sent update 0's batch, failed in update 1's rollout and exited before the trainer read either:
+    the push that finds it gone raises its failure with its traceback, not 'exit code 3, failed'."""
+    from seedfast.runtime.setup import load_policy
+    from seedfast.train import async_rollout
+
+    monkeypatch.setattr(async_rollout, "produce", _fails_in_update_1)  # spawn pickles it by name: this module's
+    cfg = _cfg(overrides, train_games, tmp_path)
+    cpu = torch.device("cpu")
+    policy = load_policy(cfg, tiny_policy, cpu, trainable=False)
+    producer = RolloutProducer(cfg, tiny_policy, first_step=0, first_version=0, device=cpu)
+    try:
+        producer.push(policy, 0)
+        producer.process.join(timeout=120)
+        assert producer.process.exitcode == ProducerExit.FAILED
+        with pytest.raises(RolloutProducerError) as caught:
+            producer.push(policy, 1)
+    finally:
+        producer.close()
+    line = str(caught.value)
+    assert "\n" not in line
+    assert ("the rollout producer failed at update 1: RuntimeError('injected failure in the rollout of update 1') "
+            "(found when the trainer sent it policy version 1)") == line
+    assert caught.value.trace.startswith("Traceback")
+    assert "RuntimeError: injected failure in the rollout of update 1" in caught.value.trace
+    assert str(caught.value.__cause__) == caught.value.trace
+
+
+def test_a_run_whose_producer_failed_names_the_update_its_traceback_and_the_resume_point(
+        overrides, train_games, tiny_policy, tmp_path, monkeypatch, capsys):
+    from seedfast import cli
+    from seedfast.train import async_rollout
+
+    # update 1's batch is read at the step_1 checkpoint, so the failure is found by the push of version 2 or the
+    # wait for update 2's batch, whichever comes first: the same line either way
+    monkeypatch.setattr(async_rollout, "produce", _fails_in_update_2)
+    out = tmp_path / "failed"
+    args = _args(overrides, train_games, out, tiny_policy, "trainer.steps=4", "trainer.checkpoint_every=1")[3:]
+    assert cli.main(args) == 5
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("seedfast train:")]
+    assert len(lines) == 1, err[-3000:]
+    newest = list_checkpoints(out / "t" / "ckpt")[-1]
+    assert newest.name == "step_1"
+    assert "the rollout producer failed at update 2: RuntimeError('injected failure in the rollout of update 2')" \
+        in lines[0]
+    assert "exit code 3" not in lines[0]
+    assert f"; --resume auto continues at update 1 from {newest}" in lines[0]
+    log = (out / "t" / "errors.log").read_text()  # the producer's traceback, as the cause
+    assert "in run_agent_loop\n" in log and "RuntimeError: injected failure in the rollout of update 2\n" in log
