@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,10 @@ from seedfast.train.staleness import (
 from seedfast.train.step_plan import plan_step
 from seedfast.train.teacher_evidence import TeacherEvidence
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
+
+
+class UpdateSkippedWarning(UserWarning):
+    """Mini-batches of an update were skipped: the rollout correction masked every token of them."""
 
 
 def step_fields(metrics: dict[str, float]) -> dict[str, float]:
@@ -428,6 +433,8 @@ class Trainer:
         with timer.phase("update"):
             out = self._update(batch, use_opd=use_opd, evidence=evidence, scored=scored)
             metrics.update(out)
+            if out.get("train/skipped_all_masked"):
+                self._say_skipped(int(out["train/skipped_all_masked"]), int(out["optim/updates_applied"]))
             if self.plan.reflection_update and privileged is not None and privileged.reflections is not None:
                 # GRSD's reflection step steps the same optimizer but is not a step of the schedule (it counts the
                 # mini-batch steps: trainer.steps x ppo_epochs x mini_batches, runtime/setup.py rl_optimizer): it
@@ -558,6 +565,22 @@ class Trainer:
             raise FloatingPointError(
                 f"{self.bad_steps} non-finite updates in a row (trainer.max_bad_steps={cfg.trainer.max_bad_steps})")
         return out
+
+    def _say_skipped(self, skipped: int, applied: int) -> None:
+        """One line (a warning, and an `update_skipped` event in metrics.jsonl) for mini-batches the rollout correction
+        masked whole. The lr schedule counts optimizer steps, so it does not advance for them: the next step takes
+        the lr this one would have taken."""
+        if not self.is_main:
+            return
+        what = "the whole update" if applied == 0 else f"{skipped} of its mini-batch steps"
+        warnings.warn(f"update {self.step}: the rollout correction masked every response token of {skipped} "
+                      f"mini-batch{'es' if skipped > 1 else ''}: {what} skipped (no optimizer step; the lr schedule "
+                      "not advanced); see rollout_corr/* and train/skipped_all_masked", UpdateSkippedWarning,
+                      stacklevel=2)
+        if self.log is not None:
+            self.log.event({"event": "update_skipped", "update": self.step, "reason": "all_masked",
+                            "mini_batches_skipped": skipped, "optimizer_steps": applied,
+                            "lr_next": self.optimizer.param_groups[0]["lr"]})
 
     def _all_masked(self, batch: UpdateBatch, index: list[int]) -> bool:
         """The rollout correction gave every response token of the mini-batch weight 0 (on every data-parallel rank:

@@ -214,3 +214,39 @@ def test_a_run_logs_the_diagnostics_and_a_run_that_masks_everything_warns(overri
     assert row["train/skipped_all_masked"] == 1.0 and row["optim/updates_applied"] == 0.0
     assert "loss/total" not in row and "optim/grad_norm" not in row
     assert moved == {"rollout.correction.mode=token_tis": True, "rollout.correction.mode=seq_geo_mask": False}
+
+
+@pytest.mark.filterwarnings("ignore::seedfast.config.ConfigWarning")
+@pytest.mark.filterwarnings("ignore::seedfast.train.correction.MaskedShareWarning")
+def test_an_all_masked_update_says_it_was_skipped_and_leaves_the_lr_schedule_where_it_was(
+        overrides, tiny_policy, train_games, tmp_path, one_torch_thread):
+    """Two updates the correction masks whole, under a warm-up (lr * (s + 1) / 4 at optimizer step s): each leaves a
+    warning and an `update_skipped` event, and both run at the lr of optimizer step 0, as the next real step will."""
+    import json
+
+    from seedfast.train.rl import Trainer, UpdateSkippedWarning
+
+    out = tmp_path / "masked"
+    cfg = load_config(None, [*overrides(train_games, out), "algorithm=grpo", "trainer.steps=2",
+                             "trainer.eval_every=0", "optim.warmup_steps=3", "rollout.correction.mode=seq_geo_mask",
+                             "rollout.correction.geo_low=1.5", "rollout.correction.geo_high=2.0"])
+    trainer = Trainer(cfg, policy_dir=tiny_policy)
+    try:
+        with pytest.warns(UpdateSkippedWarning) as said:
+            rows = trainer.run()
+        schedule_at = trainer.scheduler.last_epoch
+    finally:
+        trainer.close()
+    first_lr = cfg.optim.lr * 1 / 4
+    assert [r["optim/updates_applied"] for r in rows] == [0.0, 0.0]
+    assert [r["train/skipped_all_masked"] for r in rows] == [1.0, 1.0]
+    assert [r["optim/lr"] for r in rows] == pytest.approx([first_lr, first_lr], rel=1e-12)
+    assert schedule_at == 0  # no optimizer step, no step of the schedule
+    lines = [str(w.message) for w in said if w.category is UpdateSkippedWarning]
+    assert [line.split(":")[0] for line in lines] == ["update 0", "update 1"]
+    assert all("every response token of 1 mini-batch: the whole update skipped (no optimizer step; the lr "
+               "schedule not advanced)" in line for line in lines)
+    events = [json.loads(line) for line in (out / "t" / "metrics.jsonl").read_text().splitlines()]
+    assert [e for e in events if e.get("event") == "update_skipped"] == [
+        {"event": "update_skipped", "update": u, "reason": "all_masked", "mini_batches_skipped": 1,
+         "optimizer_steps": 0, "lr_next": pytest.approx(first_lr, rel=1e-12)} for u in (0, 1)]
