@@ -53,7 +53,8 @@ TOOLS: dict[str, Command] = {
                       "fetch a pretrained model into the local cache as an HF folder: models fetch smollm2-135m"),
 }
 SHOW_CONFIG = "config"
-ENV_KINDS = ("textworld", "alfworld")
+ENV_KINDS = ("textworld", "alfworld", "scienceworld")
+ENV_ACTIONS = ("make", "list")  # `seedfast envs make|list ...`
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -74,10 +75,10 @@ def _top_parser() -> argparse.ArgumentParser:
 def _command_parser(name: str) -> argparse.ArgumentParser:
     about = COMMANDS[name].help if name in COMMANDS else "print the resolved config as YAML"
     p = argparse.ArgumentParser(
-        prog=f"seedfast {name}" + (" make" if name == "envs" else ""),
+        prog=f"seedfast {name}" + (" make|list" if name == "envs" else ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=about,
-        usage=f"seedfast {name}{' make [textworld|alfworld]' if name == 'envs' else ''} "
+        usage=f"seedfast {name}{' make|list [textworld|alfworld|scienceworld]' if name == 'envs' else ''} "
               "[CONFIG] [key=value ...] [options]",
         epilog="config options (in the YAML file, or as key=value overrides):\n" + options_help(),
     )
@@ -102,7 +103,8 @@ def _command_parser(name: str) -> argparse.ArgumentParser:
         p.add_argument("--json", dest="json_path", metavar="PATH",
                        help="where the JSON goes; default <run_dir>/plan_world<N>_tp<T>.json")
     if name == "eval":
-        p.add_argument("--split", choices=("train", "eval"), default="eval", help="games to evaluate on")
+        p.add_argument("--split", choices=("train", "eval", "test"), default="eval",
+                       help="games to evaluate on (test: ScienceWorld's held-out test variations; its eval is dev)")
         p.add_argument("--per-game", dest="per_game", action="store_true", default=None,
                        help="add every play (game id, won, steps, actions) to the JSON: paired comparisons")
     return p
@@ -133,7 +135,7 @@ def _split_items(name: str, items: Sequence[str]) -> tuple[str | None, list[str]
     for i, item in enumerate(items):
         if "=" in item:
             overrides.append(item)
-        elif name == "envs" and i == 0 and item == "make":
+        elif name == "envs" and i == 0 and item in ENV_ACTIONS:
             continue
         elif name == "envs" and item in ENV_KINDS and not Path(item).exists():
             overrides.append(f"env.kind={item}")
@@ -146,10 +148,10 @@ def _split_items(name: str, items: Sequence[str]) -> tuple[str | None, list[str]
 
 
 def _resolve(name: str, args: argparse.Namespace) -> tuple[Config, dict[str, Any]]:
-    if name == "envs" and (not args.items or args.items[0] != "make"):
-        raise ConfigError("usage: seedfast envs make [textworld|alfworld] [CONFIG] [key=value ...]")
+    if name == "envs" and (not args.items or args.items[0] not in ENV_ACTIONS):
+        raise ConfigError("usage: seedfast envs make|list [textworld|alfworld|scienceworld] [CONFIG] [key=value ...]")
     path, overrides = _split_items(name, args.items)
-    flags: dict[str, Any] = {}
+    flags: dict[str, Any] = {"action": args.items[0]} if name == "envs" else {}
     for dest, value in vars(args).items():
         if dest == "items" or value is None:
             continue

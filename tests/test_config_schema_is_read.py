@@ -39,6 +39,7 @@ ALIASES = {
     "rollout": ("rollout", "r"),
     "trainer": ("trainer", "t"),
     "model.tiny": ("tiny",),
+    "env.scienceworld": ("scienceworld", "sw"),
 }
 
 
@@ -90,7 +91,7 @@ def test_the_check_finds_options_that_only_look_read():
 TRAINING = ("sft", "train", "demo")  # the commands that train
 RL = ("train", "demo")
 PLAYING = ("train", "eval")  # the commands that play games of either env.kind (the demo makes TextWorld games)
-KINDS = {"textworld": "TextWorld", "alfworld": "ALFWorld"}  # env.kind -> how a doc names it
+KINDS = {"textworld": "TextWorld", "alfworld": "ALFWorld", "scienceworld": "ScienceWorld"}  # env.kind -> its doc name
 ANALYZERS = ("self", "external", "oracle")  # skill.analyzer
 GENERATING = ("self", "external")  # the analyzers that generate text (the oracle writes from the walkthrough)
 # What names a choice in a test: env.kind as `<...>.kind`; the analyzer as `<...>.analyzer` or a local `kind`
@@ -288,10 +289,10 @@ def takers(section: str, doc: str) -> tuple[str, ...]:
     return TRAINING if "RL and SFT" in doc else RL
 
 
-def one_kind(doc: str) -> str | None:
-    """The env.kind an env option's doc names alone (e.g. "TextWorld: ..."), or None."""
-    named = [kind for kind, name in KINDS.items() if name in doc]
-    return named[0] if len(named) == 1 else None
+def kinds_served(doc: str) -> tuple[str, ...]:
+    """The env.kinds an env option's doc names (e.g. "TextWorld: ...; ALFWorld: ..."), or every kind when it names
+    none."""
+    return tuple(kind for kind, name in KINDS.items() if name in doc) or tuple(KINDS)
 
 
 @functools.cache
@@ -347,10 +348,10 @@ def test_optim_options_say_whom_they_serve():
 
 @pytest.mark.parametrize("command, kind", ENV, ids=[f"{c}-{k}" for c, k in ENV])
 def test_env_options_are_read_for_every_kind_they_serve(command, kind):
-    fields = [key for key, doc in OPTIONS.items() if key[0] == "env" and one_kind(doc) in (None, kind)]
+    fields = [key for key, doc in OPTIONS.items() if key[0] == "env" and kind in kinds_served(doc)]
     missing = unread_on(fields, command_reads(command, kind))
     assert not missing, (f"`seedfast {command}` with env.kind={kind} never reads {missing}; read them, or name the "
-                         "one kind they serve in their doc ('TextWorld: ...')")
+                         "kinds they serve in their doc ('TextWorld: ...')")
 
 
 @pytest.mark.parametrize("analyzer, key", SKILL, ids=[f"{a}-{'.'.join(k)}" for a, k in SKILL])

@@ -70,7 +70,7 @@ def main(cfg: Config, split: str = "eval", per_game: bool = False, **_: Any) -> 
     dp = DataParallel(rank=env.rank, size=env.world)  # every process; the default group when there are several
     plays: list[dict[str, Any]] = []
     with plays_recorded(plays) if per_game else contextlib.nullcontext():
-        metrics = evaluate_policy(cfg, model, tokenizer, "train" if split == "train" else "eval", dp=dp)
+        metrics = evaluate_policy(cfg, model, tokenizer, split if split in ("train", "test") else "eval", dp=dp)
     if env.is_main:
         print(json.dumps(metrics, indent=1))
         paths.root.mkdir(parents=True, exist_ok=True)  # a policy that never ran here (init_from, model.path) has none

@@ -30,6 +30,8 @@ from seedfast.config.loading import (
 from seedfast.config.schema import (
     ALFWORLD_TASK_TYPES,
     CONFIG_FILE,
+    SCIENCEWORLD_SIMPLIFICATIONS,
+    SCIENCEWORLD_TASKS,
     TEXTWORLD_GAME_TYPES,
     Algorithm,
     CollectConfig,
@@ -47,6 +49,7 @@ from seedfast.config.schema import (
     OptimConfig,
     RolloutConfig,
     RunConfig,
+    ScienceWorldConfig,
     SFTConfig,
     SkillConfig,
     TinyModelConfig,
@@ -59,7 +62,8 @@ from seedfast.config.schema import (
 from seedfast.config.yaml_io import _Dumper, _Loader
 
 __all__ = [
-    "ALFWORLD_TASK_TYPES", "CONFIG_FILE", "TEXTWORLD_GAME_TYPES", "Algorithm", "CollectConfig", "Config", "ConfigError",
+    "ALFWORLD_TASK_TYPES", "CONFIG_FILE", "SCIENCEWORLD_SIMPLIFICATIONS", "SCIENCEWORLD_TASKS", "ScienceWorldConfig",
+    "TEXTWORLD_GAME_TYPES", "Algorithm", "CollectConfig", "Config", "ConfigError",
     "ConfigWarning", "CorrectionConfig", "DemoConfig", "EnvConfig", "ExternalAnalyzerConfig", "GRSDConfig", "LogConfig",
     "LossConfig",
     "ModelConfig", "OptimConfig", "Option", "RolloutConfig", "RunConfig", "SFTConfig", "SkillConfig",

@@ -28,6 +28,8 @@ import yaml
 from seedfast.config.schema import (
     ALFWORLD_TASK_TYPES,
     CONFIG_FILE,
+    SCIENCEWORLD_SIMPLIFICATIONS,
+    SCIENCEWORLD_TASKS,
     TEXTWORLD_GAME_TYPES,
     Config,
     ConfigError,
@@ -321,6 +323,36 @@ ALGORITHM_CHECKS: dict[str, Callable[[Config], None] | None] = {
 }
 
 
+def _check_scienceworld(env: Any) -> None:
+    """env.scienceworld: task ids become names, every name is one of the 30, the simplifications are known, and a
+    simulator step's deadline falls before the worker pool's."""
+    sw = env.scienceworld
+    by_id = dict(SCIENCEWORLD_TASKS)
+    names = [by_id.get(t.strip(), t.strip()) for t in sw.tasks]
+    if not names:
+        raise ConfigError("env.scienceworld.tasks: name at least one task (`seedfast envs list scienceworld`)")
+    for name in names:
+        if name not in by_id.values():
+            raise ConfigError(f"env.scienceworld.tasks: unknown ScienceWorld task {name!r}; choose names or ids of: "
+                              + ", ".join(f"{n} ({i})" for i, n in SCIENCEWORLD_TASKS))
+    if len(set(names)) != len(names):
+        raise ConfigError(f"env.scienceworld.tasks: a task is named twice in {format_value(sw.tasks)}")
+    sw.tasks = names
+    items = [s.strip() for s in sw.simplifications.split(",") if s.strip()]
+    for item in items:
+        if item not in SCIENCEWORLD_SIMPLIFICATIONS:
+            raise ConfigError(f"env.scienceworld.simplifications: unknown simplification {item!r}; choose from "
+                              f"{', '.join(SCIENCEWORLD_SIMPLIFICATIONS)} (comma-separated)")
+    if "noElectricalAction" in items and any("power-component" in n or "conductivity" in n for n in names):
+        raise ConfigError("env.scienceworld.simplifications: noElectricalAction with an electrical task "
+                          "(power-component*, *conductivity*); 'easy' leaves it out for those tasks by itself")
+    sw.simplifications = ",".join(items)
+    if sw.call_timeout_s >= env.step_timeout_s:
+        raise ConfigError(f"env.scienceworld.call_timeout_s={sw.call_timeout_s:g} must be below env.step_timeout_s="
+                          f"{env.step_timeout_s:g}: the environment fails a hung step before the pool kills its "
+                          "worker")
+
+
 def _check_lora(cfg: Config) -> None:
     lora = cfg.model.lora
     every = LoRAConfig().targets  # the default adapts every linear layer of a block (model/lora.py LORA_TARGETS)
@@ -359,9 +391,11 @@ def validate(cfg: Config, command: str | None = None) -> Config:
 
     env = cfg.env
     allowed = TEXTWORLD_GAME_TYPES if env.kind == "textworld" else ALFWORLD_TASK_TYPES
-    if env.game_type not in allowed:
+    if env.kind != "scienceworld" and env.game_type not in allowed:
         raise ConfigError(f"env.game_type: {env.game_type!r} is not a {env.kind} game type; choose one of: "
                           f"{', '.join(allowed)}")
+    if env.kind == "scienceworld":
+        _check_scienceworld(env)
     if env.kind == "textworld":
         if not env.levels or min(env.levels) < 1:
             raise ConfigError(f"env.levels: expected levels >= 1, got {format_value(env.levels)}")

@@ -36,6 +36,25 @@ ALFWORLD_TASK_TYPES = (
     "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place",
 )
 
+# ScienceWorld's task table, (id, name) (envs/scienceworld_env.py reads the wheel's; tests/scienceworld/ checks they
+# agree), and the simplifications its simulator takes
+SCIENCEWORLD_TASKS = (
+    ("1-1", "boil"), ("1-2", "melt"), ("1-3", "freeze"), ("1-4", "change-the-state-of-matter-of"),
+    ("2-1", "use-thermometer"), ("2-2", "measure-melting-point-known-substance"),
+    ("2-3", "measure-melting-point-unknown-substance"), ("3-1", "power-component"),
+    ("3-2", "power-component-renewable-vs-nonrenewable-energy"), ("3-3", "test-conductivity"),
+    ("3-4", "test-conductivity-of-unknown-substances"), ("4-1", "find-living-thing"),
+    ("4-2", "find-non-living-thing"), ("4-3", "find-plant"), ("4-4", "find-animal"), ("5-1", "grow-plant"),
+    ("5-2", "grow-fruit"), ("6-1", "chemistry-mix"), ("6-2", "chemistry-mix-paint-secondary-color"),
+    ("6-3", "chemistry-mix-paint-tertiary-color"), ("7-1", "lifespan-longest-lived"),
+    ("7-2", "lifespan-shortest-lived"), ("7-3", "lifespan-longest-lived-then-shortest-lived"),
+    ("8-1", "identify-life-stages-1"), ("8-2", "identify-life-stages-2"), ("9-1", "inclined-plane-determine-angle"),
+    ("9-2", "inclined-plane-friction-named-surfaces"), ("9-3", "inclined-plane-friction-unnamed-surfaces"),
+    ("10-1", "mendelian-genetics-known-plant"), ("10-2", "mendelian-genetics-unknown-plant"),
+)
+SCIENCEWORLD_SIMPLIFICATIONS = ("easy", "teleportAction", "selfWateringFlowerPots", "openContainers", "openDoors",
+                                "noElectricalAction")
+
 
 def opt(default: Any, doc: str, *, gt: float | None = None, ge: float | None = None,
         lt: float | None = None, le: float | None = None, parse: Callable[[Any], Any] | None = None) -> Any:
@@ -60,6 +79,13 @@ def _parse_levels(value: Any) -> Any:
             return list(range(lo, hi + 1))
         if re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", value):
             return [int(x) for x in value.split(",")]
+    return value
+
+
+def _parse_names(value: Any) -> Any:
+    """'boil, melt' -> ['boil', 'melt']; a list is left for the type check."""
+    if isinstance(value, str):
+        return [x.strip() for x in value.split(",") if x.strip()]
     return value
 
 
@@ -124,13 +150,31 @@ class ModelConfig:
 
 
 @dataclass
+class ScienceWorldConfig:
+    tasks: list[str] = opt(["find-non-living-thing"], "ScienceWorld task names or ids ('1-1'), a list or 'a,b'; "
+                                                      "`seedfast envs list scienceworld` lists the 30",
+                           parse=_parse_names)
+    simplifications: str = opt("easy", "comma-separated simplifications the simulator applies ('easy' = all of "
+                                       "them; '' = none; docs/environments.md, 'ScienceWorld')")
+    heap_mb: int = opt(512, "-Xmx of each simulator's JVM, in MiB; with the JVM's measured overhead it bounds the "
+                            "environment slots by the machine's memory", ge=128)
+    call_timeout_s: float = opt(10.0, "seconds one simulator step may take before its JVM is killed and the episode "
+                                      "fails (below env.step_timeout_s, so the environment fails first)", gt=0)
+    max_text_chars: int = opt(2000, "characters of an observation's text (feedback, room, inventory) before its "
+                                    "tail is cut, the cut said in the text", ge=200)
+
+
+@dataclass
 class EnvConfig:
-    kind: Literal["textworld", "alfworld"] = opt("textworld", "environment family")
+    kind: Literal["textworld", "alfworld", "scienceworld"] = opt("textworld", "environment family")
     game_type: str = opt("treasure_hunter", "TextWorld challenge, or ALFWorld task type ('all')")
     levels: list[int] = opt([1, 2, 3, 4, 5], "TextWorld difficulty levels: a list or a range like 3-6",
                             parse=_parse_levels)
-    n_train: int | None = opt(16, "TextWorld: training games per level; ALFWorld: games, null = all", ge=1)
-    n_eval: int | None = opt(8, "TextWorld: held-out games per level; ALFWorld: games, null = all", ge=1)
+    n_train: int | None = opt(16, "TextWorld: training games per level; ALFWorld: games, null = all; ScienceWorld: "
+                                  "train variations per task, null = all", ge=1)
+    n_eval: int | None = opt(8, "TextWorld: held-out games per level; ALFWorld: games, null = all; ScienceWorld: dev "
+                                "variations per task (selection; the test variations are `seedfast eval --split "
+                                "test`'s alone), null = all", ge=1)
     games_dir: str = opt("games", "where games are generated (TextWorld) or read from (ALFWorld data)")
     games_seed: int = opt(0, "TextWorld: first seed of game generation, apart from run.seed so game pools stay fixed",
                           ge=0)
@@ -151,6 +195,7 @@ class EnvConfig:
         "error", "TextWorld: a game of a split whose files are missing or differ from the manifest's sizes and "
                  "sha256: error = stop, naming every such file; skip = play without it, warned and counted "
                  "(rollout/games_skipped, eval/games_skipped)")
+    scienceworld: ScienceWorldConfig = section(ScienceWorldConfig, "ScienceWorld's tasks, simplifications and JVM")
 
 
 @dataclass

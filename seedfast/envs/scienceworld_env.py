@@ -68,6 +68,10 @@ _INSTALL_HINT = ("ScienceWorld needs the `scienceworld` package (`pip install sc
                  "extra) and a Java runtime (`apt-get install openjdk-17-jre-headless`; `make install` does both)")
 _PR_SET_PDEATHSIG = 1
 _CUT = "\n[... {n} more characters cut]"
+# What a JVM holds beyond its heap (metaspace, code cache, thread stacks, the collector's tables), in MiB: the measured
+# peak RSS of one simulator less its -Xmx, rounded up (benchmarks/results/scienceworld_jvm.json)
+JVM_OVERHEAD_MB = 160
+MEMORY_SHARE = 0.5  # of the machine's memory the simulators of one process may take; the trainer needs the rest
 
 
 class SimulatorFailure(RuntimeError):
@@ -361,6 +365,25 @@ class Simulator:
                 except OSError:
                     pass
         self._stderr.close()
+
+
+def machine_memory_mb() -> float:
+    """This machine's memory in MiB, or its cgroup's limit when that is lower (a container)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            total = min(total, int(limit) / 2**20)
+    except OSError:
+        pass
+    return total
+
+
+def slot_cap(heap_mb: int = HEAP_MB, memory_mb: float | None = None) -> int:
+    """The most simulators (one JVM per environment slot) that fit MEMORY_SHARE of the machine's memory, each
+    budgeted at its heap plus JVM_OVERHEAD_MB."""
+    memory_mb = machine_memory_mb() if memory_mb is None else memory_mb
+    return max(1, int(MEMORY_SHARE * memory_mb // (heap_mb + JVM_OVERHEAD_MB)))
 
 
 _IDLE: list[Simulator] = []

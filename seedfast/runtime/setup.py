@@ -299,8 +299,27 @@ def alfworld_game_id(game_file: str | os.PathLike) -> str:
     return f"{path.parent.parent.name}/{path.parent.name}"
 
 
+# seedfast's splits -> ScienceWorld's: RL, SFT and collection play train variations, the in-run evaluation (selection)
+# dev ones, and only `seedfast eval --split test` the held-out test ones
+SCIENCEWORLD_SPLITS = {"train": "train", "eval": "dev", "test": "test"}
+
+
+def scienceworld_tasks(cfg: Config, split: str) -> list[Task]:
+    """The variations of `split` of every task of env.scienceworld.tasks (env.n_train per task for train, env.n_eval
+    for eval and test), the tasks interleaved (variation i of each, then i + 1) so that a cut keeps every task."""
+    from seedfast.envs.scienceworld_env import Variation, variations
+
+    sw = cfg.env.scienceworld
+    limit = cfg.env.n_train if split == "train" else cfg.env.n_eval
+    per_task = [variations(name, SCIENCEWORLD_SPLITS[split])[:limit] for name in sw.tasks]
+    specs = [Variation(name, chosen[i], sw.simplifications) for i in range(max(map(len, per_task), default=0))
+             for name, chosen in zip(sw.tasks, per_task) if i < len(chosen)]
+    return [Task(game_id=str(spec), spec=spec) for spec in specs]
+
+
 def load_tasks(cfg: Config, split: str, *, generate: bool = False, skipped: list[str] | None = None) -> list[Task]:
-    """The games of `split` ('train' or 'eval'): env.n_train / env.n_eval of them (per level for TextWorld).
+    """The games of `split` ('train' or 'eval'; 'test' for ScienceWorld, whose 'eval' is its dev split):
+    env.n_train / env.n_eval of them (per level for TextWorld, per task for ScienceWorld).
 
     TextWorld games are read from the manifest of env.games_dir; with `generate`, the missing ones of this split
     are made first (make_games, cached). ALFWorld games come from its data (eval = out of distribution).
@@ -308,6 +327,11 @@ def load_tasks(cfg: Config, split: str, *, generate: bool = False, skipped: list
     the command (GameFileError naming each file), or with env.damaged_games=skip is left out with a warning and
     its line appended to `skipped` (the caller counts them in its metrics).
     """
+    if cfg.env.kind == "scienceworld":
+        return scienceworld_tasks(cfg, split)
+    if split not in ("train", "eval"):
+        raise ConfigError(f"split {split!r}: env.kind={cfg.env.kind} has the splits 'train' and 'eval' (its held-out "
+                          "games); 'test' is ScienceWorld's")
     limit = cfg.env.n_train if split == "train" else cfg.env.n_eval
     if cfg.env.kind == "alfworld":
         from seedfast.envs.alfworld import list_alfworld_games  # a clear error without alfworld and its data
@@ -374,8 +398,21 @@ def env_processes() -> int:
 def make_env_slots(cfg: Config, n_slots: int) -> Any:
     """`n_slots` environments of env.kind: in this process (env.isolation=inline), or hosted by `env_processes()`
     worker processes (an idle slot costs no process; build one pool per run and reuse it)."""
+    factory: Any
     if cfg.env.kind == "alfworld":
         from seedfast.envs.alfworld import AlfWorldEnv as factory
+    elif cfg.env.kind == "scienceworld":
+        from seedfast.envs.scienceworld_env import ScienceWorldFactory, slot_cap
+
+        sw = cfg.env.scienceworld
+        factory = ScienceWorldFactory(step_limit=cfg.env.max_steps, heap_mb=sw.heap_mb,
+                                      call_timeout_s=sw.call_timeout_s, max_chars=sw.max_text_chars)
+        cap = slot_cap(sw.heap_mb)
+        if n_slots > cap:  # one JVM per slot: more than the memory holds would swap or be OOM-killed
+            warnings.warn(f"env.kind=scienceworld: {n_slots} slots need {n_slots} simulator JVMs; this machine's "
+                          f"memory holds {cap} at env.scienceworld.heap_mb={sw.heap_mb} (docs/environments.md, "
+                          "'ScienceWorld'): the episodes run in waves of that many", stacklevel=2)
+            n_slots = cap
     else:
         from seedfast.envs.textworld_env import TextWorldEnv as factory
     if cfg.env.step_delay_s > 0:  # a slower environment than the game (envs/delayed.py)

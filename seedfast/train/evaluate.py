@@ -38,11 +38,12 @@ def eval_chunk_games(cfg: Config) -> int:
 def evaluation_tasks(cfg: Config, split: str = "eval", skipped: list[str] | None = None) -> list[Task]:
     """The episodes an evaluation of `split` plays, in manifest order: the train games (env.n_train), or the
     held-out games (env.n_eval) cut to trainer.eval_games; the list again trainer.eval_repeats times (a sampled
-    evaluation's noise falls with the plays; docs/demo.md)."""
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    evaluation's noise falls with the plays; docs/demo.md). ScienceWorld: 'eval' is its dev split (selection),
+    'test' its held-out test split."""
+    if split not in ("train", "eval", "test"):
+        raise ValueError(f"split must be 'train', 'eval' or 'test', got {split!r}")
     tasks = load_tasks(cfg, split, skipped=skipped)  # damaged games: runtime/setup.py (env.damaged_games)
-    if split == "eval" and cfg.trainer.eval_games:
+    if split != "train" and cfg.trainer.eval_games:
         tasks = tasks[: cfg.trainer.eval_games]
     return tasks * cfg.trainer.eval_repeats
 
