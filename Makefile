@@ -20,6 +20,11 @@ $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || if command -v nvidia-smi >/dev/null 2>&1; then python3 -m venv --system-site-packages $(VENV); \
 	  else python3 -m venv $(VENV); fi
 	$(PY) -m pip install -q --upgrade pip
+	# ScienceWorld's simulator (the envs extra) runs in a JVM: Debian's Java runtime where `java` is missing
+	command -v java >/dev/null 2>&1 || { s=$$(test "$$(id -u)" = 0 || echo sudo); \
+	  if command -v apt-get >/dev/null 2>&1; then $$s apt-get update -q && \
+	    $$s apt-get install -y -q --no-install-recommends openjdk-17-jre-headless; \
+	  else echo "note: no java and no apt-get: install a Java runtime (>= 11) or ScienceWorld's tests skip"; fi; }
 	grep -viE '^(torch|triton|nvidia-[^=]*)==' $(LOCK) > $(LOCK_NO_TORCH)
 	@if command -v nvidia-smi >/dev/null 2>&1; then lock=$(LOCK_NO_TORCH); \
 	elif $(PY) -m pip install -q -c $(LOCK) "$(TORCH_CPU)" 2>/dev/null || \
