@@ -68,8 +68,10 @@ _INSTALL_HINT = ("ScienceWorld needs the `scienceworld` package (`pip install sc
                  "extra) and a Java runtime (`apt-get install openjdk-17-jre-headless`; `make install` does both)")
 _PR_SET_PDEATHSIG = 1
 _CUT = "\n[... {n} more characters cut]"
-# What a JVM holds beyond its heap (metaspace, code cache, thread stacks, the collector's tables), in MiB: the measured
-# peak RSS of one simulator less its -Xmx, rounded up (benchmarks/results/scienceworld_jvm.json)
+# What a JVM holds beyond its heap (metaspace, code cache, thread stacks, the collector's tables), in MiB: its resident
+# memory right after the start, when the heap is nearly empty (130 MiB measured), rounded up; a slot is budgeted its
+# -Xmx plus this, above the peak a slot reached playing gold sequences (467 MiB at -Xmx512m;
+# benchmarks/results/scienceworld_jvm.json)
 JVM_OVERHEAD_MB = 160
 MEMORY_SHARE = 0.5  # of the machine's memory the simulators of one process may take; the trainer needs the rest
 
