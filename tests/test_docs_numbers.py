@@ -259,6 +259,8 @@ SS_LAM1, SS_CLOSEST = "sparse/s5/A_lam1_current_right_first", "sparse/s5/A_lam0.
 STUDY = "docs/study.md"
 
 PERF, KERN, DEMO_MD, README = "docs/performance.md", "docs/kernels.md", "docs/demo.md", "README.md"
+ENVS, SWJ = "docs/environments.md", "scienceworld_jvm.json"
+SW_TASKS = ("chemistry-mix-paint-secondary-color", "lifespan-longest-lived", "find-non-living-thing", "boil")
 
 REGISTRY: list[Q] = [
     Q("docs/scaling.md", "at 32k its train peak is {} GiB with fp32 masters",
@@ -471,6 +473,19 @@ REGISTRY: list[Q] = [
        *(probe_run("oracle_fixed", a, k) for a in ("control", "grpo", "seed") for k in ("first_quarter", "last_half")),
        j("rl_probe.jsonl", {"name": "oracle_fixed"}, "heldout_before"),
        probe_run("oracle_fixed", "grpo", "heldout_after"), probe_run("oracle_fixed", "seed", "heldout_after"))),
+    # ---- docs/environments.md: one ScienceWorld simulator (benchmarks/scienceworld_jvm.py) ----
+    Q(ENVS, "A JVM starts in {} s (median of 3) and holds {} MiB right after",
+      (j(SWJ, "summary", "start_s_median"), j(SWJ, "summary", "rss_after_start_mb_median"))),
+    Q(ENVS, "peaked at {} MiB resident with `-Xmx512m`, below the {} MiB a slot is budgeted; the machine above holds "
+            "{} slots", (j(SWJ, "summary", "peak_rss_mb"), j(SWJ, "summary", "slot_budget_mb"),
+                         j(SWJ, "summary", "slot_cap_here"))),
+    Q(ENVS, "It steps at {} steps per second", (j(SWJ, "summary", "steps_per_s_median"),)),
+    Q(ENVS, "takes {} s (median). The first load with the gold sequence is slower ({} s",
+      (j(SWJ, "summary", "load_reset_s_median"),
+       j(SWJ, "tasks", {"task": "chemistry-mix-paint-secondary-color"}, "load_gold_reset_s"))),
+    Q(ENVS, "The valid actions are many: {} per step on average in boil, at most {}",
+      (j(SWJ, "tasks", {"task": "boil"}, "valid_actions_mean"), hi(*(j(SWJ, "tasks", {"task": t}, "valid_actions_max")
+                                                                    for t in SW_TASKS)))),
 ]
 
 NUMBER = r"([−+±-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:e[−+-]?\d+)?)"
