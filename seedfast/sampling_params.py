@@ -7,15 +7,26 @@ checked when it is made, so every engine gets valid values and none checks them 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 
 def check_sampling_args(temperature: float, top_p: float) -> None:
-    if not isinstance(temperature, (int, float)) or temperature < 0 or temperature != temperature:
-        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    """A sampler's temperature (a finite number >= 0, 0 = greedy) and nucleus top_p (in (0, 1])."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
     if not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+def check_scoring_temperature(temperature: object, func: str | None = None) -> float:
+    """The temperature a log-prob is taken at, softmax(logits / T): a finite number > 0 (no greedy limit to score
+    at; inf would make every token equally likely, NaN every log-prob NaN). The one check of every scoring op and
+    pass; `func` names the caller in the error."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+        raise ValueError(f"{func + ': ' if func else ''}temperature must be finite and > 0, got {temperature!r}")
+    return float(temperature)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from seedfast.ops import PLAIN_PPO, LinearLogprobOutput, LossOptions, get_backen
 from seedfast.ops.fused_loss import loss_inputs
 from seedfast.ops.token_loss import metric_means, needs_entropy
 from seedfast.ops.vocab_parallel import vocab_parallel_divergence, vocab_parallel_logprob
+from seedfast.sampling_params import check_sampling_args, check_scoring_temperature
 
 NOISE_TILE = 8192  # Gumbel noise is drawn in tiles of this many vocabulary entries, in order
 
@@ -96,8 +97,7 @@ def tp_fused_loss(hidden: torch.Tensor, weight: DTensor, targets: torch.Tensor, 
     if hidden.dim() != 2 or weight.shape[1] != hidden.shape[1] or targets.shape != hidden.shape[:1]:
         raise ValueError(f"{func}: hidden [N, d], weight [V, d] and targets [N] do not fit: {tuple(hidden.shape)}, "
                          f"{tuple(weight.shape)}, {tuple(targets.shape)}")
-    if float(temperature) <= 0:
-        raise ValueError(f"{func}: temperature must be > 0, got {temperature}")
+    check_scoring_temperature(temperature, func)
     targets = targets.long()
     n, device = hidden.shape[0], hidden.device
     valid = targets != ignore_index
@@ -155,8 +155,7 @@ def tp_sample_next(hidden: torch.Tensor, weight: DTensor, temperature: float, to
     whole vocabulary; greedy when temperature is 0, its log-prob at temperature 1). Sampling is Gumbel-max, an exact
     draw from the distribution (not the same random stream as the one-process sampler's multinomial). Each rank
     holds its [B, V / tp] logits only; top_p < 1 is refused (the nucleus needs a global sort)."""
-    if not isinstance(temperature, (int, float)) or temperature < 0 or temperature != temperature:
-        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    check_sampling_args(temperature, top_p)
     if top_p != 1.0:
         raise ValueError(f"top_p={top_p}: a vocabulary-parallel head samples the full distribution only "
                          "(set rollout.top_p=1.0, or dist.tp=1)")

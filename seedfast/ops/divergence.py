@@ -22,11 +22,12 @@ triton_divergence.py):
 
 from __future__ import annotations
 
-import math
 from types import ModuleType
 
 import torch
 from torch.autograd.function import once_differentiable
+
+from seedfast.sampling_params import check_scoring_temperature
 
 from .dispatch import get_divergence_backend
 from .validate import check_finite, check_per_token
@@ -103,9 +104,7 @@ def check_divergence_inputs(func: str, hidden: object, teacher_hidden: object, w
     if kind == "jsd" and not 0.0 < beta < 1.0:
         raise ValueError(f"{func}: kind='jsd' needs 0 < beta < 1 (its ends are 'forward_kl' and 'reverse_kl'), "
                          f"got {beta}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
-            or not temperature > 0:
-        raise ValueError(f"{func}: temperature must be finite and > 0, got {temperature!r}")
+    check_scoring_temperature(temperature, func)
     weights = check_per_token(func, "token_weights", token_weights, hidden.shape[0], hidden.device).detach().float()
     # A NaN weight is != 0, so its row would count, and NaN·D makes the loss and every gradient NaN.
     check_finite(func, "token_weights", weights)

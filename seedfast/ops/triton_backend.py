@@ -50,6 +50,7 @@ from seedfast.kernels.token_loss import (  # the module's own name is this modul
     STAT_NAMES,
     token_loss_kernel,
 )
+from seedfast.sampling_params import check_scoring_temperature
 
 from .token_loss import merge_metric_sums
 from .validate import check_target_range
@@ -158,8 +159,7 @@ def _validate_linear(hidden, weight, targets, teacher_hidden, temperature) -> No
         raise ValueError(f"targets must be [N={hidden.shape[0]}], got {getattr(targets, 'shape', type(targets))}")
     if targets.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"targets must be int64, got {targets.dtype}")
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    check_scoring_temperature(temperature)
     _check_device(*(t for t in (hidden, weight, targets, teacher_hidden) if t is not None))
 
 

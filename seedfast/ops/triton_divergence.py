@@ -22,6 +22,7 @@ import triton
 
 from seedfast.kernels import autotuned, configs
 from seedfast.kernels import divergence as kernels
+from seedfast.sampling_params import check_scoring_temperature
 
 from . import triton_backend as tb
 
@@ -87,8 +88,7 @@ def _validate(hidden, teacher_hidden, weight, kind, beta, temperature, **per_tok
         raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
     if kind == "jsd" and not (isinstance(beta, (int, float)) and 0.0 < beta < 1.0):
         raise ValueError(f"jsd needs 0 < beta < 1, got {beta!r}")
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    check_scoring_temperature(temperature)
     n = hidden.shape[0]
     for name, t in per_token.items():
         if not isinstance(t, torch.Tensor) or t.shape != (n,):

@@ -9,6 +9,7 @@ import torch
 
 from seedfast.algo import losses
 from seedfast.algo.losses import LossOptions
+from seedfast.sampling_params import check_scoring_temperature
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
 
@@ -64,8 +65,7 @@ def check_linear_inputs(func: str, hidden: object, weight: object, targets: obje
             raise ValueError(f"{func}: teacher_hidden has shape {tuple(teacher_hidden.shape)} but hidden has "
                              f"shape {tuple(hidden.shape)}; they must match")
         _same_device(func, "teacher_hidden", teacher_hidden, hidden.device)
-    if _number(func, "temperature", temperature) <= 0:
-        raise ValueError(f"{func}: temperature must be > 0, got {temperature}")
+    check_scoring_temperature(temperature, func)
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise ValueError(f"{func}: ignore_index must be an int, got {ignore_index!r}")
     targets = targets.long()

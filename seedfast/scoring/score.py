@@ -11,7 +11,6 @@ Per micro-batch (packed varlen, no padding; packing.py says which tokens go wher
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -19,6 +18,7 @@ import torch
 from seedfast.context.sample import StepSample, check_samples
 from seedfast.model.decoder import Decoder
 from seedfast.ops import LinearLogprobOutput, linear_logprob
+from seedfast.sampling_params import check_scoring_temperature
 from seedfast.scoring.packing import (
     Packed,
     distinct_prefixes,
@@ -160,7 +160,7 @@ def score(
     zeros where teacher_mask is False), for full-vocabulary distillation against the teacher's distribution.
     """
     samples = check_samples(samples)
-    _check_temperature(temperature)
+    check_scoring_temperature(temperature)
     costs = []
     for s in samples:
         n = shared_prefix_length(s)
@@ -189,7 +189,7 @@ def score_reference(
     """ℓref on P ⊕ A (single context, no teacher) with the same budget rule as `score`; a prompt repeated in a
     micro-batch runs once (shared_prompts.py)."""
     samples = check_samples(samples)
-    _check_temperature(temperature)
+    check_scoring_temperature(temperature)
     costs = [(len(s.prompt_ids) + len(s.response_ids) - 1,) for s in samples]
     groups = _micro_batches(samples, costs, token_budget)
     parts = []
@@ -208,6 +208,3 @@ def _micro_batches(samples: list[StepSample], costs: list[tuple[int, ...]], toke
     return [[order[k] for k in group] for group in groups]
 
 
-def _check_temperature(temperature: float) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
-        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}")

@@ -101,7 +101,7 @@ def test_bad_input_is_named():
     with pytest.raises(TypeError, match="samples must be a sequence"):
         score(model, fine)
     for bad in (0.0, float("inf"), float("nan")):
-        with pytest.raises(ValueError, match="temperature must be a positive finite number"):
+        with pytest.raises(ValueError, match="temperature must be finite and > 0"):
             score(model, [fine], temperature=bad)
     with pytest.raises(ValueError, match="input_ids must lie in"):
         score(model, [StepSample(prompt_ids=[VOCAB + 5, 1], response_ids=[1])])
