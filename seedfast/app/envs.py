@@ -60,7 +60,7 @@ def scienceworld(cfg: Config, action: str) -> int:
         mark = "*" if t["task_name"] in sw.tasks else " "
         print(f"{t['task_id']:<5}{mark}{t['task_name']:<50} {t['topic']:<14} {n['train']:>5} {n['dev']:>5} "
               f"{n['test']:>5}")
-    counts = {split: len(scienceworld_tasks(cfg, split)) for split in ("train", "eval", "test")}
+    counts = {split: len(scienceworld_tasks(cfg, split, walkthroughs=False)) for split in ("train", "eval", "test")}
     print(f"* this config (env.scienceworld.tasks, simplifications {sw.simplifications or 'none'!r}): "
           f"{counts['train']} train, {counts['eval']} dev (eval), {counts['test']} test variations")
     if action == "make":

@@ -175,7 +175,8 @@ class EnvConfig:
     n_eval: int | None = opt(8, "TextWorld: held-out games per level; ALFWorld: games, null = all; ScienceWorld: dev "
                                 "variations per task (selection; the test variations are `seedfast eval --split "
                                 "test`'s alone), null = all", ge=1)
-    games_dir: str = opt("games", "where games are generated (TextWorld) or read from (ALFWorld data)")
+    games_dir: str = opt("games", "where games are generated (TextWorld) or read from (ALFWorld data); ScienceWorld: "
+                                  "where the train variations' gold sequences are cached")
     games_seed: int = opt(0, "TextWorld: first seed of game generation, apart from run.seed so game pools stay fixed",
                           ge=0)
     workers: int = opt(0, "TextWorld: processes used to generate games; 0 = all CPUs", ge=0)

@@ -418,6 +418,58 @@ def close_idle() -> None:
             _IDLE.pop().kill()
 
 
+# ------------------------------------------------------------------------------------------ gold sequences
+
+
+def gold_key(spec: Variation) -> str:
+    return f"{spec.task}/{spec.variation}/{spec.simplifications}"
+
+
+def gold_sequences(specs: Sequence[Variation], cache: str | os.PathLike | None = None, *, heap_mb: int = HEAP_MB,
+                   timeout_s: float = 120.0) -> dict[Variation, list[str]]:
+    """The simulator's gold action sequence of each variation (a load with the gold path each, ~0.3-1 s), read from
+    and added to the JSON `cache` when one is given ({"task/variation/simplifications": [action, ...]})."""
+    path = Path(cache) if cache is not None else None
+    known: dict[str, list[str]] = {}
+    if path is not None and path.is_file():
+        known = json.loads(path.read_text(encoding="utf-8"))
+    missing = [spec for spec in dict.fromkeys(specs) if gold_key(spec) not in known]
+    if missing:
+        sim = _take_simulator(heap_mb, timeout_s)
+        try:
+            for spec in missing:
+                task = resolve_task(spec.task)
+                simplifications = simplifications_for(task, spec.simplifications)
+                sim.loaded = None
+                sim.call(lambda s, t=task, v=spec.variation, x=simplifications: s.load(t, v, x, True), timeout_s)
+                known[gold_key(spec)] = [str(a) for a in sim.call(lambda s: list(s.getGoldActionSequence()),
+                                                                  timeout_s)]
+        finally:
+            _give_back(sim)
+        if path is not None:
+            if path.is_file():  # another process may have added its own since: keep them
+                known = {**json.loads(path.read_text(encoding="utf-8")), **known}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known, indent=0, sort_keys=True) + "\n", encoding="utf-8")
+            os.replace(tmp, path)
+    return {spec: list(known[gold_key(spec)]) for spec in specs}
+
+
+# ------------------------------------------------------------------------------------------ the prompt
+
+SYSTEM_PROMPT = ("You are an agent in ScienceWorld, a text world of elementary science tasks. Complete the task with "
+                 "as few actions as possible.")
+# The valid action-object combinations run to hundreds or a thousand a step (docs/environments.md): the prompt names
+# the simulator's action templates instead, and the agent fills in the objects it reads in the observation.
+INSTRUCTIONS = (
+    "Now it's your turn. Think briefly inside <think></think>, then give exactly one action inside <action></action>. "
+    "Actions: look around, look at OBJ, look in OBJ, inventory, go to LOC, teleport to LOC, open OBJ, close OBJ, "
+    "pick up OBJ, put down OBJ, move OBJ to OBJ, pour OBJ in OBJ, dunk OBJ in OBJ, mix OBJ, read OBJ, "
+    "activate OBJ, deactivate OBJ, use OBJ on OBJ, eat OBJ, flush OBJ, wait, wait1, and focus on OBJ, which "
+    "names the task's answer: focusing on a wrong object fails the task.\n")
+
+
 # ------------------------------------------------------------------------------------------ the environment
 
 

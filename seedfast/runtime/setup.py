@@ -304,17 +304,27 @@ def alfworld_game_id(game_file: str | os.PathLike) -> str:
 SCIENCEWORLD_SPLITS = {"train": "train", "eval": "dev", "test": "test"}
 
 
-def scienceworld_tasks(cfg: Config, split: str) -> list[Task]:
+SCIENCEWORLD_GOLD_FILE = "scienceworld_gold.json"
+
+
+def scienceworld_tasks(cfg: Config, split: str, *, walkthroughs: bool | None = None) -> list[Task]:
     """The variations of `split` of every task of env.scienceworld.tasks (env.n_train per task for train, env.n_eval
-    for eval and test), the tasks interleaved (variation i of each, then i + 1) so that a cut keeps every task."""
-    from seedfast.envs.scienceworld_env import Variation, variations
+    for eval and test), the tasks interleaved (variation i of each, then i + 1) so that a cut keeps every task.
+
+    Train tasks carry the simulator's gold sequence as their walkthrough (SFT, the oracle analyzer), cached in
+    <env.games_dir>/scienceworld_gold.json; dev and test tasks never do, so no held-out solution reaches training.
+    `walkthroughs=False` leaves them out (listing splits needs no simulator)."""
+    from seedfast.envs.scienceworld_env import Variation, gold_sequences, variations
 
     sw = cfg.env.scienceworld
     limit = cfg.env.n_train if split == "train" else cfg.env.n_eval
     per_task = [variations(name, SCIENCEWORLD_SPLITS[split])[:limit] for name in sw.tasks]
     specs = [Variation(name, chosen[i], sw.simplifications) for i in range(max(map(len, per_task), default=0))
              for name, chosen in zip(sw.tasks, per_task) if i < len(chosen)]
-    return [Task(game_id=str(spec), spec=spec) for spec in specs]
+    if split != "train" or walkthroughs is False:
+        return [Task(game_id=str(spec), spec=spec) for spec in specs]
+    gold = gold_sequences(specs, Path(cfg.env.games_dir) / SCIENCEWORLD_GOLD_FILE, heap_mb=sw.heap_mb)
+    return [Task(game_id=str(spec), spec=spec, walkthrough=gold[spec]) for spec in specs]
 
 
 def load_tasks(cfg: Config, split: str, *, generate: bool = False, skipped: list[str] | None = None) -> list[Task]:
@@ -395,6 +405,26 @@ def env_processes() -> int:
     return max(1, usable_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
+def scienceworld_factory(cfg: Config) -> Any:
+    """The ScienceWorldFactory of env.scienceworld.* and env.max_steps (the slots', SFT's replays')."""
+    from seedfast.envs.scienceworld_env import ScienceWorldFactory
+
+    sw = cfg.env.scienceworld
+    return ScienceWorldFactory(step_limit=cfg.env.max_steps, heap_mb=sw.heap_mb, call_timeout_s=sw.call_timeout_s,
+                               max_chars=sw.max_text_chars)
+
+
+def prompt_style(cfg: Config) -> PromptStyle:
+    """The agent's prompt style for env.kind: ScienceWorld's names its action templates instead of listing the
+    admissible actions, which run to a thousand a step (docs/environments.md, 'ScienceWorld')."""
+    if cfg.env.kind == "scienceworld":
+        from seedfast.envs.scienceworld_env import INSTRUCTIONS, SYSTEM_PROMPT
+
+        return PromptStyle(system=SYSTEM_PROMPT, instructions=INSTRUCTIONS, history_k=cfg.env.history_k,
+                           show_admissible=False)
+    return PromptStyle(history_k=cfg.env.history_k)
+
+
 def make_env_slots(cfg: Config, n_slots: int) -> Any:
     """`n_slots` environments of env.kind: in this process (env.isolation=inline), or hosted by `env_processes()`
     worker processes (an idle slot costs no process; build one pool per run and reuse it)."""
@@ -402,11 +432,10 @@ def make_env_slots(cfg: Config, n_slots: int) -> Any:
     if cfg.env.kind == "alfworld":
         from seedfast.envs.alfworld import AlfWorldEnv as factory
     elif cfg.env.kind == "scienceworld":
-        from seedfast.envs.scienceworld_env import ScienceWorldFactory, slot_cap
+        from seedfast.envs.scienceworld_env import slot_cap
 
         sw = cfg.env.scienceworld
-        factory = ScienceWorldFactory(step_limit=cfg.env.max_steps, heap_mb=sw.heap_mb,
-                                      call_timeout_s=sw.call_timeout_s, max_chars=sw.max_text_chars)
+        factory = scienceworld_factory(cfg)
         cap = slot_cap(sw.heap_mb)
         if n_slots > cap:  # one JVM per slot: more than the memory holds would swap or be OOM-killed
             warnings.warn(f"env.kind=scienceworld: {n_slots} slots need {n_slots} simulator JVMs; this machine's "
@@ -432,4 +461,4 @@ def agent_config(cfg: Config, *, n: int, temperature: float) -> AgentLoopConfig:
                            temperature=temperature, top_p=cfg.rollout.top_p,
                            invalid_penalty=cfg.env.invalid_penalty,
                            max_prompt_tokens=cfg.rollout.max_prompt_length,
-                           style=PromptStyle(history_k=cfg.env.history_k))
+                           style=prompt_style(cfg))

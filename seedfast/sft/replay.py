@@ -1,6 +1,7 @@
 """Walkthrough replays: the trajectories behaviour cloning and skill-writing SFT are built from.
 
-Each training game's walkthrough is played in TextWorldEnv (in process), recording what the agent loop
+Each training game's walkthrough is played in its environment (TextWorldEnv, or ScienceWorld's with its gold
+sequence as the walkthrough; in process), recording what the agent loop
 records: the observation before each action, its admissible actions, the action and whether it was valid.
 For skill writing, a few failures are made per game as well: the walkthrough up to a random step, then
 one wrong admissible action, then stop; and the walkthrough stopped one action early.
@@ -9,7 +10,7 @@ one wrong admissible action, then stop; and the walkthrough stopped one action e
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,14 +65,16 @@ def _wrong_action_plan(success: Trajectory, rng: random.Random) -> list[str] | N
     return [s.action for s in success.steps[:index]] + [rng.choice(others)]
 
 
-def replay_game(game_path: str, game_id: str, walkthrough: Sequence[str], *, failures: bool = True,
-                seed: int = 0) -> GameReplays:
-    """The walkthrough's trajectory (it must win) and, with `failures`, up to two failed variants."""
-    from seedfast.envs.textworld_env import TextWorldEnv
+def replay_game(game_path: Any, game_id: str, walkthrough: Sequence[str], *, failures: bool = True,
+                seed: int = 0, make_env: Callable[[Any], Any] | None = None) -> GameReplays:
+    """The walkthrough's trajectory (it must win) and, with `failures`, up to two failed variants. `make_env(spec)`
+    opens the game (default: TextWorldEnv of the game path; ScienceWorld's factory for its variations)."""
+    if make_env is None:
+        from seedfast.envs.textworld_env import TextWorldEnv as make_env
 
     if not walkthrough:
         raise ValueError(f"game {game_id!r} has no walkthrough to replay")
-    env = TextWorldEnv(game_path)
+    env = make_env(game_path)
     try:
         success = play(env, walkthrough, game_id, walkthrough)
         if not success.won:
@@ -92,6 +95,8 @@ def replay_game(game_path: str, game_id: str, walkthrough: Sequence[str], *, fai
         env.close()
 
 
-def replay_games(tasks: Sequence[Any], *, failures: bool = True, seed: int = 0) -> list[GameReplays]:
+def replay_games(tasks: Sequence[Any], *, failures: bool = True, seed: int = 0,
+                 make_env: Callable[[Any], Any] | None = None) -> list[GameReplays]:
     """replay_game for each seedfast.rollout.agent_loop.Task (game_id, spec = game path, walkthrough)."""
-    return [replay_game(t.spec, t.game_id, t.walkthrough or [], failures=failures, seed=seed) for t in tasks]
+    return [replay_game(t.spec, t.game_id, t.walkthrough or [], failures=failures, seed=seed, make_env=make_env)
+            for t in tasks]

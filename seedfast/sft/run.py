@@ -65,12 +65,15 @@ def pairs_path(cfg: Config) -> Path | None:
 def walkthrough_replays(cfg: Config) -> list[GameReplays]:
     """The RL run's training games (runtime/setup.load_tasks), each walkthrough played, with failed variants,
     plus sft.renamed_copies renamed copies of each walkthrough (sft/rename.py)."""
-    from seedfast.runtime.setup import load_tasks
+    from seedfast.runtime.setup import load_tasks, scienceworld_factory
 
-    if cfg.env.kind != "textworld":
-        raise ConfigError(f"sft.behaviour_cloning needs TextWorld walkthroughs; env.kind={cfg.env.kind!r} "
-                          "has none")
-    replays = replay_games(load_tasks(cfg, "train"), seed=cfg.run.seed)
+    if cfg.env.kind == "alfworld":
+        raise ConfigError(f"sft.behaviour_cloning needs walkthroughs (TextWorld's, ScienceWorld's gold sequences); "
+                          f"env.kind={cfg.env.kind!r} has none")
+    # ScienceWorld's train tasks carry their gold sequences; its environments are closed after each game, their JVM
+    # kept for the next (envs/scienceworld_env.py)
+    make_env = scienceworld_factory(cfg) if cfg.env.kind == "scienceworld" else None
+    replays = replay_games(load_tasks(cfg, "train"), seed=cfg.run.seed, make_env=make_env)
     if cfg.sft.renamed_copies:
         pool = textworld_object_names() if cfg.sft.rename_names == "textworld" else None
         renamed = renamed_copies([g.success for g in replays], cfg.sft.renamed_copies, seed=cfg.run.seed,
@@ -81,7 +84,9 @@ def walkthrough_replays(cfg: Config) -> list[GameReplays]:
 
 def prompt_style(cfg: Config) -> PromptStyle:
     """The agent loop's prompt style for this config (as collect and the RL loop build it)."""
-    return PromptStyle(history_k=cfg.env.history_k)
+    from seedfast.runtime.setup import prompt_style as style_of
+
+    return style_of(cfg)
 
 
 def sft_examples(cfg: Config, tokenizer: Any, replays: Sequence[GameReplays],

@@ -15,8 +15,8 @@ def config(*overrides: str):
 
 
 @pytest.mark.parametrize("isolation", ["process", "inline"])
-def test_the_trainers_factory_plays_scienceworld(isolation):
-    cfg = config(f"env.isolation={isolation}")
+def test_the_trainers_factory_plays_scienceworld(isolation, tmp_path):
+    cfg = config(f"env.isolation={isolation}", f"env.games_dir={tmp_path}")
     task = load_tasks(cfg, "train")[0]
     envs = make_env_slots(cfg, 1)
     try:

@@ -12,12 +12,18 @@ from seedfast.sft.run import walkthrough_replays
 from seedfast.train.draws import task_pool
 from seedfast.train.evaluate import evaluation_tasks
 
-TASKS = ["boil", "find-plant", "lifespan-longest-lived", "identify-life-stages-2"]
+# tasks with few train variations, so that every one of them (env.n_train=null) gets its gold sequence quickly
+TASKS = ["power-component", "identify-life-stages-2", "identify-life-stages-1"]
 
 
-def config(*overrides: str):
-    return load_config(None, ["env.kind=scienceworld", f"env.scienceworld.tasks=[{', '.join(TASKS)}]",
-                              "env.n_train=null", "env.n_eval=null", *overrides])
+@pytest.fixture(scope="module")
+def games_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("scienceworld_games")  # the gold cache, shared by this module's tests
+
+
+def config(games_dir, *overrides: str, tasks=TASKS):
+    return load_config(None, ["env.kind=scienceworld", f"env.scienceworld.tasks=[{', '.join(tasks)}]",
+                              f"env.games_dir={games_dir}", "env.n_train=null", "env.n_eval=null", *overrides])
 
 
 def split_of(spec) -> str:
@@ -29,7 +35,7 @@ def test_the_committed_table_is_the_jars():
     sim = Simulator()
     try:
         assert sorted(sim.call(lambda s: list(s.getTaskNames()), 30)) == sorted(split_table())
-        for name in TASKS + ["mendelian-genetics-unknown-plant"]:
+        for name in split_table():
             sim.call(lambda s, n=name: s.load(n, 0, "", False), 60)
             jar = {"train": sim.call(lambda s: list(s.getVariationsTrain()), 30),
                    "dev": sim.call(lambda s: list(s.getVariationsDev()), 30),
@@ -48,28 +54,36 @@ def test_the_splits_are_disjoint_and_cover_every_variation():
 
 
 @pytest.mark.parametrize("overrides", [(), ("env.n_train=3", "env.n_eval=2", "rollout.task_pool=5", "run.seed=7")])
-def test_no_test_variation_reaches_rl_collection_or_sft(overrides):
-    cfg = config(*overrides)
+def test_no_test_variation_reaches_rl_or_collection(games_dir, overrides):
+    cfg = config(games_dir, *overrides)
     rl_pool = task_pool(load_tasks(cfg, "train", skipped=[]), cfg.rollout.task_pool, cfg.run.seed)  # train/rl.py
     collected = collect_tasks(cfg)  # `seedfast collect`
     assert rl_pool and collected
-    assert {split_of(t.spec) for t in rl_pool} == {"train"}
-    assert {split_of(t.spec) for t in collected} == {"train"}
+    assert {split_of(t.spec) for t in rl_pool} == {split_of(t.spec) for t in collected} == {"train"}
     assert {t.spec.task for t in load_tasks(cfg, "train")} == set(TASKS)
-    # the run's evaluation (selection) plays dev variations; the held-out test ones only on request
-    assert {split_of(t.spec) for t in evaluation_tasks(cfg, "eval")} == {"dev"}
-    assert {split_of(t.spec) for t in evaluation_tasks(cfg, "test")} == {"test"}
-    assert {split_of(t.spec) for t in evaluation_tasks(cfg, "train")} == {"train"}
-    with pytest.raises(ConfigError, match="TextWorld walkthroughs"):  # SFT has no ScienceWorld data yet
-        walkthrough_replays(cfg)
+    assert all(t.walkthrough for t in rl_pool)  # train tasks carry their gold sequences
+    # the run's evaluation (selection) plays dev variations, the held-out test ones only on request; neither
+    # carries a gold sequence
+    for split, theirs in (("eval", "dev"), ("test", "test"), ("train", "train")):
+        tasks = evaluation_tasks(cfg, split)
+        assert tasks and {split_of(t.spec) for t in tasks} == {theirs}
+        assert split == "train" or not any(t.walkthrough for t in tasks)
 
 
-def test_limits_count_variations_per_task_and_keep_every_task():
-    cfg = config("env.n_train=2", "env.n_eval=1", "trainer.eval_games=4")
+def test_no_test_variation_reaches_sft(games_dir):
+    cfg = config(games_dir, "env.n_train=1", tasks=["lifespan-longest-lived", "find-non-living-thing"])
+    replays = walkthrough_replays(cfg)  # `seedfast sft`'s behaviour cloning and skill-writing data
+    assert [r.game_id for r in replays] == [f"{t}/{split_table()[t]['train'][0]}[easy]"
+                                            for t in ("lifespan-longest-lived", "find-non-living-thing")]
+    assert all(r.success.won for r in replays)
+
+
+def test_limits_count_variations_per_task_and_keep_every_task(games_dir):
+    cfg = config(games_dir, "env.n_train=2", "env.n_eval=1", "trainer.eval_games=3")
     train = load_tasks(cfg, "train")
     assert [t.spec.task for t in train] == [*TASKS, *TASKS]
-    assert [t.spec.variation for t in train[:4]] == [split_table()[n]["train"][0] for n in TASKS]
-    assert len(evaluation_tasks(cfg, "test")) == 4
+    assert [t.spec.variation for t in train[:3]] == [split_table()[n]["train"][0] for n in TASKS]
+    assert len(evaluation_tasks(cfg, "test")) == 3
 
 
 def test_bad_scienceworld_config_names_the_key():
