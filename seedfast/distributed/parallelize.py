@@ -46,7 +46,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from seedfast.distributed.vocab_head import HEAD_OPS
 from seedfast.model.decoder import Decoder
-from seedfast.model.lora import ADAPTER_NAMES, LoRALinear
+from seedfast.model.lora import ADAPTER_NAMES, LoRALinear, release_merged
 
 
 def check_tp(model: Decoder, tp: int) -> None:
@@ -175,6 +175,7 @@ def unsharded(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
                 m.unshard()
         yield model
     finally:
+        release_merged(model)  # merged LoRA weights of the gathered layers go with them
         for m in mods:
             m.reshard()
             if m is not model:  # FSDP2's root never reshards after forward: it stays that way

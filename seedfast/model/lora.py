@@ -198,6 +198,13 @@ def adapters_merged(model: nn.Module) -> Iterator[nn.Module]:
             m.use_merged = False
 
 
+def release_merged(model: nn.Module) -> None:
+    """Drop every merged copy `adapters_merged` keeps: a sharded model's gathered weights are freed when it reshards,
+    and a copy of them kept past that would hold a whole layer on every rank (and be keyed by freed storage)."""
+    for m in lora_modules(model).values():
+        m._merged = None
+
+
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapters' tensors by name ('<module path>.lora_A' / '.lora_B'), detached, as the model holds them."""
     return {name: t.detach() for name, t in model.state_dict().items() if is_adapter_name(name)}

@@ -31,7 +31,7 @@ from seedfast.distributed.weight_push import buckets, check_colocated, hf_named_
 from seedfast.envs.failures import EnvironmentFailure
 from seedfast.envs.slots import counter_delta, counters_of
 from seedfast.model import save_hf
-from seedfast.model.lora import adapters_disabled, has_lora
+from seedfast.model.lora import adapters_disabled, adapters_merged, has_lora
 from seedfast.model.peft_io import save_peft_adapter
 from seedfast.rollout.agent_loop import run_agent_loop
 from seedfast.rollout.colocated import build_rollout
@@ -337,7 +337,9 @@ class Trainer:
                 left_out = set(first or ())
                 scored = [s for i, s in enumerate(samples) if i not in left_out]
                 if scored:
-                    with unsharded(self.policy):  # ranks run different numbers of micro-batches: no collectives
+                    # ranks run different numbers of micro-batches: no collectives; a LoRA policy scores with the
+                    # merged weights its rollout generated with (model/lora.py adapters_merged, still cached)
+                    with unsharded(self.policy), adapters_merged(self.policy):
                         scores = score(self.policy, scored, token_budget=cfg.trainer.micro_batch_tokens,
                                        temperature=cfg.rollout.temperature,
                                        keep_teacher_hidden=self._keeps_teacher_hidden())

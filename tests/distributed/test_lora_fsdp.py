@@ -77,3 +77,31 @@ def test_two_rank_fsdp_lora_update_equals_one_process(name):
 
 def test_two_rank_fsdp_lora_over_a_bf16_base_keeps_fp32_adapters_and_the_base():
     run_on_ranks(2, _worker, "grpo", "bfloat16")
+
+
+def _merged_scoring_worker(rank, world):
+    from seedfast.distributed.parallelize import unsharded
+    from seedfast.model.lora import adapters_merged, lora_modules
+    from seedfast.scoring import score
+
+    torch.manual_seed(0)
+    model = lora_model(torch.float32)
+    ref = copy.deepcopy(model)
+    samples = grouped_samples(5, N_SAMPLES)
+    apply_fsdp(model, init_device_mesh("cpu", (world,)), param_dtype=None, reduce_dtype=torch.float32)
+    costs = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    mine = split_whole_groups(samples, [s.group_id for s in samples], costs, rank, world)
+    for step in range(2):  # scored, updated, scored again: a merged copy of the first adapters would be stale
+        with unsharded(model), adapters_merged(model):
+            got = score(model, samples, token_budget=4096).logprob
+        with adapters_merged(ref):
+            want = score(ref, samples, token_budget=4096).logprob
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"scoring {step}")
+        # resharded, no rank keeps a whole merged layer (nor one keyed by storage FSDP2 freed)
+        assert all(m._merged is None for m in lora_modules(model).values())
+        lora_updates(model, mine, CASES["grpo"], steps=1, dp=DataParallel(rank, world))
+        lora_updates(ref, samples, CASES["grpo"], steps=1, dp=None)
+
+
+def test_a_sharded_lora_policy_scores_with_merged_weights_and_keeps_none_after_resharding():
+    run_on_ranks(2, _merged_scoring_worker)
