@@ -405,13 +405,14 @@ def env_processes() -> int:
     return max(1, usable_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def scienceworld_factory(cfg: Config) -> Any:
-    """The ScienceWorldFactory of env.scienceworld.* and env.max_steps (the slots', SFT's replays')."""
+def scienceworld_factory(cfg: Config, step_limit: int | None = None) -> Any:
+    """The ScienceWorldFactory of env.scienceworld.* and env.max_steps (the slots'), or of `step_limit` steps
+    (SFT's replays: a gold sequence longer than an RL episode is still a solution to learn from)."""
     from seedfast.envs.scienceworld_env import ScienceWorldFactory
 
     sw = cfg.env.scienceworld
-    return ScienceWorldFactory(step_limit=cfg.env.max_steps, heap_mb=sw.heap_mb, call_timeout_s=sw.call_timeout_s,
-                               max_chars=sw.max_text_chars)
+    return ScienceWorldFactory(step_limit=step_limit or cfg.env.max_steps, heap_mb=sw.heap_mb,
+                               call_timeout_s=sw.call_timeout_s, max_chars=sw.max_text_chars)
 
 
 def prompt_style(cfg: Config) -> PromptStyle:

@@ -70,10 +70,13 @@ def walkthrough_replays(cfg: Config) -> list[GameReplays]:
     if cfg.env.kind == "alfworld":
         raise ConfigError(f"sft.behaviour_cloning needs walkthroughs (TextWorld's, ScienceWorld's gold sequences); "
                           f"env.kind={cfg.env.kind!r} has none")
-    # ScienceWorld's train tasks carry their gold sequences; its environments are closed after each game, their JVM
-    # kept for the next (envs/scienceworld_env.py)
-    make_env = scienceworld_factory(cfg) if cfg.env.kind == "scienceworld" else None
-    replays = replay_games(load_tasks(cfg, "train"), seed=cfg.run.seed, make_env=make_env)
+    tasks = load_tasks(cfg, "train")
+    make_env = None
+    if cfg.env.kind == "scienceworld":
+        # its train tasks carry their gold sequences, played whole even where one is longer than env.max_steps; its
+        # environments are closed after each game, their JVM kept for the next (envs/scienceworld_env.py)
+        make_env = scienceworld_factory(cfg, step_limit=max(len(t.walkthrough or ()) for t in tasks) + 1)
+    replays = replay_games(tasks, seed=cfg.run.seed, make_env=make_env)
     if cfg.sft.renamed_copies:
         pool = textworld_object_names() if cfg.sft.rename_names == "textworld" else None
         renamed = renamed_copies([g.success for g in replays], cfg.sft.renamed_copies, seed=cfg.run.seed,

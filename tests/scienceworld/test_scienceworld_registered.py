@@ -58,3 +58,26 @@ def test_envs_list_shows_tasks_and_splits(capsys):
 def test_envs_make_starts_the_simulator(capsys):
     assert main(["envs", "make", "scienceworld", "env.scienceworld.tasks=[find-plant]"]) == 0
     assert "the simulator started and loaded find-plant/0[easy]" in capsys.readouterr().out
+
+
+def test_the_cpu_recipe_fits_its_gold_sequences(tmp_path):
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "smollm2-135m_scienceworld.yaml"
+    cfg = load_config(recipe, [f"env.games_dir={tmp_path}"])
+    assert cfg.env.kind == "scienceworld" and cfg.env.scienceworld.simplifications == "easy"
+    tasks = load_tasks(cfg, "train")
+    assert len(tasks) == cfg.env.n_train * len(cfg.env.scienceworld.tasks)
+    # every train variation's gold sequence fits the episode's steps, so SFT's replays and the oracle's skills hold
+    # the whole solution
+    assert max(len(t.walkthrough) for t in tasks) <= cfg.env.max_steps
+
+
+def test_the_gpu_recipe_plays_every_task_type():
+    from pathlib import Path
+
+    from seedfast.envs.scienceworld_env import task_names
+
+    recipe = Path(__file__).resolve().parents[2] / "configs" / "qwen2.5-7b_scienceworld_8xh100.yaml"
+    cfg = load_config(recipe, command="collect")
+    assert cfg.env.kind == "scienceworld" and cfg.env.scienceworld.tasks == task_names()

@@ -64,3 +64,10 @@ def test_smollm2_examples_use_scienceworlds_prompt(cfg, replays):
     assert not any(e.truncated for e in bc), "a behaviour-cloning prompt did not fit rollout.max_prompt_length"
     answer = tokenizer.decode(bc[0].input_ids[bc[0].answer_start:])
     assert f"<action>{replays[0].success.steps[0].action}</action>" in answer
+
+
+def test_a_gold_sequence_longer_than_an_episode_is_replayed_whole(tmp_path):
+    cfg = load_config(None, ["env.kind=scienceworld", "env.scienceworld.tasks=[lifespan-longest-lived]",
+                             f"env.games_dir={tmp_path}", "env.n_train=1", "env.max_steps=2"])
+    (game,) = walkthrough_replays(cfg)
+    assert game.success.won and len(game.success.steps) > cfg.env.max_steps
