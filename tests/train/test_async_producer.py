@@ -246,21 +246,52 @@ def test_a_producer_killed_mid_update_gives_one_line_and_an_exact_resume(overrid
     assert stable_rows(out) == stable_rows(straight)
 
 
+def _step_seconds(out: Path) -> float:
+    """The slowest update so far of the run under `out`, as it logged it (`time/step`): the box's pace now."""
+    return max(r["time/step"] for r in metrics_lines(out) if "time/step" in r)
+
+
+def _import_seconds() -> float:
+    """How long a fresh process takes now to import what the producer imports: the box's pace (a loaded box is
+    slower at everything, the producer's start included)."""
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import seedfast.train.rl"], env=one_thread_env(), check=True)
+    return time.monotonic() - start
+
+
 def test_a_silent_producer_ends_the_run_with_one_line_naming_the_update(overrides, train_games, tiny_policy,
                                                                        tmp_path):
+    # rollout.producer_timeout_s bounds the producer's start too (spawn, imports, the policy, the environments):
+    # under load a 20 s timeout ended the run before any update (measured: 'sent nothing for 20 s ... while the
+    # trainer waited for it to start' beside two busy loops), so the timeout follows the box's pace
+    timeout_s = float(max(20, round(4 * _import_seconds())))
     out = tmp_path / "silent"
-    cmd = _args(overrides, train_games, out, tiny_policy, "trainer.steps=50", "rollout.producer_timeout_s=20",
+    cmd = _args(overrides, train_games, out, tiny_policy, "trainer.steps=50", f"rollout.producer_timeout_s={timeout_s}",
                 "env.step_delay_s=0.05")
     proc = _start(cmd, lambda: any("step" in r for r in metrics_lines(out)))
-    producer = _producer_pid(out)
-    os.kill(producer, signal.SIGSTOP)  # alive, and silent
-    start = time.monotonic()
-    _, err = proc.communicate(timeout=120)
-    assert time.monotonic() - start < 90
+    try:
+        producer = _producer_pid(out)
+        os.kill(producer, signal.SIGSTOP)  # alive, and silent
+        start = time.monotonic()
+        # The bound the run must keep, scaled by the pace this box shows now (a loaded CI box is slower at
+        # everything): the update it was learning when the producer stopped, the producer's timeout, the death
+        # grace of a failed push (5 s), closing the stopped producer (its lifeline's 10 s, then SIGKILL), and the
+        # run's own teardown, counted as a few updates more. A trainer that does not bound its wait never ends.
+        bound = timeout_s + 5 + 10 + 6 * _step_seconds(out) + 30
+        try:
+            _, err = proc.communicate(timeout=bound + 60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the run did not end {bound + 60:.0f} s after its producer stopped") from None
+        waited = time.monotonic() - start
+        assert waited < bound, f"the run ended {waited:.0f} s after its producer stopped (bound {bound:.0f} s)"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 5, err.decode()[-3000:]
     line = _one_line(err)
     # stopped while it rolled out (the trainer waits for a batch) or while it took weights (the send waits)
-    named = (r"(sent nothing|took no weights) for 20 s \(rollout.producer_timeout_s\) while the trainer "
+    named = (rf"(sent nothing|took no weights) for {timeout_s:g} s \(rollout.producer_timeout_s\) while the trainer "
              r"(waited for the rollout of update \d+|sent it policy version \d+ .*, after update \d+)")
     assert re.search(named, line), line
     assert "--resume auto continues at update" in line
