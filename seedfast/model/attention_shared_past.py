@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .attention_sdpa import pad, padding
+from .attention_sdpa import pad, padding, unpad
 
 ROW_BLOCK = 1024  # rows of one past's queries per call: bounds the [heads, rows, past] scores of the unfused form
 
@@ -70,9 +70,8 @@ class SharedPastPlan:
             for g, rows in sorted(rows_of.items()) if rows and cu_past[g + 1] > cu_past[g]]
         # part 2: queries padded to [B, Lq], keys to [B, Lk]; query i of sequence b is its token Lk_b - Lq_b + i
         self.max_q, self.max_k = max(lens_q, default=0), max(lens_k, default=0)
-        self.q_gather, q_real = padding(cu_q, self.max_q, device)
-        self.valid = q_real.reshape(-1).nonzero().squeeze(1)
-        self.k_gather, _ = padding(cu_k, self.max_k, device)
+        self.valid, _ = padding(cu_q, self.max_q, device)
+        self.k_slots, _ = padding(cu_k, self.max_k, device)
         # with as many queries as keys in every sequence, padded at the end, a real query i sees exactly keys 0..i
         # under the plain causal mask (a padded query sees key 0 at least, and its output is dropped)
         self.causal = lens_q == lens_k
@@ -111,10 +110,10 @@ class SharedPastPlan:
         """Part 2: each sequence's queries causally against its own tokens ([Tq, H, hd], and [Tq, H] log-sum-exps)."""
         heads, hd = q.shape[1], q.shape[2]
         B, Lq, Lk = self.batch, self.max_q, self.max_k
-        o, lse = _attend(pad(q, self.q_gather, B, Lq), pad(k, self.k_gather, B, Lk), pad(v, self.k_gather, B, Lk),
+        o, lse = _attend(pad(q, self.valid, B, Lq), pad(k, self.k_slots, B, Lk), pad(v, self.k_slots, B, Lk),
                          scale, causal=self.causal, bias=None if self.causal else self._mask(q.dtype))
-        o = o.transpose(1, 2).reshape(B * Lq, heads, hd)[self.valid]
-        return o, lse.transpose(1, 2).reshape(B * Lq, heads)[self.valid]
+        return (unpad(o.transpose(1, 2).reshape(B * Lq, heads, hd), self.valid),
+                unpad(lse.transpose(1, 2).reshape(B * Lq, heads), self.valid))
 
     def _mask(self, dtype: torch.dtype) -> torch.Tensor:
         """Part 2's bottom-right causal mask (kept rows: fewer queries than keys) as an additive bias [B, 1, Lq, Lk]
