@@ -145,7 +145,9 @@ PLANS = (("qwen2.5-7b_seed_8xh100.yaml", "plan_7b_world8_tp1.json"),
          # the same recipes with model.lora.rank=32 (docs/scaling.md, 'LoRA')
          ("qwen2.5-7b_seed_8xh100.yaml", "plan_7b_world8_tp1_lora_r32.json"),
          ("qwen2.5-32b_seed_4x8xh100.yaml", "plan_32b_world32_tp4_lora_r32.json"),
-         ("qwen2.5-72b_seed_4x8xh100.yaml", "plan_72b_world32_tp8_lora_r32.json"))
+         ("qwen2.5-72b_seed_4x8xh100.yaml", "plan_72b_world32_tp8_lora_r32.json"),
+         # asynchronous: the trainer on 7 GPUs, the rollout producer on the 8th (its peak is that GPU's)
+         ("qwen2.5-7b_seed_async_8xh100.yaml", "plan_7b_async_world7.json"))
 PLAN_COLUMNS = ("parameters", "gradients", "optimizer_states", "activations_checkpointing",
                 "activations_no_checkpointing", "train_peak_checkpointing", "rollout_peak")
 
@@ -162,8 +164,13 @@ def _memory_plans() -> str:
         logits, grad = gib["logits_avoided_fp32"], gib["logits_and_grad_avoided_fp32"] - gib["logits_avoided_fp32"]
         lora = plan.get("lora")
         run = f"{plan['model']}, `{config}`" + (f", LoRA r {lora['rank']}" if lora else "")
+        side = plan.get("rollout_side")  # rollout GPUs of their own: the rollout peak is theirs
+        if side:
+            gpus += f" + {len(side['devices'])} rollout"
         cells = [run, gpus, str(plan["micro_batch_tokens"]),
-                 *(f"{gib[k]:.1f}" for k in PLAN_COLUMNS), f"{logits:.1f} (+{grad:.1f}{' grad' if i == 0 else ''})"]
+                 *(f"{gib[k]:.1f}" for k in PLAN_COLUMNS if k != "rollout_peak"),
+                 f"{side['gib']['rollout_peak']:.1f} (own GPU)" if side else f"{gib['rollout_peak']:.1f}",
+                 f"{logits:.1f} (+{grad:.1f}{' grad' if i == 0 else ''})"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
