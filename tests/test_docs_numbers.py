@@ -259,7 +259,7 @@ SS_LAM1, SS_CLOSEST = "sparse/s5/A_lam1_current_right_first", "sparse/s5/A_lam0.
 STUDY = "docs/study.md"
 
 PERF, KERN, DEMO_MD, README = "docs/performance.md", "docs/kernels.md", "docs/demo.md", "README.md"
-ENVS, SWJ = "docs/environments.md", "scienceworld_jvm.json"
+ENVS, SWJ, SWF = "docs/environments.md", "scienceworld_jvm.json", "scienceworld_floor.json"
 SW_TASKS = ("chemistry-mix-paint-secondary-color", "lifespan-longest-lived", "find-non-living-thing", "boil")
 
 REGISTRY: list[Q] = [
@@ -483,6 +483,9 @@ REGISTRY: list[Q] = [
     Q(ENVS, "takes {} s (median). The first load with the gold sequence is slower ({} s",
       (j(SWJ, "summary", "load_reset_s_median"),
        j(SWJ, "tasks", {"task": "chemistry-mix-paint-secondary-color"}, "load_gold_reset_s"))),
+    Q(ENVS, "3 seeds on its 18 test variations, won {} of {} episodes; {} ended lost",
+      (j(SWF, "summary", "wins"), j(SWF, "summary", "episodes"), j(SWF, "summary", "ends", "lost"))),
+    Q(ENVS, "with a mean final score of {}", (j(SWF, "summary", "mean_score"),)),
     Q(ENVS, "The valid actions are many: {} per step on average in boil, at most {}",
       (j(SWJ, "tasks", {"task": "boil"}, "valid_actions_mean"), hi(*(j(SWJ, "tasks", {"task": t}, "valid_actions_max")
                                                                     for t in SW_TASKS)))),
