@@ -256,7 +256,6 @@ class Simulator:
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, cwd=constants.BASEPATH,
             preexec_fn=(lambda: _die_with_parent(parent)) if sys.platform.startswith("linux") else None)
         self.pid = self.process.pid
-        self.killed_by_watchdog = False
         try:
             port = self._read_port(start_timeout_s)
             # the simulator prints as it runs: a pipe left unread would fill and block it
@@ -290,7 +289,7 @@ class Simulator:
     def call(self, fn: Any, timeout_s: float) -> Any:
         """`fn(server)`; SimulatorFailure('timeout') when it takes longer than `timeout_s` (the JVM is killed, which
         ends the blocked call), SimulatorFailure('crash') when the JVM died or the connection broke."""
-        from py4j.protocol import Py4JError, Py4JNetworkError
+        from py4j.protocol import Py4JError, Py4JJavaError, Py4JNetworkError
 
         if not self.alive():
             raise SimulatorFailure("crash", f"the ScienceWorld JVM (pid {self.pid}) is gone "
@@ -305,15 +304,21 @@ class Simulator:
         timer.daemon = True
         timer.start()
         try:
-            return fn(getattr(self, "server", None))
+            out = fn(getattr(self, "server", None))
+            if fired.is_set():  # it answered as the watchdog killed it: the JVM is gone all the same
+                raise SimulatorFailure("timeout", self._why("timeout", timeout_s, TimeoutError()))
+            return out
         except (Py4JNetworkError, OSError, EOFError) as err:
             kind = "timeout" if fired.is_set() else "crash"
             raise SimulatorFailure(kind, self._why(kind, timeout_s, err)) from err
-        except Py4JError as err:  # a broken connection surfaces as a plain Py4JError too
-            if fired.is_set() or not self.alive():
-                kind = "timeout" if fired.is_set() else "crash"
-                raise SimulatorFailure(kind, self._why(kind, timeout_s, err)) from err
+        except Py4JJavaError:  # the simulator answered with a Java exception: its error, not a dead JVM
             raise
+        except Py4JError as err:
+            # py4j reports a broken connection as a plain Py4JError too, sometimes before the JVM's last threads
+            # have exited (so poll() may still say it runs): the JVM is killed to be sure
+            kind = "timeout" if fired.is_set() else "crash"
+            self.kill()
+            raise SimulatorFailure(kind, self._why(kind, timeout_s, err)) from err
         finally:
             timer.cancel()
 
@@ -325,18 +330,16 @@ class Simulator:
 
     def rss_mb(self) -> float:
         """The JVM's resident memory now (Linux /proc), in MiB; 0 where it cannot be read."""
-        try:
-            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            pass
-        return 0.0
+        return self._status_mb("VmRSS:")
 
     def peak_rss_mb(self) -> float:
+        """The JVM's peak resident memory so far (VmHWM), in MiB; 0 where it cannot be read."""
+        return self._status_mb("VmHWM:")
+
+    def _status_mb(self, field: str) -> float:
         try:
             for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
+                if line.startswith(field):
                     return int(line.split()[1]) / 1024
         except OSError:
             pass
