@@ -21,6 +21,14 @@ the store (their threads and sockets), on either side.
 Timeouts: `timeout_s` bounds the rendezvous and, by default, every broadcast; None waits for ever. A receiver that
 waits for the next version while the trainer learns connects with `wait_forever` (the producer's lifeline ends it
 when the trainer dies).
+
+NCCL: a broadcast's `.wait()` neither blocks the CPU nor raises when the peer is dead or stopped; it makes the
+sender's stream wait, so the next thing that reads a tensor back (a fingerprint's `.cpu()`) would block behind the
+collective until NCCL's watchdog aborts the whole process. So the sender never waits on NCCL: its broadcasts are
+kept (`_pending`) until the caller knows by other means that they landed (the producer's ack on a pipe:
+train/async_rollout.py `RolloutProducer._received`), then `sent()`; when they cannot land, `abort()` ends the
+group with them in flight. The NCCL group's own timeout is longer than `timeout_s` by NCCL_MARGIN, so the caller's
+bound on the CPU, not the watchdog, ends a push.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +45,7 @@ from seedfast.distributed.weight_push import buckets, hf_named_tensors
 
 STOP = -1
 FOREVER = datetime.timedelta(days=365)  # "no timeout" for the store and gloo, which need one
+NCCL_MARGIN = datetime.timedelta(seconds=120)
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,7 @@ def backend_for(device: torch.device) -> str:
 def _group(store: dist.Store, rank: int, device: torch.device, timeout: datetime.timedelta) -> dist.ProcessGroup:
     if backend_for(device) == "nccl":
         options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
+        options._timeout = timeout if timeout >= FOREVER else timeout + NCCL_MARGIN
         return dist.ProcessGroupNCCL(store, rank, 2, options)
     return dist.ProcessGroupGloo(store, rank, 2, timeout)
 
@@ -129,6 +139,7 @@ class WeightChannel:
         self._store: dist.Store | None = store
         self._timeout = op_timeout
         self.group: dist.ProcessGroup | None = None
+        self._pending: list[Any] = []  # NCCL, the sender: broadcasts enqueued and not known to have landed
 
     @classmethod
     def listen(cls, device: torch.device, timeout_s: float | None = 600.0) -> WeightChannel:
@@ -150,10 +161,28 @@ class WeightChannel:
         if self.group is None:
             self.group = _group(self._store, self.rank, self.device, self._timeout)
 
+    def sent(self) -> None:
+        """The sender, once the receiver said it holds what was sent: NCCL's broadcasts are complete (the waits
+        return at once) and their tensors may go."""
+        for work in self._pending:
+            work.wait()
+        self._pending.clear()
+
+    def abort(self) -> None:
+        """`close`, for a peer that died or stopped: the group ends now, broadcasts in flight included."""
+        group, self.group, self._store = self.group, None, None
+        self._pending.clear()
+        if group is not None:
+            try:
+                group.abort()
+            except RuntimeError:  # already torn down by the peer's death
+                pass
+
     def close(self) -> None:
         """End the group and drop the store (the listening side's server socket closes with its last reference);
         a no-op the second time. Call it once the other side is gone or done: a broadcast in flight fails."""
         group, self.group, self._store = self.group, None, None
+        self._pending.clear()
         if group is not None:
             try:
                 group.shutdown()
@@ -165,7 +194,11 @@ class WeightChannel:
         opts.rootRank = 0
         self.open()
         assert self.group is not None
-        self.group.broadcast([tensor], opts).wait()
+        work = self.group.broadcast([tensor], opts)
+        if self.rank == 0 and backend_for(self.device) == "nccl":
+            self._pending.append(work)  # never waited on here (the module docstring)
+        else:
+            work.wait()
 
     def send(self, version: int, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
              ) -> dict[str, float]:

@@ -292,16 +292,20 @@ class RolloutProducer:
         ctx = get_context("spawn")  # the producer's parent is the trainer: PR_SET_PDEATHSIG reaches it
         lifeline_r, self._lifeline_w = ctx.Pipe(duplex=False)  # only the trainer holds the write end
         self._results_r, results_w = ctx.Pipe(duplex=False)
+        # the producer's word that it holds a version whole: the push's liveness, on a pipe (a pipe cannot block
+        # behind a GPU collective, and a dead producer shows as its end)
+        self._acks_r, acks_w = ctx.Pipe(duplex=False)
         # not a daemon (its environment workers are its children); ended before multiprocessing joins children
         # at exit by the finalizer below, and by the kernel or its lifeline if this process dies otherwise
         self.process = ctx.Process(
             target=produce, name="seedfast-rollout-producer",
             args=(cfg, str(policy_dir), self.channel.port, first_step, first_version, results_w, lifeline_r,
-                  threads or torch.get_num_threads()))
+                  threads or torch.get_num_threads(), acks_w))
         with producer_environment(cfg):  # rollout.devices: the producer sees only its GPUs; it is no torchrun rank
             self.process.start()
         results_w.close()
         lifeline_r.close()
+        acks_w.close()
         self.inbox = Inbox(self.process, self._results_r, timeout)
         self._ready = False
         self.sent: dict[int, int] = {}  # version -> fingerprint of the weights sent as it
@@ -309,7 +313,8 @@ class RolloutProducer:
         self.checked: int | None = None  # the fingerprint the producer reported for the last batch, checked
         self._exit: list[int | None] = [None]  # the exit code, kept when close() releases the process
         self._finalizer = util.Finalize(self, _end, exitpriority=10,
-                                        args=(self.process, self._lifeline_w, self.inbox, self.channel, self._exit))
+                                        args=(self.process, self._lifeline_w, self.inbox, self.channel, self._exit,
+                                              self._acks_r))
 
     @property
     def exitcode(self) -> int | None:
@@ -340,25 +345,58 @@ class RolloutProducer:
         named, sent_print = sent_weights(self.cfg, policy), None
         if self.adapters:  # the adapters alone, hashed as sent: what the producer's copy must hold bit for bit
             sent_print = adapter_print(named)
+        since = time.monotonic()
         try:
             stats = self.channel.send(version, named, self.bucket_bytes)
-        except RuntimeError as err:  # the peer closed the group mid-broadcast, or the group's timeout passed
+        except RuntimeError as err:  # gloo: the peer closed the group mid-broadcast, or the group's timeout passed
             doing = f"sent it policy version {version} ({' '.join(str(err).split())[:300]})"
             # a killed peer's sockets close before the kernel reaps it: give its death a moment to show before
             # calling it a timeout
             self.process.join(timeout=_DEATH_GRACE_S)
+            self.channel.abort()
             if self.process.is_alive():
-                raise RolloutProducerTimeout(
-                    f"the rollout producer (pid {self.process.pid}) took no weights for "
-                    f"{self.cfg.rollout.producer_timeout_s:g} s (rollout.producer_timeout_s) while the trainer "
-                    f"{doing}, after update {version - 1}") from err
+                raise self._no_weights(doing, version) from err
             raise self.inbox.died(doing) from err
+        self._received(version, since)
         self.sent[version] = int(stats["fingerprint"]) if sent_print is None else sent_print
         metrics = {"async/push_seconds": time.perf_counter() - start, "async/push_bytes": stats["bytes"],
                    "async/push_fingerprint": short_print(self.sent[version])}
         if self.checked is not None:  # the weights the batch just learned from were rolled out with, as loaded
             metrics["async/rollout_fingerprint"] = short_print(self.checked)
         return metrics
+
+    def _no_weights(self, doing: str, version: int) -> RolloutProducerTimeout:
+        return RolloutProducerTimeout(
+            f"the rollout producer (pid {self.process.pid}) took no weights for "
+            f"{self.cfg.rollout.producer_timeout_s:g} s (rollout.producer_timeout_s) while the trainer {doing}, "
+            f"after update {version - 1}")
+
+    def _received(self, version: int, since: float) -> None:
+        """Wait until the producer says it holds `version` whole (its receiver's ack on the acks pipe), at most
+        what is left of rollout.producer_timeout_s since the push began. The push's own bound on every backend:
+        gloo's broadcast may return once the bytes are in the socket's buffers, and NCCL's returns before they
+        land and never raises on a dead peer, its watchdog aborting the job instead (distributed/weight_channel.py
+        for why the sender never waits on NCCL). A timeout or a death aborts the weight group, so no broadcast
+        stays in flight, and raises one RolloutProducerError."""
+        timeout = self.cfg.rollout.producer_timeout_s
+        doing = f"sent it policy version {version}"
+        while True:
+            if self._acks_r.poll(POLL_S):
+                try:
+                    got = pickle.loads(self._acks_r.recv_bytes())
+                except (EOFError, OSError):  # the pipe's end: the producer is gone
+                    self.channel.abort()
+                    raise self.inbox.died(doing) from None
+                if got == version:
+                    self.channel.sent()
+                    return
+                continue
+            if not self.process.is_alive():
+                self.channel.abort()
+                raise self.inbox.died(doing)
+            if timeout is not None and time.monotonic() - since > timeout:
+                self.channel.abort()
+                raise self._no_weights(doing, version)
 
     def next(self, step: int, *, wait_s: float | None = None, since: float | None = None) -> Produced | None:
         """Update `step`'s batch (the producer sends them in order); with `wait_s`, None when it has not come within
@@ -394,8 +432,8 @@ class RolloutProducer:
         self._finalizer()
 
 
-def _end(process: Any, lifeline_w: Connection, inbox: Inbox, channel: WeightChannel, exit: list[int | None]
-         ) -> None:
+def _end(process: Any, lifeline_w: Connection, inbox: Inbox, channel: WeightChannel, exit: list[int | None],
+         acks_r: Connection) -> None:
     lifeline_w.close()
     process.join(timeout=10)
     if process.is_alive():
@@ -403,6 +441,7 @@ def _end(process: Any, lifeline_w: Connection, inbox: Inbox, channel: WeightChan
         process.join()
     exit[0] = process.exitcode
     inbox.close()
+    acks_r.close()
     channel.close()
     process.close()  # its sentinel descriptor
 
@@ -437,10 +476,14 @@ class _Staged:
         self.stopped = False
         self.error: BaseException | None = None
 
-    def receive(self, channel: WeightChannel, layout: Any, dtype: torch.dtype) -> None:
+    def receive(self, channel: WeightChannel, layout: Any, dtype: torch.dtype, acks: Connection) -> None:
         try:
             while True:
                 version, flats = channel.receive(layout, dtype)
+                if version != STOP:  # the trainer's push waits for this word (RolloutProducer._received)
+                    if channel.device.type == "cuda":
+                        torch.cuda.synchronize(channel.device)  # landed, not merely enqueued
+                    acks.send_bytes(pickle.dumps(version))
                 with self.cond:
                     if version == STOP:
                         self.stopped = True
@@ -625,13 +668,13 @@ def producer_engine(cfg: Config, policy_dir: Path, device: torch.device) -> Prod
 
 
 def produce(cfg: Config, policy_dir: str, port: int, first_step: int, first_version: int, results: Connection,
-            lifeline: Connection, threads: int) -> None:
+            lifeline: Connection, threads: int, acks: Connection) -> None:
     """The producer process: rollouts of updates first_step.. in order, each on its version, sent to the trainer."""
     _die_with_trainer(lifeline)
     torch.set_num_threads(threads)
     step = first_step
     try:
-        for produced in _produce(cfg, Path(policy_dir), port, first_step, first_version, results):
+        for produced in _produce(cfg, Path(policy_dir), port, first_step, first_version, results, acks):
             results.send_bytes(pickle.dumps(produced))
             step = produced.step + 1
     except BaseException as err:  # noqa: BLE001 - every failure reaches the trainer as one error
@@ -656,8 +699,8 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-def _produce(cfg: Config, policy_dir: Path, port: int, first_step: int, first_version: int, results: Connection
-             ) -> Any:
+def _produce(cfg: Config, policy_dir: Path, port: int, first_step: int, first_version: int, results: Connection,
+             acks: Connection) -> Any:
     from seedfast.envs.slots import counter_delta, counters_of
     from seedfast.rollout.agent_loop import run_agent_loop
     from seedfast.runtime.setup import (
@@ -681,7 +724,7 @@ def _produce(cfg: Config, policy_dir: Path, port: int, first_step: int, first_ve
                                       wait_forever=True)
     staged = _Staged()
     results.send_bytes(pickle.dumps(_Ready(pid=os.getpid())))
-    threading.Thread(target=staged.receive, args=(channel, engine.layout, channel_dtype(cfg)), name="weights",
+    threading.Thread(target=staged.receive, args=(channel, engine.layout, channel_dtype(cfg), acks), name="weights",
                      daemon=True).start()
     loaded: int | None = None
     loaded_print: int | None = None

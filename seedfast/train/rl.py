@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -198,6 +199,7 @@ class Trainer:
         check_placement(cfg, self.device)
         self.start_dir = start
         self.producer: RolloutProducer | None = None
+        self.producer_runs = False  # on every rank: global rank 0 owns a producer (its waits are everyone's)
         self.threads_before: int | None = None  # the intra-op threads before a producer took half of them
         self.ahead: dict[int, Produced] = {}  # rollouts read from the producer before their update
         self.versions_to_send: set[int] = set()
@@ -712,6 +714,7 @@ class Trainer:
         self.versions_to_send = set(versions_needed(first_step, start, self.max_staleness, steps))
         if first_step >= steps:
             return
+        self.producer_runs = True
         if not self.is_main:
             if start in self.versions_to_send:
                 self._push(start)
@@ -740,12 +743,23 @@ class Trainer:
     def _staleness_state(self, next_step: int) -> tuple[dict[str, Any], dict[str, bytes]]:
         """The checkpoint's policy version and bound, and with a producer the rollouts of the next max_staleness
         updates, read from it now (they need no weights newer than this checkpoint's), so that a resume repeats the
-        run's versions (train/staleness.py). Under torchrun rank 0, which owns the producer, writes them."""
-        if self.producer is not None:
+        run's versions (train/staleness.py). Under torchrun rank 0, which owns the producer, writes them, and the
+        other ranks wait for its reads in heartbeats (async_ranks.wait_together), not in the checkpoint's first
+        collective, which a long rollout would hold past the process group's timeout."""
+        if self.producer_runs:
             for s in range(next_step, min(next_step + self.max_staleness, self.cfg.trainer.steps)):
-                if s not in self.ahead:
-                    self.ahead[s] = self.producer.next(s)
+                wait_together(functools.partial(self._keep_ahead, s) if self.is_main else None, self.dp)
         return ahead_state(next_step, self.max_staleness, self.ahead)
+
+    def _keep_ahead(self, step: int, wait_s: float | None, since: float) -> bool | None:
+        """Update `step`'s rollout read from the producer into `ahead` (True), or None when it has not come within
+        `wait_s` (wait_together's fetch)."""
+        if step not in self.ahead:
+            produced = self._producer().next(step, wait_s=wait_s, since=since)
+            if produced is None:
+                return None
+            self.ahead[step] = produced
+        return True
 
     def _evaluate(self) -> dict[str, float]:
         """Held-out metrics, played in the run's environment slots, and what the environments went through: the
