@@ -17,7 +17,10 @@ it (envs/lifeline.py: PR_SET_PDEATHSIG and a lifeline pipe; its environment work
 trainer gets one `RolloutProducerError` naming the producer's exit (`ProducerExit`), or carrying its traceback, when
 the producer fails, and one naming the update it waited for when the producer sends nothing for
 `rollout.producer_timeout_s`. The producer is known dead only from its results pipe's end (every message before it
-has been read), never from the process alone.
+has been read), never from the process alone. A push ends when the producer's receiver says on a pipe of its own that
+it holds the version whole (`RolloutProducer._received`), not when the broadcasts return: on NCCL they return before
+the weights land and never raise on a dead peer. Whichever call finds the producer gone raises the failure it sent,
+with its traceback (`Inbox.died`).
 """
 
 from __future__ import annotations
