@@ -121,3 +121,27 @@ def test_a_crashed_jvm_fails_the_episode_and_the_next_reset_restarts():
         assert env.pid != crashed and env.step("look around")[3]["valid"]
     finally:
         env.close()
+
+
+def test_a_hung_step_in_the_trainers_worker_pool_is_survived(tmp_path):
+    from seedfast.config import load_config
+    from seedfast.runtime.setup import load_tasks, make_env_slots
+
+    cfg = load_config(None, ["env.kind=scienceworld", "env.scienceworld.tasks=[chemistry-mix-paint-secondary-color]",
+                             f"env.games_dir={tmp_path}", "env.n_train=1", "env.isolation=process",
+                             "env.scienceworld.call_timeout_s=2", "env.step_timeout_s=20"])
+    (task,) = load_tasks(cfg, "train")
+    envs = make_env_slots(cfg, 1)
+    try:
+        assert not isinstance(envs.reset({0: task.spec})[0], str)
+        (hung,) = _java_under(envs.pool.pid(0))
+        os.kill(hung, signal.SIGSTOP)
+        _, reward, done, info = envs.step({0: "look around"})[0]
+        assert done and reward == 0.0 and info["error"].startswith("timeout:") and info["simulator_timeouts"] == 1
+        # the environment failed the episode itself: its worker was not killed, and the next episode plays
+        assert envs.counters()["worker_restarts"] == 0 and envs.counters()["failed_timeout"] == 0
+        assert not _wait_gone([hung], GONE_WITHIN_S)
+        obs = envs.reset({0: task.spec})[0]
+        assert not isinstance(obs, str) and "hallway" in obs.text
+    finally:
+        envs.close()
