@@ -1,6 +1,6 @@
-"""Environments: the protocol, TextWorld (games generated offline), ALFWorld, and a worker pool.
+"""Environments: the protocol, TextWorld (games generated offline), ALFWorld, ScienceWorld, and a worker pool.
 
-TextWorld-backed names are imported on first use, so `seedfast.envs` loads without `textworld`.
+The worlds' names are imported on first use, so `seedfast.envs` loads without `textworld` or `scienceworld`.
 """
 
 from seedfast.envs.base import Environment, Observation, normalize_action
@@ -15,6 +15,9 @@ _LAZY = {
     "envs_make_main": "seedfast.envs.textworld_games",
     "AlfWorldEnv": "seedfast.envs.alfworld",
     "list_alfworld_games": "seedfast.envs.alfworld",
+    "ScienceWorldEnv": "seedfast.envs.scienceworld_env",
+    "ScienceWorldFactory": "seedfast.envs.scienceworld_env",
+    "Variation": "seedfast.envs.scienceworld_env",
 }
 
 __all__ = ["Environment", "Observation", "normalize_action", "Trajectory", "TrajectoryStep", "EnvPool",
