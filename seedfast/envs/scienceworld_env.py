@@ -22,7 +22,8 @@ the serial collector, that dies with the thread that started it (PR_SET_PDEATHSI
 exits when its stdin closes (py4j's --die-on-broken-pipe), so it never outlives its owner whatever killed the owner.
 Every simulator call runs under a deadline (`call_timeout_s`; `load_timeout_s` for start and load): a watchdog kills
 the JVM when it passes, the call fails, the episode ends as failed (`done`, `info["error"] = "timeout: ..."` or
-"crash: ..." when the JVM died by itself), the failure is counted (`counters()`, and `info`'s `simulator_*` keys),
+"crash: ..." when the JVM died by itself, `info["failure"]` its kind), the failure is counted (`counters()`, and
+`info`'s `simulator_*` keys; the worker pool's `failed_simulator_*` counters),
 and the next `reset()` starts a fresh JVM. Its deadline is shorter than the worker pool's step deadline, so the
 environment fails the episode before the pool would kill its worker.
 
@@ -586,7 +587,7 @@ class ScienceWorldEnv:
             self._discard()
             self._done = True
             info = {"won": False, "lost": False, "valid": normalize_action(action) in listed, "score": 0,
-                    "error": str(err), **self.counters()}
+                    "error": str(err), "failure": err.kind, **self.counters()}
             return Observation("", self._task, []), 0.0, True, info
         score = self._score = int(round(100 * score01))
         won, lost = completed and score >= 100, score < 0

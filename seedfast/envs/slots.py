@@ -14,10 +14,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from seedfast.envs.base import Environment, Observation
-from seedfast.envs.workers import FAILURE_KINDS, EnvPool
+from seedfast.envs.workers import FAILURE_KINDS, SIMULATOR_FAILURE_KINDS, EnvPool
 
 StepOut = tuple[Observation, float, bool, dict]
-COUNTER_KEYS = ("worker_restarts", "restored", *(f"failed_{kind}" for kind in FAILURE_KINDS))
+COUNTER_KEYS = ("worker_restarts", "restored", *(f"failed_{kind}" for kind in FAILURE_KINDS),
+                *(f"failed_simulator_{kind}" for kind in SIMULATOR_FAILURE_KINDS))
 log = logging.getLogger(__name__)
 
 
@@ -76,6 +77,7 @@ class LocalEnvSlots:
         self.n_slots = n_slots
         self._envs: dict[int, tuple[Any, Environment]] = {}
         self._failed = 0
+        self._simulator_failed: Counter[str] = Counter()
         self.failed_games: Counter[str] = Counter()  # failed episodes per game, as EnvPool counts them
 
     def reset(self, specs: Mapping[int, Any]) -> dict[int, Observation | str]:
@@ -96,6 +98,10 @@ class LocalEnvSlots:
         for slot, action in actions.items():
             try:
                 out[slot] = self._envs[slot][1].step(action)
+                _, _, done, info = out[slot]
+                if done and info.get("failure") in SIMULATOR_FAILURE_KINDS:  # as EnvPool counts them
+                    self._simulator_failed[info["failure"]] += 1
+                    self.failed_games[str(self._envs[slot][0])] += 1
             except Exception as err:
                 error = self._failure(self._envs[slot][0] if slot in self._envs else "?", err)
                 out[slot] = (Observation("", ""), 0.0, True, {"won": False, "error": error})
@@ -109,8 +115,9 @@ class LocalEnvSlots:
         return error
 
     def counters(self) -> dict[str, int]:
-        """The keys of EnvPool.counters(); in one process nothing but the environment itself can fail."""
-        return {**dict.fromkeys(COUNTER_KEYS, 0), "failed_exception": self._failed}
+        """The keys of EnvPool.counters(); in one process nothing but the environment (or its simulator) can fail."""
+        return {**dict.fromkeys(COUNTER_KEYS, 0), "failed_exception": self._failed,
+                **{f"failed_simulator_{kind}": n for kind, n in self._simulator_failed.items()}}
 
     def close(self) -> None:
         for slot in list(self._envs):

@@ -15,6 +15,9 @@ A failed environment ends its slot's episode (`done=True`, `info["error"] = "<ki
   (`n_restarts`) and the other live episodes it held are rebuilt on the new one by replaying them (reset, then the
   actions so far), each checked to end on the observation its slot last returned (`n_restored`);
 - lost: the slot's episode was on a restarted worker and its replay failed or ended elsewhere.
+An environment that runs a simulator process of its own (ScienceWorld's JVM) may fail an episode itself: its step
+answers `done` with `info["failure"]` naming the kind ('timeout' or 'crash'), its worker lives on, and the pool
+counts it in `simulator_failures` (`failed_simulator_<kind>` in `counters()`) and `failed_games`.
 
 Workers die with the process that owns the pool, whatever ended it (envs/lifeline.py). They start with the spawn
 method by default: their parent is then the owner itself, which PR_SET_PDEATHSIG needs; a script that makes a pool
@@ -40,6 +43,7 @@ from seedfast.envs.host import serve
 
 log = logging.getLogger(__name__)
 FAILURE_KINDS = ("crash", "timeout", "exception", "lost")
+SIMULATOR_FAILURE_KINDS = ("timeout", "crash")  # an environment's own simulator: info["failure"] (docstring)
 
 
 @dataclass
@@ -144,6 +148,7 @@ class EnvPool:
             preload.append(self.env_factory.__module__)
         ctx = worker_context(start_method or "spawn", preload=preload)
         self.failures: Counter[str] = Counter({kind: 0 for kind in FAILURE_KINDS})
+        self.simulator_failures: Counter[str] = Counter({kind: 0 for kind in SIMULATOR_FAILURE_KINDS})
         self.n_restarts = 0
         self.failed_games: Counter[str] = Counter()  # failed episodes per game (its spec: the game file)
         self.n_restored = 0
@@ -173,9 +178,11 @@ class EnvPool:
         return [w.process.pid for w in self._workers]
 
     def counters(self) -> dict[str, int]:
-        """Cumulative: worker restarts, environments rebuilt after one, episodes failed per kind."""
+        """Cumulative: worker restarts, environments rebuilt after one, episodes failed per kind (by the pool, and by
+        the environment's own simulator)."""
         return {"worker_restarts": self.n_restarts, "restored": self.n_restored,
-                **{f"failed_{kind}": self.failures[kind] for kind in FAILURE_KINDS}}
+                **{f"failed_{kind}": self.failures[kind] for kind in FAILURE_KINDS},
+                **{f"failed_simulator_{kind}": self.simulator_failures[kind] for kind in SIMULATOR_FAILURE_KINDS}}
 
     def reset(self, specs: Sequence[Any] | Mapping[int, Any]) -> dict[int, Transition] | list[Transition]:
         """Start an episode in each named slot; a list in gives a list out (slot i <- specs[i])."""
@@ -335,6 +342,10 @@ class EnvPool:
         else:
             observation, reward, done, info = payload
             results[slot] = Transition(observation, float(reward), bool(done), dict(info))
+            kind = info.get("failure") if done else None
+            if kind in SIMULATOR_FAILURE_KINDS:
+                self.simulator_failures[kind] += 1
+                self.failed_games[str(episode.spec if episode is not None else "?")] += 1
             if done:
                 self._episodes[slot] = None
             elif episode is not None:

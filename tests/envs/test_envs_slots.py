@@ -19,7 +19,8 @@ def test_a_crash_in_a_pool_shows_in_the_rollout_metrics():
     # slot 1's replay on the new process ends elsewhere: not restored, and failed_lost once it is stepped again
     assert moved == {"rollout/env_worker_restarts": 1.0, "rollout/env_restored": 0.0, "rollout/env_failed_crash": 1.0,
                      "rollout/env_failed_timeout": 0.0, "rollout/env_failed_exception": 0.0,
-                     "rollout/env_failed_lost": 0.0}
+                     "rollout/env_failed_lost": 0.0, "rollout/env_failed_simulator_timeout": 0.0,
+                     "rollout/env_failed_simulator_crash": 0.0}
 
 
 class Broken:

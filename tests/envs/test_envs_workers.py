@@ -151,7 +151,8 @@ def test_crash_fails_the_running_item_and_replays_the_others(games):
         assert all("error" not in out[s].info and not out[s].done for s in (0, 1, 3))
         assert pool.pid(0) != old_pid
         assert pool.counters() == {"worker_restarts": 1, "restored": 3, "failed_crash": 1, "failed_timeout": 0,
-                                   "failed_exception": 0, "failed_lost": 0}
+                                   "failed_exception": 0, "failed_lost": 0, "failed_simulator_timeout": 0,
+                                   "failed_simulator_crash": 0}
         # the replayed games are where they were: their last walkthrough action wins
         out = pool.step({s: records[s].walkthrough[1] for s in (0, 1, 3)})
         assert all(out[s].info["won"] for s in (0, 1, 3))

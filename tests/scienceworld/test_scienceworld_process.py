@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from seedfast.envs.scienceworld_env import HEAP_MB, ScienceWorldEnv
+from seedfast.envs.slots import counter_delta, counters_of
 from tests.scienceworld.helpers import SHORT, gone, process_state
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
@@ -135,13 +136,42 @@ def test_a_hung_step_in_the_trainers_worker_pool_is_survived(tmp_path):
     try:
         assert not isinstance(envs.reset({0: task.spec})[0], str)
         (hung,) = _java_under(envs.pool.pid(0))
+        before = envs.counters()
         os.kill(hung, signal.SIGSTOP)
         _, reward, done, info = envs.step({0: "look around"})[0]
         assert done and reward == 0.0 and info["error"].startswith("timeout:") and info["simulator_timeouts"] == 1
         # the environment failed the episode itself: its worker was not killed, and the next episode plays
         assert envs.counters()["worker_restarts"] == 0 and envs.counters()["failed_timeout"] == 0
+        # and the pool counts it by kind, in the counters the trainer logs as rollout/env_*
+        assert counter_delta(before, envs.counters(), "rollout/env_")["rollout/env_failed_simulator_timeout"] == 1
+        assert envs.failed_games == {str(task.spec): 1}
         assert not _wait_gone([hung], GONE_WITHIN_S)
         obs = envs.reset({0: task.spec})[0]
         assert not isinstance(obs, str) and "hallway" in obs.text
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("isolation", ["process", "inline"])
+def test_a_crashed_jvm_is_counted_by_the_trainers_slots(tmp_path, isolation):
+    from seedfast.config import load_config
+    from seedfast.runtime.setup import load_tasks, make_env_slots
+
+    cfg = load_config(None, ["env.kind=scienceworld", "env.scienceworld.tasks=[chemistry-mix-paint-secondary-color]",
+                             f"env.games_dir={tmp_path}", "env.n_train=1", f"env.isolation={isolation}"])
+    (task,) = load_tasks(cfg, "train")
+    envs = make_env_slots(cfg, 1)
+    try:
+        assert not isinstance(envs.reset({0: task.spec})[0], str)
+        # in this process, idle JVMs of earlier tests may live beside the slot's: ask the slot's environment
+        (jvm,) = _java_under(envs.pool.pid(0)) if isolation == "process" else (envs._envs[0][1].pid,)
+        before = counters_of(envs)
+        os.kill(jvm, signal.SIGKILL)
+        assert not _wait_gone([jvm], GONE_WITHIN_S)
+        _, _, done, info = envs.step({0: "look around"})[0]
+        assert done and info["error"].startswith("crash:")
+        moved = counter_delta(before, counters_of(envs), "rollout/env_")
+        assert moved["rollout/env_failed_simulator_crash"] == 1 and moved["rollout/env_failed_simulator_timeout"] == 0
+        assert moved["rollout/env_failed_crash"] == 0 and moved["rollout/env_worker_restarts"] == 0
     finally:
         envs.close()
