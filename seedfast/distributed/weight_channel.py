@@ -26,7 +26,7 @@ NCCL: a broadcast's `.wait()` neither blocks the CPU nor raises when the peer is
 sender's stream wait, so the next thing that reads a tensor back (a fingerprint's `.cpu()`) would block behind the
 collective until NCCL's watchdog aborts the whole process. So the sender never waits on NCCL: its broadcasts are
 kept (`_pending`) until the caller knows by other means that they landed (the producer's ack on a pipe:
-train/async_rollout.py `RolloutProducer._received`), then `sent()`; when they cannot land, `abort()` ends the
+train/async_rollout.py `RolloutProducer.received`), then `sent()`; when they cannot land, `abort()` ends the
 group with them in flight. The NCCL group's own timeout is longer than `timeout_s` by NCCL_MARGIN, so the caller's
 bound on the CPU, not the watchdog, ends a push.
 """

@@ -18,7 +18,7 @@ trainer gets one `RolloutProducerError` naming the producer's exit (`ProducerExi
 the producer fails, and one naming the update it waited for when the producer sends nothing for
 `rollout.producer_timeout_s`. The producer is known dead only from its results pipe's end (every message before it
 has been read), never from the process alone. A push ends when the producer's receiver says on a pipe of its own that
-it holds the version whole (`RolloutProducer._received`), not when the broadcasts return: on NCCL they return before
+it holds the version whole (`RolloutProducer.received`), not when the broadcasts return: on NCCL they return before
 the weights land and never raise on a dead peer. Whichever call finds the producer gone raises the failure it sent,
 with its traceback (`Inbox.died`).
 """
@@ -312,6 +312,8 @@ class RolloutProducer:
         self.inbox = Inbox(self.process, self._results_r, timeout)
         self._ready = False
         self.sent: dict[int, int] = {}  # version -> fingerprint of the weights sent as it
+        self._pushed: dict[int, float] = {}  # version -> when its push began (time.monotonic())
+        self._acked: set[int] = set()  # versions the producer said it holds
         self.adapters = sends_adapters(cfg)  # LoRA with rollout.lora_sync=adapter: the adapters alone travel
         self.checked: int | None = None  # the fingerprint the producer reported for the last batch, checked
         self._exit: list[int | None] = [None]  # the exit code, kept when close() releases the process
@@ -339,8 +341,10 @@ class RolloutProducer:
     def _started(self) -> None:
         self.ready()
 
-    def push(self, policy: torch.nn.Module, version: int) -> dict[str, float]:
-        """Send `policy`'s weights as `version` (a collective with the producer's receiver thread)."""
+    def push(self, policy: torch.nn.Module, version: int, *, wait: bool = True) -> dict[str, float]:
+        """Send `policy`'s weights as `version` (a collective with the producer's receiver thread) and wait for the
+        producer's word that it holds them (`received`); `wait=False` leaves that wait to the caller (under torchrun,
+        in heartbeats: train/rl.py Trainer._push)."""
         start = time.perf_counter()
         self._started()
         if not self.process.is_alive():
@@ -360,7 +364,9 @@ class RolloutProducer:
             if self.process.is_alive():
                 raise self._no_weights(doing, version) from err
             raise self.inbox.died(doing) from err
-        self._received(version, since)
+        self._pushed[version] = since
+        if wait:
+            self.received(version)
         self.sent[version] = int(stats["fingerprint"]) if sent_print is None else sent_print
         metrics = {"async/push_seconds": time.perf_counter() - start, "async/push_bytes": stats["bytes"],
                    "async/push_fingerprint": short_print(self.sent[version])}
@@ -374,15 +380,19 @@ class RolloutProducer:
             f"{self.cfg.rollout.producer_timeout_s:g} s (rollout.producer_timeout_s) while the trainer {doing}, "
             f"after update {version - 1}")
 
-    def _received(self, version: int, since: float) -> None:
-        """Wait until the producer says it holds `version` whole (its receiver's ack on the acks pipe), at most
-        what is left of rollout.producer_timeout_s since the push began. The push's own bound on every backend:
+    def received(self, version: int, wait_s: float | None = None, since: float | None = None) -> bool | None:
+        """Wait until the producer says it holds `version` whole (its receiver's ack on the acks pipe): True, or None
+        when it has not within `wait_s` (a slice of a longer wait: async_ranks.wait_together, whose `since` is not
+        used: rollout.producer_timeout_s counts from the push's start). The push's own bound on every backend:
         gloo's broadcast may return once the bytes are in the socket's buffers, and NCCL's returns before they
         land and never raises on a dead peer, its watchdog aborting the job instead (distributed/weight_channel.py
         for why the sender never waits on NCCL). A timeout or a death aborts the weight group, so no broadcast
         stays in flight, and raises one RolloutProducerError."""
         timeout = self.cfg.rollout.producer_timeout_s
         doing = f"sent it policy version {version}"
+        if version in self._acked:
+            return True
+        called, pushed = time.monotonic(), self._pushed[version]
         while True:
             if self._acks_r.poll(POLL_S):
                 try:
@@ -390,16 +400,20 @@ class RolloutProducer:
                 except (EOFError, OSError):  # the pipe's end: the producer is gone
                     self.channel.abort()
                     raise self.inbox.died(doing) from None
+                self._acked.add(got)
                 if got == version:
                     self.channel.sent()
-                    return
+                    return True
                 continue
             if not self.process.is_alive():
                 self.channel.abort()
                 raise self.inbox.died(doing)
-            if timeout is not None and time.monotonic() - since > timeout:
+            now = time.monotonic()
+            if timeout is not None and now - pushed > timeout:
                 self.channel.abort()
                 raise self._no_weights(doing, version)
+            if wait_s is not None and now - called > wait_s:
+                return None
 
     def next(self, step: int, *, wait_s: float | None = None, since: float | None = None) -> Produced | None:
         """Update `step`'s batch (the producer sends them in order); with `wait_s`, None when it has not come within
@@ -483,7 +497,7 @@ class _Staged:
         try:
             while True:
                 version, flats = channel.receive(layout, dtype)
-                if version != STOP:  # the trainer's push waits for this word (RolloutProducer._received)
+                if version != STOP:  # the trainer's push waits for this word (RolloutProducer.received)
                     if channel.device.type == "cuda":
                         torch.cuda.synchronize(channel.device)  # landed, not merely enqueued
                     acks.send_bytes(pickle.dumps(version))

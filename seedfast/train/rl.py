@@ -246,12 +246,22 @@ class Trainer:
     def _push(self, version: int) -> dict[str, float]:
         """Send the policy as `version`: rank 0 over the weight channel, every other rank taking part in the gathers
         of the sharded tensors, one full tensor at a time."""
-        if self.dp is not None:  # the producer's start can take minutes: wait for it in heartbeats, then gather
-            wait_together(self._producer_ready if self.is_main else None, self.dp)
-        if self.is_main:
+        if self.dp is None:
             return self._producer().push(self.policy, version)
-        take_part(self.cfg, self.policy)  # the gathers of what rank 0 sends (LoRA: maybe the adapters alone)
-        return {}
+        # the producer's start can take minutes: wait for it in heartbeats, then gather; then its word that it
+        # holds the version, in heartbeats too (rank 0 alone waits for it; the others would sit in their next
+        # collective)
+        wait_together(self._producer_ready if self.is_main else None, self.dp)
+        metrics: dict[str, float] = {}
+        if self.is_main:
+            metrics = self._producer().push(self.policy, version, wait=False)
+        else:
+            take_part(self.cfg, self.policy)  # the gathers of what rank 0 sends (LoRA: maybe the adapters alone)
+        wait_together(functools.partial(self._producer_received, version) if self.is_main else None, self.dp)
+        return metrics
+
+    def _producer_received(self, version: int, wait_s: float | None, since: float) -> bool | None:
+        return self._producer().received(version, wait_s, since)
 
     def _producer_ready(self, wait_s: float | None, since: float) -> bool | None:
         return self._producer().ready(wait_s=wait_s, since=since)

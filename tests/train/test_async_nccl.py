@@ -1,4 +1,4 @@
-"""The push's bound on NCCL (train/async_rollout.py RolloutProducer._received, distributed/weight_channel.py): the
+"""The push's bound on NCCL (train/async_rollout.py RolloutProducer.received, distributed/weight_channel.py): the
 trainer on GPU 0, the producer on GPU 1 (rollout.devices=1), the weights over an NCCL group. NCCL's broadcast never
 raises on a stopped or dead peer and its `.wait()` does not block the CPU, so the CPU-side checks of the gloo tests
 (tests/train/test_async_waits.py) say nothing about it. What this checks, where two GPUs exist:

@@ -2,7 +2,7 @@
 rollouts: what is tested where'): a producer SIGKILLed or SIGSTOPped while the trainer pushes a version, waits for a
 batch, or reads the rollouts a checkpoint keeps ahead (Trainer._staleness_state) gives one RolloutProducerError naming
 what the trainer was doing, within a short group timeout, on gloo. The push's bound is the producer's ack on a pipe
-(RolloutProducer._received), not the collective, which is what keeps it bounded on NCCL too
+(RolloutProducer.received), not the collective, which is what keeps it bounded on NCCL too
 (tests/train/test_async_nccl.py, CUDA only)."""
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def _shorten(producer: RolloutProducer) -> None:
 
 @pytest.fixture
 def started(overrides, train_games, tiny_policy, tmp_path, one_torch_thread):
-    """A producer that has started and taken version 0 (so it rolls out updates 0 and 1), the short timeouts set,
-    and the policy to push."""
+    """A producer that has started, taken version 0 and sent the batches of updates 0 and 1 (all it can roll out
+    before version 1), read under the generous timeout (a loaded box rolls out slowly); then the short timeouts, and
+    the policy to push."""
     from seedfast.runtime.setup import load_policy
 
     cfg = _cfg(overrides, train_games, tmp_path)
@@ -50,6 +51,8 @@ def started(overrides, train_games, tiny_policy, tmp_path, one_torch_thread):
     producer = RolloutProducer(cfg, tiny_policy, first_step=0, first_version=0, device=cpu)
     try:
         producer.push(policy, 0)
+        producer.next(0)
+        producer.next(1)
         _shorten(producer)
         yield producer, policy
     finally:
@@ -72,7 +75,6 @@ def _stop(producer: RolloutProducer) -> None:
 
 def test_a_push_to_a_stopped_producer_times_out_naming_the_version(started):
     producer, policy = started
-    producer.next(0)
     _stop(producer)
     err, waited = _bounded(lambda: producer.push(policy, 1))
     assert isinstance(err, RolloutProducerTimeout)
@@ -86,7 +88,6 @@ def test_a_producer_killed_during_a_push_is_named_dead(started):
     """Stopped first, so that the push is under way (its bytes sent or queued, the ack not come) when the kill
     lands."""
     producer, policy = started
-    producer.next(0)
     _stop(producer)
     threading.Timer(1.0, os.kill, args=(producer.process.pid, signal.SIGKILL)).start()
     err, waited = _bounded(lambda: producer.push(policy, 1))
@@ -106,7 +107,6 @@ def _returns_at_once(version: int, named, bucket_bytes: int) -> dict[str, float]
 @pytest.mark.parametrize("how", ["stopped", "killed"])
 def test_a_push_whose_collective_returns_at_once_is_still_bounded_by_the_producers_ack(started, monkeypatch, how):
     producer, policy = started
-    producer.next(0)
     monkeypatch.setattr(producer.channel, "send", _returns_at_once)
     os.kill(producer.process.pid, signal.SIGSTOP)
     if how == "killed":
@@ -128,8 +128,7 @@ def test_a_push_whose_collective_returns_at_once_is_still_bounded_by_the_produce
 
 def test_a_stopped_producer_times_out_the_batch_wait(started):
     producer, _ = started
-    producer.next(0)
-    producer.next(1)  # update 2 needs version 1, never sent: silence, as from a stopped producer
+    # update 2 needs version 1, never sent: silence, as from a stopped producer
     _stop(producer)
     err, waited = _bounded(lambda: producer.next(2))
     assert isinstance(err, RolloutProducerTimeout)
@@ -140,8 +139,6 @@ def test_a_stopped_producer_times_out_the_batch_wait(started):
 
 def test_a_producer_killed_during_a_batch_wait_is_named_dead(started):
     producer, _ = started
-    producer.next(0)
-    producer.next(1)
     threading.Timer(1.0, os.kill, args=(producer.process.pid, signal.SIGKILL)).start()
     err, waited = _bounded(lambda: producer.next(2))
     assert "ended (killed by signal 9) while the trainer waited for the rollout of update 2" in str(err)
@@ -173,8 +170,6 @@ def trainer(overrides, train_games, tiny_policy, tmp_path):
 @pytest.mark.parametrize("how", ["stopped", "killed"])
 def test_a_checkpoint_waiting_for_the_rollouts_ahead_is_bounded(started, trainer, how):
     producer, _ = started
-    producer.next(0)
-    producer.next(1)
     wait = _checkpoint_wait(trainer, producer, 2)  # the checkpoint after update 1 keeps update 2's rollout
     if how == "stopped":
         _stop(producer)
