@@ -466,12 +466,14 @@ SYSTEM_PROMPT = ("You are an agent in ScienceWorld, a text world of elementary s
                  "as few actions as possible.")
 # The valid action-object combinations run to hundreds or a thousand a step (docs/environments.md): the prompt names
 # the simulator's action templates instead, and the agent fills in the objects it reads in the observation.
-INSTRUCTIONS = (
-    "Now it's your turn. Think briefly inside <think></think>, then give exactly one action inside <action></action>. "
-    "Actions: look around, look at OBJ, look in OBJ, inventory, go to LOC, teleport to LOC, open OBJ, close OBJ, "
+# The analyzer's prompt names the same templates (skills/prompts.py).
+ACTION_TEMPLATES = (
+    "look around, look at OBJ, look in OBJ, inventory, go to LOC, teleport to LOC, open OBJ, close OBJ, "
     "pick up OBJ, put down OBJ, move OBJ to OBJ, pour OBJ in OBJ, dunk OBJ in OBJ, mix OBJ, read OBJ, "
     "activate OBJ, deactivate OBJ, use OBJ on OBJ, eat OBJ, flush OBJ, wait, wait1, and focus on OBJ, which "
-    "names the task's answer: focusing on a wrong object fails the task.\n")
+    "names the task's answer: focusing on a wrong object fails the task.")
+INSTRUCTIONS = ("Now it's your turn. Think briefly inside <think></think>, then give exactly one action inside "
+                f"<action></action>. Actions: {ACTION_TEMPLATES}\n")
 
 
 # ------------------------------------------------------------------------------------------ the environment

@@ -5,6 +5,7 @@ Plain data: every field is a str, number, bool, list or dict, so `to_dict()` goe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -61,3 +62,18 @@ class Trajectory:
             steps.append(TrajectoryStep(**{k: v for k, v in step.items() if k in step_keys}))
         kwargs["steps"] = steps
         return cls(**kwargs)
+
+
+def record_score(trajectory: Trajectory, info: Mapping[str, Any]) -> None:
+    """After a step is appended to `trajectory.steps`: the score it left, in `meta["scores"]` (one per step), which
+    the analyzer's prompt of a scored world shows. The step info's "score"; the last one when it has none (an
+    unparsable answer, a failed environment); None before any. Nothing while no step has had a score."""
+    scores = trajectory.meta.get("scores")
+    score = info.get("score") if "error" not in info else None
+    if scores is None:
+        if score is None:
+            return
+        scores = trajectory.meta["scores"] = [None] * (len(trajectory.steps) - 1)
+    if score is None:
+        score = next((s for s in reversed(scores) if s is not None), None)
+    scores.append(score)

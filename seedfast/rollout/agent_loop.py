@@ -14,7 +14,7 @@ from typing import Any
 
 from seedfast.envs.base import Observation
 from seedfast.envs.slots import EnvSlots
-from seedfast.envs.trajectory import Trajectory, TrajectoryStep
+from seedfast.envs.trajectory import Trajectory, TrajectoryStep, record_score
 from seedfast.rollout.actions import parse_action
 from seedfast.rollout.engine import Generation
 from seedfast.rollout.prompts import UNPARSABLE_FEEDBACK, Prompt, PromptStyle, Turn, build_prompt
@@ -46,6 +46,7 @@ class AgentLoopConfig:
     invalid_penalty: float = 0.1
     max_prompt_tokens: int | None = None
     style: PromptStyle = field(default_factory=PromptStyle)
+    world: str = "textworld"  # env.kind, stamped on every trajectory (meta["world"]): the analyzer's prompt follows it
 
     def __post_init__(self) -> None:
         for name in ("n", "max_steps", "max_new_tokens"):
@@ -200,6 +201,7 @@ def _advance(
              response_logprobs=None if generation.logprobs is None else tuple(generation.logprobs),
              step_index=step_index, valid=valid, parsed=action is not None, finish_reason=generation.finish_reason)
     )
+    record_score(episode.trajectory, info)
     if "error" in info:
         stats.env_errors += 1
         episode.trajectory.error = str(info["error"])
@@ -225,6 +227,7 @@ def _finish(episodes: list[_Episode], config: AgentLoopConfig, stats: RolloutSta
                            trajectory_index=episode.index, **fields)
             )
         trajectory.meta["outcome"] = outcome
+        trajectory.meta["world"] = config.world
         stats.trajectories += 1
         stats.won += trajectory.won
         trajectories.append(trajectory)

@@ -462,4 +462,4 @@ def agent_config(cfg: Config, *, n: int, temperature: float) -> AgentLoopConfig:
                            temperature=temperature, top_p=cfg.rollout.top_p,
                            invalid_penalty=cfg.env.invalid_penalty,
                            max_prompt_tokens=cfg.rollout.max_prompt_length,
-                           style=prompt_style(cfg))
+                           style=prompt_style(cfg), world=cfg.env.kind)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from seedfast.envs.base import normalize_action
-from seedfast.envs.trajectory import Trajectory, TrajectoryStep
+from seedfast.envs.trajectory import Trajectory, TrajectoryStep, record_score
 from seedfast.seeds import replay_seed
 
 
@@ -41,6 +41,7 @@ def play(env: Any, actions: Sequence[str], game_id: str, walkthrough: Sequence[s
         valid = bool(info.get("valid", True))
         trajectory.steps.append(TrajectoryStep(obs.text, list(obs.admissible_actions), action, [], valid, 0.0,
                                                f"<action>{action}</action>"))
+        record_score(trajectory, info)
         obs = next_obs
         if done:
             trajectory.won = bool(info.get("won", False))

@@ -77,6 +77,9 @@ def walkthrough_replays(cfg: Config) -> list[GameReplays]:
         # environments are closed after each game, their JVM kept for the next (envs/scienceworld_env.py)
         make_env = scienceworld_factory(cfg, step_limit=max(len(t.walkthrough or ()) for t in tasks) + 1)
     replays = replay_games(tasks, seed=cfg.run.seed, make_env=make_env)
+    for game in replays:  # the analyzer's prompt follows the world (skills/prompts.py ANALYZER_WORLDS)
+        for trajectory in (game.success, *game.failures):
+            trajectory.meta["world"] = cfg.env.kind
     if cfg.sft.renamed_copies:
         pool = textworld_object_names() if cfg.sft.rename_names == "textworld" else None
         renamed = renamed_copies([g.success for g in replays], cfg.sft.renamed_copies, seed=cfg.run.seed,

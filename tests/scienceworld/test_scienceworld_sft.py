@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from seedfast.config import load_config
-from seedfast.envs.scienceworld_env import INSTRUCTIONS, split_table
+from seedfast.envs.scienceworld_env import ACTION_TEMPLATES, INSTRUCTIONS, split_table
 from seedfast.sft.run import sft_examples, walkthrough_replays
 from seedfast.skills.analyzers import OracleAnalyzer
+from seedfast.skills.prompts import build_analyzer_messages, score_line
 
 SMOLLM2 = Path(__file__).resolve().parents[2] / ".cache" / "models" / "smollm2-135m-instruct"
 TASKS = ("lifespan-longest-lived", "find-non-living-thing")
@@ -48,6 +49,14 @@ def test_the_oracle_writes_skills_from_the_gold_sequence(replays):
     focus = next(a for a in game.success.walkthrough if a.startswith("focus on"))
     assert focus in won.skill  # the workflow names the gold sequence's decisive action
     assert any(focus in r.skill or "left the walkthrough" in r.skill for r in lost)
+
+
+def test_skill_writing_asks_in_scienceworlds_words(replays):
+    for trajectory in (replays[0].success, *replays[0].failures):
+        assert trajectory.meta["world"] == "scienceworld" and len(trajectory.meta["scores"]) == len(trajectory.steps)
+        user = build_analyzer_messages(trajectory, "episode_step")[1]["content"]
+        assert score_line(trajectory.meta["scores"]) in user and ACTION_TEMPLATES in user
+    assert replays[0].success.meta["scores"][-1] == 100
 
 
 @pytest.mark.skipif(not SMOLLM2.is_dir(), reason=f"{SMOLLM2} is absent: `seedfast models fetch smollm2-135m`")
