@@ -10,3 +10,18 @@ class GameFileError(ValueError):
 
 class EnvironmentFailure(RuntimeError):
     """The environments failed so that a step cannot go on (every episode failed: no sample to learn from)."""
+
+
+SIMULATOR_FAILURE_KINDS = ("timeout", "crash")
+
+
+class SimulatorFailure(RuntimeError):
+    """A call into an environment's own simulator process (ScienceWorld's JVM) that failed: `kind` is 'timeout' (no
+    answer within its deadline: the process was killed) or 'crash' (it died, or its connection broke). The slots
+    count it by kind (`failed_simulator_<kind>`), apart from the worker pool's own timeouts and crashes."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        if kind not in SIMULATOR_FAILURE_KINDS:
+            raise ValueError(f"kind must be one of {SIMULATOR_FAILURE_KINDS}, got {kind!r}")
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind

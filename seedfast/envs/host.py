@@ -1,10 +1,11 @@
 """The body of one environment worker process: many environments, addressed by slot, served over a pipe.
 
 The owner sends ("run", [(command, slot, argument), ...]); the worker runs the items in order and answers each
-with ("reply", slot, "ok" | "error", payload) as soon as it is done, so that the owner can give every item its
-own deadline. Commands: ("reset", spec) starts an episode (the slot's environment is kept while its spec stays
-the same), ("step", action), ("restore", (spec, actions)) builds the environment afresh and replays an episode,
-answering with the last observation. ("close", None), or EOF on the pipe, ends the worker.
+with ("reply", slot, status, payload) as soon as it is done, so that the owner can give every item its own deadline;
+status is "ok", or "error" (the environment raised), or "simulator_timeout" / "simulator_crash" (it raised
+envs/failures.py's SimulatorFailure). Commands: ("reset", spec) starts an episode (the slot's environment is kept
+while its spec stays the same), ("step", action), ("restore", (spec, actions)) builds the environment afresh and
+replays an episode, answering with the last observation. ("close", None), or EOF on the pipe, ends the worker.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from seedfast.envs.base import Environment
+from seedfast.envs.failures import SimulatorFailure
 from seedfast.envs.lifeline import die_with_owner
 
 Envs = dict[int, tuple[Any, Environment]]  # slot -> (spec, environment)
@@ -47,7 +49,7 @@ def serve(conn: Connection, lifeline: Connection, factory_pickle: bytes) -> None
 
 def run_item(command: str, slot: int, arg: Any, envs: Envs, env_factory: Callable[[Any], Environment]
              ) -> tuple[str, Any]:
-    """("ok", result) or ("error", message); an environment that raised is dropped."""
+    """("ok", result), or ("error" | "simulator_<kind>", message); an environment that raised is dropped."""
     try:
         if command == "reset":
             if slot not in envs or envs[slot][0] != arg:
@@ -69,7 +71,9 @@ def run_item(command: str, slot: int, arg: Any, envs: Envs, env_factory: Callabl
         raise ValueError(f"unknown command {command!r}")
     except Exception as err:  # the environment's failure, reported to the owner
         _drop(envs, slot)
-        return "error", f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"
+        # its simulator's timeout or crash is counted by kind, apart from the worker's (envs/workers.py)
+        status = f"simulator_{err.kind}" if isinstance(err, SimulatorFailure) else "error"
+        return status, f"{type(err).__name__}: {err}\n{traceback.format_exc(limit=4)}"
 
 
 def _drop(envs: Envs, slot: int) -> None:

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from seedfast.envs.base import Observation, normalize_action
+from seedfast.envs.failures import SimulatorFailure
 
 SPLITS = ("train", "dev", "test")
 HEAP_MB = 512
@@ -75,15 +76,6 @@ _CUT = "\n[... {n} more characters cut]"
 # benchmarks/results/scienceworld_jvm.json)
 JVM_OVERHEAD_MB = 160
 MEMORY_SHARE = 0.5  # of the machine's memory the simulators of one process may take; the trainer needs the rest
-
-
-class SimulatorFailure(RuntimeError):
-    """A simulator call that failed: `kind` is 'timeout' (no answer within its deadline: the JVM was killed) or
-    'crash' (the JVM died, or its connection broke)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(f"{kind}: {message}")
-        self.kind = kind
 
 
 @dataclass(frozen=True)

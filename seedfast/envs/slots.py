@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from seedfast.envs.base import Environment, Observation
-from seedfast.envs.workers import FAILURE_KINDS, SIMULATOR_FAILURE_KINDS, EnvPool
+from seedfast.envs.failures import SIMULATOR_FAILURE_KINDS, SimulatorFailure
+from seedfast.envs.workers import FAILURE_KINDS, EnvPool
 
 StepOut = tuple[Observation, float, bool, dict]
 COUNTER_KEYS = ("worker_restarts", "restored", *(f"failed_{kind}" for kind in FAILURE_KINDS),
@@ -108,10 +109,14 @@ class LocalEnvSlots:
         return out
 
     def _failure(self, spec: Any, err: Exception) -> str:
-        self._failed += 1
+        kind = f"simulator_{err.kind}" if isinstance(err, SimulatorFailure) else "exception"  # as EnvPool counts them
+        if isinstance(err, SimulatorFailure):
+            self._simulator_failed[err.kind] += 1
+        else:
+            self._failed += 1
         self.failed_games[str(spec)] += 1
         error = f"{type(err).__name__}: {err}"
-        log.warning("environment failed (exception) playing %s: %s", spec, error.splitlines()[0] if error else "")
+        log.warning("environment failed (%s) playing %s: %s", kind, spec, error.splitlines()[0] if error else "")
         return error
 
     def counters(self) -> dict[str, int]:

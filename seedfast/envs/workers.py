@@ -16,8 +16,9 @@ A failed environment ends its slot's episode (`done=True`, `info["error"] = "<ki
   actions so far), each checked to end on the observation its slot last returned (`n_restored`);
 - lost: the slot's episode was on a restarted worker and its replay failed or ended elsewhere.
 An environment that runs a simulator process of its own (ScienceWorld's JVM) may fail an episode itself: its step
-answers `done` with `info["failure"]` naming the kind ('timeout' or 'crash'), its worker lives on, and the pool
-counts it in `simulator_failures` (`failed_simulator_<kind>` in `counters()`) and `failed_games`.
+answers `done` with `info["failure"]` naming the kind ('timeout' or 'crash'), or its reset raises SimulatorFailure
+(envs/failures.py); its worker lives on, and the pool counts it in `simulator_failures` (`failed_simulator_<kind>` in
+`counters()`, not `failed_exception`) and `failed_games`.
 
 Workers die with the process that owns the pool, whatever ended it (envs/lifeline.py). They start with the spawn
 method by default: their parent is then the owner itself, which PR_SET_PDEATHSIG needs; a script that makes a pool
@@ -39,11 +40,11 @@ from typing import Any
 
 from seedfast.envs._mp import worker_context
 from seedfast.envs.base import Environment, Observation, normalize_action
+from seedfast.envs.failures import SIMULATOR_FAILURE_KINDS
 from seedfast.envs.host import serve
 
 log = logging.getLogger(__name__)
 FAILURE_KINDS = ("crash", "timeout", "exception", "lost")
-SIMULATOR_FAILURE_KINDS = ("timeout", "crash")  # an environment's own simulator: info["failure"] (docstring)
 
 
 @dataclass
@@ -335,7 +336,8 @@ class EnvPool:
         if item.command == "step" and episode is not None and episode.lost:
             results[slot] = self._fail(slot, "lost", episode.lost, item.command, item.arg)
         elif status != "ok":
-            results[slot] = self._fail(slot, "exception", payload, item.command, item.arg)
+            results[slot] = self._fail(slot, status if status.startswith("simulator_") else "exception", payload,
+                                       item.command, item.arg)
         elif item.command == "reset":
             results[slot] = Transition(observation=payload)
             self._episodes[slot] = _Episode(item.arg, payload)
@@ -392,8 +394,12 @@ class EnvPool:
         self._submit(worker, restores + pending, results)
 
     def _fail(self, slot: int, kind: str, message: str, command: str, arg: Any) -> Transition:
-        """End the slot's episode as a failure, named by its game and counted per game (`failed_games`)."""
-        self.failures[kind] += 1
+        """End the slot's episode as a failure, named by its game and counted per game (`failed_games`); `kind` is one
+        of FAILURE_KINDS, or simulator_<kind> (module docstring)."""
+        if kind.startswith("simulator_"):
+            self.simulator_failures[kind.removeprefix("simulator_")] += 1
+        else:
+            self.failures[kind] += 1
         episode = self._episodes[slot]
         game = str(arg if command == "reset" else episode.spec if episode is not None else "?")
         self.failed_games[game] += 1

@@ -175,3 +175,24 @@ def test_a_crashed_jvm_is_counted_by_the_trainers_slots(tmp_path, isolation):
         assert moved["rollout/env_failed_crash"] == 0 and moved["rollout/env_worker_restarts"] == 0
     finally:
         envs.close()
+
+
+@pytest.mark.parametrize("isolation", ["process", "inline"])
+def test_a_reset_whose_jvm_does_not_start_in_time_is_counted_by_kind(isolation):
+    from seedfast.envs.scienceworld_env import ScienceWorldFactory, close_idle
+    from seedfast.envs.slots import LocalEnvSlots, PoolEnvSlots
+    from seedfast.envs.workers import EnvPool
+
+    close_idle()  # no idle JVM of an earlier test to reuse: this reset must start one
+    factory = ScienceWorldFactory(load_timeout_s=0.2)  # a JVM starts and loads a task in seconds
+    envs = (PoolEnvSlots(EnvPool(1, factory, processes=1, step_timeout=30, reset_timeout=60))
+            if isolation == "process" else LocalEnvSlots(factory, 1))
+    try:
+        before = counters_of(envs)
+        failed = envs.reset({0: SHORT})[0]
+        assert isinstance(failed, str) and "SimulatorFailure: timeout: " in failed
+        moved = counter_delta(before, counters_of(envs), "rollout/env_")
+        assert moved["rollout/env_failed_simulator_timeout"] == 1 and moved["rollout/env_failed_exception"] == 0
+        assert envs.failed_games == {str(SHORT): 1}
+    finally:
+        envs.close()
