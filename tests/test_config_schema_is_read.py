@@ -112,6 +112,13 @@ def parse_package() -> dict[str, ast.Module]:
     return trees
 
 
+# Parsed when the module is collected, before any test of this process has started a thread: CPython 3.11's ast
+# keeps one recursion-depth counter per interpreter, so a thread that parses meanwhile (3.11's traceback formatting
+# parses each shown line to place its carets) made a parse of the whole package fail with "SystemError: AST
+# constructor recursion depth mismatch" (once, in a clean-clone make test; the counter of CPython gh-106905).
+parse_package()
+
+
 class Package:
     """Which functions and classes a function reaches: each name it uses (called or not) that resolves, through its
     module's definitions and imports (at any depth, relative ones too) and re-exports, to a definition of the
