@@ -59,17 +59,23 @@ Layout = list[list[Slot]]
 
 
 _SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# elements widened to int64 at a time: the fingerprint's workspace is 32 MiB on the tensor's device whatever the
+# bucket (widening a whole bf16 bucket took 4x its size, which the memory plan did not count)
+FINGERPRINT_CHUNK = 1 << 22
 
 
 def fingerprint(tensors: Iterable[torch.Tensor]) -> int:
     """The sum of the tensors' bit patterns read as integers (wrapping in int64): exact and independent of the order
     and threads of the reduction, so the trainer's sent weights and the producer's loaded ones can be compared for
-    equality (a push that silently loads nothing, verl #7495, shows as a different fingerprint)."""
-    total = torch.zeros((), dtype=torch.int64)
+    equality (a push that silently loads nothing, verl #7495, shows as a different fingerprint). Summed a chunk at a
+    time (wrapping addition is associative: the same value), on the tensors' device, read back once."""
+    totals: dict[torch.device, torch.Tensor] = {}
     for t in tensors:
         bits = t.detach().contiguous().reshape(-1).view(_SAME_SIZE_INT[t.element_size()])
-        total += bits.to(torch.int64).sum().cpu()
-    return int(total)
+        total = totals.setdefault(bits.device, torch.zeros((), dtype=torch.int64, device=bits.device))
+        for chunk in bits.split(FINGERPRINT_CHUNK):
+            total += chunk.sum(dtype=torch.int64)
+    return _wrap(sum(int(t.cpu()) for t in totals.values()))
 
 
 def loaded_fingerprint(model: torch.nn.Module, layout: Layout) -> int:

@@ -92,6 +92,30 @@ def test_the_fingerprint_is_exact_and_order_free():
     assert fingerprint([flipped]) != fingerprint([a])
 
 
+def test_the_fingerprint_widens_a_chunk_at_a_time_to_the_same_value(monkeypatch):
+    """Summed over chunks (a 32 MiB int64 workspace on the device, not 4x a bf16 bucket), the fingerprint is the sum of
+    every bit pattern, wrapping in int64: here against Python's exact sum of the bf16 words, chunk 7 elements."""
+    from seedfast.distributed import weight_channel
+
+    w = torch.randn(1003).to(torch.bfloat16)
+    words = w.view(torch.int16).tolist()
+    whole = weight_channel.fingerprint([w])
+    monkeypatch.setattr(weight_channel, "FINGERPRINT_CHUNK", 7)
+    assert weight_channel.fingerprint([w]) == whole == sum(words)
+    widened = []
+    real_sum = torch.Tensor.sum
+
+    def recording(t, *args, **kwargs):
+        widened.append(t.numel())
+        return real_sum(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "sum", recording)
+    weight_channel.fingerprint([w])
+    assert max(widened) == 7 and sum(widened) == w.numel()
+    big = torch.full((4,), 2**62, dtype=torch.int64)  # wraps as one int64 sum would
+    assert weight_channel.fingerprint([big]) == 0
+
+
 def _threads_and_fds() -> tuple[int, int]:
     import os
 
