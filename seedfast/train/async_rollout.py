@@ -200,17 +200,22 @@ class Inbox:
     def exitcode(self) -> int | None:
         return self.process.exitcode
 
-    def died(self, doing: str) -> RolloutProducerError:
+    def died(self, doing: str, cause: BaseException | None = None) -> RolloutProducerError:
         """The error for a producer found gone while the trainer was `doing` something: its own failure with its
-        traceback when it sent one (whichever call finds it gone: a push reads no messages, and the failure may sit
-        behind batches not yet read), else its exit."""
+        traceback as the cause when it sent one (whichever call finds it gone: a push reads no messages, and the
+        failure may sit behind batches not yet read), else its exit, caused by `cause` (a broadcast's error). Raised
+        `from` its own cause: `from err` would replace the producer's traceback with the trainer's side of it."""
         self.process.join(timeout=5)
         failure = self._failure_sent()
         if failure is not None:
-            return _error(f"the rollout producer failed at update {failure.step}: {failure.error} (found when the "
-                          f"trainer {doing})", failure.trace)
-        return RolloutProducerError(f"the rollout producer (pid {self.process.pid}) ended "
-                                    f"({describe_exit(self.process.exitcode)}) while the trainer {doing}")
+            err = _error(f"the rollout producer failed at update {failure.step}: {failure.error} (found when the "
+                         f"trainer {doing})", failure.trace)
+        else:
+            err = RolloutProducerError(f"the rollout producer (pid {self.process.pid}) ended "
+                                       f"({describe_exit(self.process.exitcode)}) while the trainer {doing}")
+            err.__cause__ = cause
+        err.__suppress_context__ = True
+        return err
 
     def _failure_sent(self) -> _Failure | None:
         """The failure the ended producer sent, if any: the reader is given until the pipe's end (READER_GRACE_S)
@@ -251,7 +256,8 @@ class Inbox:
                     dead_since = now if dead_since is None else dead_since
                     if now - dead_since > READER_GRACE_S:
                         self._ended = True
-                        raise self.died(f"{doing} (its results pipe never ended)") from None
+                        err = self.died(f"{doing} (its results pipe never ended)")
+                        raise err from err.__cause__
                 if wait_s is not None and now - called > wait_s:
                     return None
                 continue
@@ -363,7 +369,8 @@ class RolloutProducer:
             self.channel.abort()
             if self.process.is_alive():
                 raise self._no_weights(doing, version) from err
-            raise self.inbox.died(doing) from err
+            gone = self.inbox.died(doing, cause=err)
+            raise gone from gone.__cause__
         self._pushed[version] = since
         if wait:
             self.received(version)
@@ -399,7 +406,8 @@ class RolloutProducer:
                     got = pickle.loads(self._acks_r.recv_bytes())
                 except (EOFError, OSError):  # the pipe's end: the producer is gone
                     self.channel.abort()
-                    raise self.inbox.died(doing) from None
+                    gone = self.inbox.died(doing)
+                    raise gone from gone.__cause__
                 self._acked.add(got)
                 if got == version:
                     self.channel.sent()
