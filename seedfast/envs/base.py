@@ -34,3 +34,14 @@ class Environment(Protocol):
 def normalize_action(action: str) -> str:
     """Case- and whitespace-insensitive form used to compare an action with the admissible ones."""
     return " ".join(action.split()).lower()
+
+
+def check_step(game_id: str, action: object, *, started: bool, done: bool) -> None:
+    """What every environment's step() refuses: an action that is not a str, a step before reset(), a step after
+    the episode ended (each one error naming the game)."""
+    if not isinstance(action, str):
+        raise TypeError(f"action must be a str, got {type(action).__name__}")
+    if not started:
+        raise RuntimeError(f"{game_id}: call reset() before step()")
+    if done:
+        raise RuntimeError(f"{game_id}: the episode is over; call reset()")

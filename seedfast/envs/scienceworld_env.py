@@ -52,7 +52,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from seedfast.envs.base import Observation, normalize_action
+from seedfast.envs.base import Observation, check_step, normalize_action
 from seedfast.envs.failures import SimulatorFailure
 
 SPLITS = ("train", "dev", "test")
@@ -554,12 +554,7 @@ class ScienceWorldEnv:
         return self._observe(feedback, look, inventory, valid)
 
     def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
-        if not isinstance(action, str):
-            raise TypeError(f"action must be a str, got {type(action).__name__}")
-        if not self._started:
-            raise RuntimeError(f"{self.game_id}: call reset() before step()")
-        if self._done:
-            raise RuntimeError(f"{self.game_id}: the episode is over; call reset()")
+        check_step(self.game_id, action, started=self._started, done=self._done)
         listed = {normalize_action(a): a for a in self._admissible}
         command = listed.get(normalize_action(action), " ".join(action.split()))
         if normalize_action(action) in HIDDEN_ACTIONS:

@@ -16,7 +16,7 @@ from typing import Any
 
 import textworld
 
-from seedfast.envs.base import Observation, normalize_action
+from seedfast.envs.base import Observation, check_step, normalize_action
 
 GAME_SUFFIXES = (".z8", ".z5", ".json")
 INVALID_ACTION_TEXT = "Nothing happens: that is not one of the admissible actions."
@@ -84,12 +84,7 @@ class TextWorldEnv:
         return self._observe(state, clean_feedback(state.feedback, self._objective))
 
     def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
-        if not isinstance(action, str):
-            raise TypeError(f"action must be a str, got {type(action).__name__}")
-        if not self._started:
-            raise RuntimeError(f"{self.game_id}: call reset() before step()")
-        if self._done:
-            raise RuntimeError(f"{self.game_id}: the episode is over; call reset()")
+        check_step(self.game_id, action, started=self._started, done=self._done)
         canonical = {normalize_action(a): a for a in self._admissible}.get(normalize_action(action))
         if canonical is None:
             obs = Observation(INVALID_ACTION_TEXT, self._objective, list(self._admissible))
