@@ -8,7 +8,8 @@
 A targeted `nn.Linear` becomes a `LoRALinear`: the same module path, its frozen `weight` and `bias` under their own
 names (so HF state dicts, tensor parallel's plans and FSDP2's units see the modules they always saw), plus `lora_A`
 [r, in] and `lora_B` [out, r], trainable, in the dtype of the master weights (fp32). The forward computes in the
-input's dtype (the base's, model.dtype): y = x Wᵀ + b + s·(x Aᵀ) Bᵀ with s = alpha / r. B starts at zero, so an
+input's dtype (the base's, model.dtype): y = x Wᵀ + b + s·(x Aᵀ) Bᵀ with s = alpha / r (on CPU in fp32, as
+x·(W + s·B·A)ᵀ + b with the merged weight kept until the adapters move, `_MergedLoRA`). B starts at zero, so an
 added adapter changes nothing until it is trained; A starts as PEFT's (Kaiming-uniform, bound 1/sqrt(in)), so an
 adapter folder of seedfast's and one of PEFT's hold the same kind of numbers.
 """
@@ -89,18 +90,28 @@ class LoRALinear(nn.Linear):
         self._merged: tuple[tuple, torch.Tensor] | None = None  # (what it was merged from, W + s·B·A)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.adapter_enabled and self.use_merged:
-            return F.linear(x, self._merged_for(x.dtype), self.bias)
+        if not self.adapter_enabled:
+            return F.linear(x, self.weight, self.bias)
+        if self.use_merged or self._trains_merged(x):
+            merged = self._merged_for(x.dtype)
+            if torch.is_grad_enabled() and (self.lora_A.requires_grad or self.lora_B.requires_grad):
+                return _MergedLoRA.apply(x, merged, self.bias, self.lora_A, self.lora_B, self.scaling)
+            return F.linear(x, merged, self.bias)
         if torch.is_grad_enabled():
             self._merged = None  # training moves the adapters: a merged copy would be stale, and it costs memory
         out = F.linear(x, self.weight, self.bias)
-        if not self.adapter_enabled:
-            return out
         down = F.linear(x, self.lora_A.to(x.dtype))
         # out + s·down·Bᵀ as one addmm: no [tokens, out] temporaries for the product and its scaling, forward or back
         lifted = torch.addmm(out.reshape(-1, self.out_features), down.reshape(-1, down.shape[-1]),
                              self.lora_B.to(x.dtype).t(), alpha=self.scaling)
         return lifted.view(out.shape)
+
+    def _trains_merged(self, x: torch.Tensor) -> bool:
+        """Whether this forward computes with W + s·B·A (docs/algorithms.md, 'LoRA'): on CPU in fp32 or fp64, where
+        merging rounds nothing away (in bf16 the small s·B·A would be lost in W's rounding) and the adapters'
+        rank-r products, memory-bound there, cost a LoRA update more than the merge, once per optimizer step."""
+        return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+                and self.weight.dtype == x.dtype and _mergeable(self))
 
     def _merged_for(self, dtype: torch.dtype) -> torch.Tensor:
         """W + s·B·A in `dtype`, merged again only when W, A or B changed since (their version counters move with every
@@ -108,7 +119,8 @@ class LoRALinear(nn.Linear):
         source = tuple((t.data_ptr(), t._version) for t in (self.weight, self.lora_A, self.lora_B)) + (dtype,)
         if self._merged is None or self._merged[0] != source:
             self._merged = None  # the stale copy goes before the new one is allocated
-            self._merged = (source, self.merged_weight(dtype))
+            with torch.inference_mode(False):  # a copy made while generating is also the next update's, autograd's
+                self._merged = (source, self.merged_weight(dtype))
         return self._merged[1]
 
     @torch.no_grad()
@@ -118,6 +130,41 @@ class LoRALinear(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, rank={self.lora_A.shape[0]}, scaling={self.scaling:g}"
+
+
+def _mergeable(layer: LoRALinear) -> bool:
+    """A layer whose tensors are sharded (DTensor) or whose forward is hooked (FSDP2 gathers in its hooks) computes
+    with its adapters as they are: a merged copy would be built from a shard."""
+    return (not any(isinstance(t, DTensor) for t in (layer.weight, layer.lora_A, layer.lora_B))
+            and not (layer._forward_hooks or layer._forward_pre_hooks))
+
+
+class _MergedLoRA(torch.autograd.Function):
+    """y = x·Mᵀ + b with M = W + s·B·A computed beforehand (and held fixed: W is frozen), and the adapters' gradients
+    by the chain rule: with G = dL/dy, dL/dx = G·M, dL/dA = s·(G·B)ᵀ·x, dL/dB = s·Gᵀ·(x·Aᵀ). One GEMM each way for
+    the frozen base and the adapter together, where the unmerged forward pays two more rank-r products and an add
+    in each direction."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, merged: torch.Tensor, bias: torch.Tensor | None, a: torch.Tensor,
+                b: torch.Tensor, scaling: float) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        down = torch.mm(rows, a.to(x.dtype).t())
+        ctx.save_for_backward(rows, down, merged, b)
+        ctx.scaling, ctx.x_shape, ctx.adapter_dtypes = scaling, x.shape, (a.dtype, b.dtype)
+        return F.linear(rows, merged, bias).view(*x.shape[:-1], merged.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        rows, down, merged, b = ctx.saved_tensors
+        need_x, _, need_bias, need_a, need_b, _ = ctx.needs_input_grad
+        g = grad.reshape(-1, grad.shape[-1])
+        dx = torch.mm(g, merged).view(ctx.x_shape) if need_x else None
+        dbias = g.sum(0) if need_bias else None
+        da = torch.mm(torch.mm(g, b.to(g.dtype)).t(), rows).mul_(ctx.scaling).to(ctx.adapter_dtypes[0]) \
+            if need_a else None
+        db = torch.mm(g.t(), down).mul_(ctx.scaling).to(ctx.adapter_dtypes[1]) if need_b else None
+        return dx, None, dbias, da, db, None
 
 
 def add_lora(model: nn.Module, spec: LoRASpec, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> list[str]:
@@ -184,11 +231,10 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
 def adapters_merged(model: nn.Module) -> Iterator[nn.Module]:
     """Within the block each adapted layer computes x·(W + s·B·A)ᵀ: one GEMM, where the adapters cost two small ones
     and an add per layer and token, which a decode step of a few rows pays in full (docs/algorithms.md, 'LoRA').
-    For inference (generation): the merged copy is kept while the adapters stay as they are and dropped by the
-    next forward with gradients. Layers whose tensors are sharded (DTensor) or hooked compute as they always do."""
-    modules = [m for m in lora_modules(model).values()
-               if not any(isinstance(t, DTensor) for t in (m.weight, m.lora_A, m.lora_B))
-               and not (m._forward_hooks or m._forward_pre_hooks)]
+    For inference (generation): the merged copy is kept while the adapters stay as they are, and dropped by the next
+    forward with gradients unless the model trains with it too (CPU, fp32/fp64: `LoRALinear._trains_merged`).
+    Layers whose tensors are sharded (DTensor) or hooked compute as they always do."""
+    modules = [m for m in lora_modules(model).values() if _mergeable(m)]
     for m in modules:
         m.use_merged = True
     try:

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import torch
+from torch.autograd.graph import increment_version
 
 SCHEDULES = ("constant", "cosine")
 
@@ -35,9 +36,17 @@ def adamw(params: Any, **options: Any) -> torch.optim.AdamW:
     fused one 2 MiB and 0.13 s (docs/performance.md, 'The optimizer step'). Both follow the same AdamW update;
     they round differently (about 1e-7 relative)."""
     try:
-        return torch.optim.AdamW(params, fused=True, **options)
+        optimizer = torch.optim.AdamW(params, fused=True, **options)
     except (RuntimeError, TypeError, ValueError):  # a device or dtype the fused kernel does not cover
         return torch.optim.AdamW(params, **options)
+    optimizer.register_step_post_hook(_count_the_write)
+    return optimizer
+
+
+def _count_the_write(optimizer: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+    """The fused step writes the parameters in place without moving their version counters (the default step moves
+    them); what keys a cache on them, LoRA's merged weights (model/lora.py), must see every step."""
+    increment_version([p for g in optimizer.param_groups for p in g["params"]])
 
 
 def decoupled_adamw(model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.999),

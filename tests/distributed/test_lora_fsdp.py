@@ -15,7 +15,7 @@ from seedfast.distributed.data import DataParallel, split_whole_groups
 from seedfast.distributed.parallelize import apply_fsdp
 from seedfast.model.lora import is_adapter_name
 from tests.distributed.dist_helpers import grouped_samples, run_on_ranks
-from tests.distributed.update_helpers import CASES, lora_model, lora_updates
+from tests.distributed.update_helpers import CASES, as_sharded_layers_compute, lora_model, lora_updates
 from tests.distributed.update_helpers import full as _full
 
 N_SAMPLES, BUDGET, LR = 12, 48, 1e-2
@@ -29,7 +29,8 @@ def _worker(rank, world, name, dtype_name):
     start = copy.deepcopy(model)
     samples = grouped_samples(5, N_SAMPLES)
     ref = copy.deepcopy(model)
-    ref_losses, ref_norms, ref_grads, _ = lora_updates(ref, samples, case)
+    with as_sharded_layers_compute():
+        ref_losses, ref_norms, ref_grads, _ = lora_updates(ref, samples, case)
 
     # bf16 base: FSDP2 gathers every parameter in model.dtype (runtime/setup.py fsdp_precision), as the one-process
     # forward casts the adapters to the input's dtype; the sharded adapters and their gradients stay fp32

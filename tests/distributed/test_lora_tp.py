@@ -21,7 +21,7 @@ from seedfast.distributed.parallelize import parallelize_decoder
 from seedfast.model.decoder import build_decoder
 from seedfast.model.lora import adapters_disabled, is_adapter_name, lora_modules
 from tests.distributed.dist_helpers import grouped_samples, make_config, run_on_ranks
-from tests.distributed.update_helpers import CASES, lora_model, lora_updates
+from tests.distributed.update_helpers import CASES, as_sharded_layers_compute, lora_model, lora_updates
 from tests.distributed.update_helpers import full as _full
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -73,7 +73,8 @@ def _worker(rank, world, family):
 
     case = CASES["seed"]
     samples = grouped_samples(5, 8)  # every tp rank holds the same samples (one data-parallel rank)
-    ref_losses, ref_norms, ref_grads, _ = lora_updates(ref, samples, case)
+    with as_sharded_layers_compute():
+        ref_losses, ref_norms, ref_grads, _ = lora_updates(ref, samples, case)
     losses, norms, grads, _ = lora_updates(model, samples, case, dp=DataParallel.from_mesh(mesh))
     assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-7)
     assert norms == pytest.approx(ref_norms, rel=1e-5)

@@ -3,11 +3,13 @@ the update batch with its GRPO advantages, a sharded tensor made whole, and a ti
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from seedfast.config import LossConfig
 from seedfast.model.decoder import build_decoder
-from seedfast.model.lora import LoRASpec, add_lora, lora_modules
+from seedfast.model.lora import LoRALinear, LoRASpec, add_lora, lora_modules
 from seedfast.runtime.optim import adamw, grad_norm_and_clip
 from seedfast.train.update import UpdateBatch, minibatch_loss_backward
 from tests.distributed.dist_helpers import make_config
@@ -51,6 +53,19 @@ def lora_model(dtype: torch.dtype, family: str = "qwen2") -> torch.nn.Module:
         for m in lora_modules(model).values():
             m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=gen) * 0.05)
     return model
+
+
+@contextmanager
+def as_sharded_layers_compute():
+    """Within the block a one-process model's adapted layers compute as sharded ones must (x·Wᵀ plus the adapters'
+    products; a DTensor or hooked layer cannot merge its weight, model/lora.py): the comparison is then of the
+    sharding, not of two roundings of one function, which AdamW's first step amplifies where a gradient is near 0."""
+    merged = LoRALinear._trains_merged
+    LoRALinear._trains_merged = lambda self, x: False
+    try:
+        yield
+    finally:
+        LoRALinear._trains_merged = merged
 
 
 def lora_updates(model, samples, case, steps=2, dp=None):

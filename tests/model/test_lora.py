@@ -23,6 +23,7 @@ from seedfast.model.lora import (
 )
 from seedfast.ops import fused_loss
 from seedfast.rollout.own_engine import Sampler
+from seedfast.runtime.optim import adamw
 from seedfast.sampling_params import SamplingParams
 from tests.model.model_helpers import tiny_decoder
 
@@ -68,7 +69,16 @@ def test_an_adapted_model_computes_the_merged_weights_and_its_base_with_the_adap
     assert torch.equal(model(ids, cu), adapted)  # switched back on after the block
 
 
-def test_the_adapter_gradient_is_full_fine_tunings_weight_gradient_through_the_chain_rule():
+@pytest.fixture(params=["merged", "unmerged"])
+def lora_path(request, monkeypatch):
+    """Both ways an adapted layer trains: with W + s·B·A merged (CPU, fp32/fp64) and with the adapters' own products
+    (every other device and dtype), forced here on an fp64 CPU model."""
+    if request.param == "unmerged":
+        monkeypatch.setattr(LoRALinear, "_trains_merged", lambda self, x: False)
+    return request.param
+
+
+def test_the_adapter_gradient_is_full_fine_tunings_weight_gradient_through_the_chain_rule(lora_path):
     """dL/dB = s·G·Aᵀ and dL/dA = s·Bᵀ·G, G = dL/dW of the merged model's full fine-tuning (fp64)."""
     spec = LoRASpec(rank=3, alpha=6.0)
     model = tiny_decoder("qwen2-untied").double()
@@ -94,7 +104,7 @@ def test_the_adapter_gradient_is_full_fine_tunings_weight_gradient_through_the_c
     assert all(p.grad is None for n, p in model.named_parameters() if "lora_" not in n)
 
 
-def test_at_full_rank_one_sgd_step_of_the_adapter_moves_the_weight_exactly_as_the_product_rule_says():
+def test_at_full_rank_one_sgd_step_of_the_adapter_moves_the_weight_exactly_as_the_product_rule_says(lora_path):
     """With r = min(in, out) one SGD step of lr on (A, B), whose gradients are gA = s·Bᵀ·G and gB = s·G·Aᵀ (G: full
     fine-tuning's dL/dW, by hand), moves W_eff = W + s·B·A by s·((B − lr·gB)(A − lr·gA) − B·A)
     = −lr·s²·(G·AᵀA + B·Bᵀ·G) + lr²·s³·G·Aᵀ·Bᵀ·G: full fine-tuning's step, preconditioned by AᵀA and BBᵀ."""
@@ -116,6 +126,38 @@ def test_at_full_rank_one_sgd_step_of_the_adapter_moves_the_weight_exactly_as_th
             p -= lr * p.grad
     predicted = -lr * s * s * (g @ a.T @ a + b @ b.T @ g) + lr * lr * s ** 3 * g @ a.T @ b.T @ g
     torch.testing.assert_close(layer.merged_weight() - before, predicted, rtol=1e-9, atol=1e-13)
+
+
+def test_a_merged_layer_gives_autograds_gradients_of_the_unmerged_formula_and_merges_again_after_each_step():
+    """_MergedLoRA against autograd through x·Wᵀ + b + s·(x·Aᵀ)·Bᵀ in fp64 (x 3-D, a bias that trains), and the
+    merged copy follows the adapters: reused while they stay, merged again once an optimizer step moves them."""
+    torch.manual_seed(0)
+    base = torch.nn.Linear(6, 5).double()
+    layer = LoRALinear(base, LoRASpec(rank=2, alpha=6.0), torch.float64, torch.Generator().manual_seed(0))
+    layer.bias.requires_grad_(True)
+    with torch.no_grad():
+        layer.lora_B.normal_(0, 0.5)
+    x = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(3, 4, 5, dtype=torch.float64)
+    assert layer._trains_merged(x)
+    (layer(x) * weights).sum().backward()
+    leaves = (x, layer.bias, layer.lora_A, layer.lora_B)
+    got = [t.grad.clone() for t in leaves]
+    for t in leaves:
+        t.grad = None
+    reference = F.linear(x, layer.weight, layer.bias) + 3.0 * (x @ layer.lora_A.T) @ layer.lora_B.T
+    (reference * weights).sum().backward()
+    for name, t, g in zip(("x", "bias", "A", "B"), leaves, got):
+        torch.testing.assert_close(g, t.grad, rtol=1e-12, atol=1e-13, msg=name)
+    copy = layer._merged[1]
+    layer(x)
+    assert layer._merged[1] is copy  # the adapters did not move: the same merged weight
+    # the trainers' AdamW (fused: it writes in place without moving version counters unless told, runtime/optim.py)
+    before = layer.merged_weight()
+    adamw([layer.lora_A, layer.lora_B], lr=0.1).step()
+    assert (layer.merged_weight() - before).abs().max() > 1e-2
+    torch.testing.assert_close(layer(x), F.linear(x, layer.merged_weight(), layer.bias), rtol=1e-12, atol=1e-13)
+    assert layer._merged[1] is not copy
 
 
 def test_only_the_adapters_train_and_they_are_fp32_over_a_bf16_base():
@@ -205,7 +247,7 @@ def test_a_bad_spec_is_one_error_naming_it():
         add_lora(model, LoRASpec(rank=1, alpha=1.0))
 
 
-def test_generation_under_merged_adapters_equals_a_plain_decoder_holding_the_merged_weights():
+def test_generation_under_merged_adapters_equals_a_plain_decoder_holding_the_merged_weights(lora_path):
     """The own engine generates with W + s·B·A in one GEMM (adapters_merged); the reference is a plain decoder that
     holds those weights, merged by hand in fp64; after an optimizer step the engine must run the new adapters."""
     model = tiny_decoder("qwen3-untied").double()
@@ -233,10 +275,14 @@ def test_generation_under_merged_adapters_equals_a_plain_decoder_holding_the_mer
     assert all(m is not None for m in merged)  # kept for the next call while the adapters stay as they are
     assert not any(m.use_merged for m in lora_modules(model).values())  # outside generation: the adapter path
     # a training step moves the adapters in place: the next generation merges them again
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    optimizer = adamw([p for p in model.parameters() if p.requires_grad], lr=0.5)
     ids, cu = _batch(model.config.vocab_size)
     model(ids, cu).pow(2).mean().backward()
-    assert all(m._merged is None for m in lora_modules(model).values())  # the forward with gradients dropped them
+    after = [m._merged for m in lora_modules(model).values()]
+    if lora_path == "merged":  # the update computed with the copy generation made (the adapters had not moved)
+        assert all(a is m for a, m in zip(after, merged))
+    else:
+        assert all(a is None for a in after)  # the forward with gradients dropped them
     optimizer.step()
     check(engine.generate_full(prompts, params), reference())
     with torch.no_grad():  # a load into the adapters (no forward with gradients between) is seen too

@@ -1,19 +1,20 @@
 """A LoRA policy's scoring pass under θ_old computes with the merged weights its rollout generated with
 (train/rl.py _scores, model/lora.py adapters_merged): its ℓold equals, bit for bit, the scoring of a plain decoder
-holding W + s·B·A; the unmerged path (x·Wᵀ plus the adapters' two small GEMMs) rounds differently."""
+holding W + s·B·A (on any device: generation merges on GPU too); the unmerged path (x·Wᵀ plus the adapters' two
+small GEMMs, a bf16 or GPU model's training forward) rounds differently."""
 
 import torch
 
 from seedfast.config import load_config
 from seedfast.model import load_hf
-from seedfast.model.lora import lora_modules, merged_state_dict
+from seedfast.model.lora import LoRALinear, lora_modules, merged_state_dict
 from seedfast.runtime.profiling import PhaseTimer
 from seedfast.scoring import score
 from seedfast.train.draws import seed_everything
 
 
 def test_a_lora_policy_scores_old_log_probs_with_its_merged_weights(overrides, tiny_policy, train_games, tmp_path,
-                                                                   one_torch_thread):
+                                                                   one_torch_thread, monkeypatch):
     from seedfast.train import rl
 
     cfg = load_config(None, [*overrides(train_games, tmp_path), "model.lora.rank=4", "model.lora.alpha=8",
@@ -40,6 +41,7 @@ def test_a_lora_policy_scores_old_log_probs_with_its_merged_weights(overrides, t
     finally:
         rl.score = inner
     merged = merged_state_dict(trainer.policy)
+    monkeypatch.setattr(LoRALinear, "_trains_merged", lambda self, x: False)  # what a GPU or bf16 forward computes
     unmerged = score(trainer.policy, calls[0][0], **calls[0][1]).logprob  # outside the pass: adapters unmerged
     trainer.close()
     plain = load_hf(tiny_policy, dtype=torch.float32).eval()
