@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -157,6 +158,11 @@ def load_peft_adapter(model: torch.nn.Module, path: str | os.PathLike) -> None:
     """Copy a PEFT LoRA folder's tensors into the adapters of `model` (adapted with the folder's spec): a module PEFT
     would adapt differently, or a missing, unexpected, misshapen or non-finite tensor, is one error naming it."""
     (spec, config), own = _read_config(path), lora_spec_of(model)
+    dropout = config.get("lora_dropout") or 0.0
+    if dropout:
+        warnings.warn(f"{Path(path) / ADAPTER_CONFIG}: lora_dropout={dropout!r}: seedfast trains adapters without "
+                      "dropout (a policy that drops units would sample and score different policies; "
+                      "docs/algorithms.md, 'LoRA'), so training goes on with none", UserWarning, stacklevel=2)
     if own is None:
         raise ValueError(f"{path}: the model has no LoRA adapters to load the adapter into (add_lora first)")
     if (own.rank, own.alpha, set(own.targets)) != (spec.rank, spec.alpha, set(spec.targets)):

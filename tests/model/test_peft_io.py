@@ -145,6 +145,15 @@ def test_seedfast_loads_peft_s_adapter_with_peft_s_logits(family, targets, tmp_p
     assert _max_diff(_ours(ours, seqs), peft_logits) < ATOL
 
 
+def test_an_adapter_trained_with_dropout_loads_with_a_warning_that_training_goes_on_without_it(tmp_path):
+    ours, model = _peft_folder(tmp_path, lora_dropout=0.1)
+    add_lora(ours, read_peft_spec(tmp_path / "adapter"))
+    with pytest.warns(UserWarning, match=r"lora_dropout=0\.1: seedfast trains adapters without dropout"):
+        load_peft_adapter(ours, tmp_path / "adapter")
+    seqs = _ids(ours.config.vocab_size, seed=2)
+    assert _max_diff(_ours(ours, seqs), _theirs(model, seqs)) < ATOL  # eval: PEFT's dropout is off too
+
+
 def _config(adapter, *more: str):
     return load_config(None, ["model.dtype=fp32", "trainer.device=cpu", f"model.lora.adapter={adapter}", *more])
 
