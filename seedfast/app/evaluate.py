@@ -11,9 +11,10 @@ metrics one process writes. The policy is loaded WHOLE on every rank, no FSDP: e
 it). Rank 0 alone prints and writes the JSON, atomically (docs/scaling.md).
 
 `--per-game` adds the evaluation's own trajectories to the JSON, one record per play in the order played
-(`per_game`: game id, won, steps, invalid actions, actions): a paired comparison of two policies game by game
-(docs/study_smollm2.md) needs to know which game each won. The record is taken from the very agent-loop calls the
-evaluation makes, so its wins are the metrics' wins; one process only (the other ranks' chunks are not gathered).
+(`per_game`: game id, won, steps, invalid actions, actions; a scored world's final score): a paired comparison of
+two policies game by game (docs/study_smollm2.md) needs to know which game each won. The record is taken from the
+very agent-loop calls the evaluation makes, so its wins are the metrics' wins; one process only (the other ranks'
+chunks are not gathered).
 """
 
 from __future__ import annotations
@@ -33,8 +34,18 @@ from seedfast.train.evaluate import evaluate_policy
 
 
 def play_record(trajectory: Any) -> dict[str, Any]:
-    return {"game_id": trajectory.game_id, "won": bool(trajectory.won), "steps": len(trajectory.steps),
-            "invalid": trajectory.n_invalid, "actions": list(trajectory.actions)}
+    """One play: its game, outcome, steps, invalid actions and actions; in a scored world (ScienceWorld) also the
+    final score (`score`, the last step's, None before any), and `error` where the environment failed the episode
+    (a failed step is counted, never hidden). A play with neither (TextWorld's, unless it failed) is recorded as
+    before."""
+    out = {"game_id": trajectory.game_id, "won": bool(trajectory.won), "steps": len(trajectory.steps),
+           "invalid": trajectory.n_invalid, "actions": list(trajectory.actions)}
+    scores = trajectory.meta.get("scores")
+    if scores is not None:
+        out["score"] = scores[-1] if scores else None
+    if trajectory.error is not None:
+        out["error"] = trajectory.error
+    return out
 
 
 @contextlib.contextmanager

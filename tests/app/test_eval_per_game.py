@@ -65,4 +65,18 @@ def test_the_flag_reaches_the_command_and_is_refused_under_torchrun(args, monkey
         app.main(load_config(None, args), per_game=True)
 
 
+def test_a_scored_play_keeps_its_final_score_and_a_failed_one_its_error():
+    from seedfast.app.evaluate import play_record
+    from seedfast.envs.trajectory import Trajectory, TrajectoryStep
+
+    steps = [TrajectoryStep("room", [], "look around"), TrajectoryStep("room", [], "focus on the cup", valid=False)]
+    plain = Trajectory("task", "g0", steps=steps)
+    assert play_record(plain) == {"game_id": "g0", "won": False, "steps": 2, "invalid": 1,
+                                  "actions": ["look around", "focus on the cup"]}  # TextWorld's, as it was
+    scored = Trajectory("task", "g1", steps=steps, meta={"scores": [25, -100]})
+    assert play_record(scored)["score"] == -100 and "error" not in play_record(scored)
+    failed = Trajectory("task", "g2", steps=steps[:1], error="timeout: step", meta={"scores": [None]})
+    assert play_record(failed)["score"] is None and play_record(failed)["error"] == "timeout: step"
+
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
