@@ -16,12 +16,16 @@ commit, machine and wall time) and skipped when its record is there, so a killed
 - `probe`: the teacher gap of experiments/teacher_probe.py (Δ = log p(action | skill context) − log p(action | plain
   context), summed over the response tokens, scored by RL's scorer through RL's build_samples at the pool's
   temperature) on every gold step of the RL pool (rollout.task_pool train variations), with the oracle analyzer's
-  skill of the winning replay and of a failed one, and on the failed replays' own actions. Only train variations
-  carry a gold sequence: dev and test have none (runtime/setup.py scienceworld_tasks), so there is no held-out gap.
-- `timing`: one GRPO update (the run's settings, 2 dev games evaluated), its seconds; the GRPO run gets
+  skill of the winning replay (`oracle_win`, what RL's teacher reads with analyzer=oracle), and teacher_probe's
+  splice check. Only train variations carry a gold sequence: dev and test have none (runtime/setup.py
+  scienceworld_tasks), so there is no held-out gap.
+- `timing`: the GRPO run's first update (`seedfast train` with trainer.steps=1), its seconds; the run gets
   GRPO_BUDGET_S of updates at that pace (updates_for), unless --updates says otherwise.
-- `grpo`: `seedfast train` (algorithm=grpo, LoRA r16 α32 at the lr probe's 3e-5, from the start's sft/), resumed
-  from its checkpoint if cut, then `seedfast eval --split test --per-game` of its export.
+- `grpo`: the same run resumed from that update's checkpoint to its update count (`seedfast train --resume auto`;
+  trainer.steps is the one setting that changes, and the constant schedule does not read it): algorithm=grpo, LoRA
+  r16 α32 at the lr probe's 3e-5, from the start's sft/; then `seedfast eval --split test --per-game` of its export.
+  Its in-loop evaluation after the last update plays 2 dev games only (trainer.eval_games=2, the run's train
+  commands alone): dev is not compared here, and 18 would cost a quarter of an hour.
 - `control`: the no-update control as smollm2_study.py makes it (Trainer.control_run: the start's rollouts of every
   update, the same games and sampling seeds, LoRA adapters at B = 0, no update). Its held-out policy is the start,
   so its test plays are the start's.
@@ -62,6 +66,8 @@ STAGES = ("start", "probe", "timing", "grpo", "control")
 # the GRPO run's update count: as many updates as fit this many seconds at the timing stage's pace (the run's model
 # load, final dev evaluation and export come on top), so that the run takes about an hour of this loaded 2-core box
 GRPO_BUDGET_S = 3000.0
+PROBE_CANDIDATES = ("oracle_win",)  # teacher_probe's other candidates cost as much each: not asked here
+IN_LOOP_EVAL = "trainer.eval_games=2"  # the train commands' final dev evaluation, cut (not compared)
 MIN_UPDATES = 4
 # RL's update: LoRA at rank 16 (alpha 32) and the lr the TextWorld lr probe chose for it
 # (configs/smollm2-135m_textworld_cpu_lora.yaml, experiments/results/lr_probe.json)
@@ -219,7 +225,8 @@ def design(updates: int | None) -> dict[str, Any]:
             "pool_temperature": cfg.rollout.temperature, "heldout_temperature": cfg.rollout.eval_temperature,
             "threads": THREADS, "grpo_budget_s": GRPO_BUDGET_S,
             "overrides": {"start": start_overrides() + ["sft.max_seconds=null"],
-                          "grpo": rl_overrides("grpo", updates) if updates else None,
+                          "grpo": [*rl_overrides("grpo", updates), IN_LOOP_EVAL] if updates else None,
+                          "grpo_test_eval": rl_overrides("grpo", updates) if updates else None,
                           "control": rl_overrides("control", updates) if updates else None}}
 
 
@@ -301,9 +308,7 @@ def stage_probe(data: dict) -> None:
         for trajectory in (game.success, *game.failures):
             trajectory.meta["world"] = cfg.env.kind
     steps = tp.walkthrough_steps(cfg, tokenizer, replays)
-    rows = {c: tp.measure(cfg, policy, tokenizer, steps, c) for c in ("oracle_win", "oracle_fail", "step_plan")}
-    rows["oracle_fail_own"] = tp.measure(cfg, policy, tokenizer, tp.loser_steps(cfg, tokenizer, replays),
-                                         "oracle_fail_own")
+    rows = {c: tp.measure(cfg, policy, tokenizer, steps, c) for c in PROBE_CANDIDATES}
     splice = tp.splice_check(cfg, policy, tokenizer, steps)
     for c, r in rows.items():
         if r["steps"]:
@@ -318,10 +323,10 @@ def stage_probe(data: dict) -> None:
 
 
 def stage_timing(data: dict, updates: int | None) -> None:
-    """One GRPO update at the run's settings (2 dev games evaluated after it), and the run's update count."""
-    folder = ROOT / OUT / "grpo_timing"
-    wall = seedfast("train", CONFIG, *rl_overrides("grpo_timing", 1), "trainer.eval_games=2", "--resume", "auto")
-    row = next(r for r in jsonl(folder / "metrics.jsonl") if "time/step" in r)
+    """The GRPO run's first update, and the run's update count from its seconds."""
+    folder = ROOT / OUT / "grpo"
+    wall = seedfast("train", CONFIG, *rl_overrides("grpo", 1), IN_LOOP_EVAL, "--resume", "auto")
+    row = next(r for r in jsonl(folder / "metrics.jsonl") if r.get("step") == 0 and "time/step" in r)
     chosen = updates_for(row["time/step"])
     record(data, "timing", {"seconds_per_update": row["time/step"], "wall_s": round(wall, 1),
                             "updates_at_budget": chosen, "updates": updates or chosen,
@@ -350,7 +355,7 @@ def stage_grpo(data: dict) -> None:
     folder = ROOT / OUT / "grpo"
     over = rl_overrides("grpo", updates)
     resumed = sorted(p.name for p in (folder / "ckpt").glob("step_*")) if (folder / "ckpt").exists() else []
-    train_s = seedfast("train", CONFIG, *over, "--resume", "auto")
+    train_s = seedfast("train", CONFIG, *over, IN_LOOP_EVAL, "--resume", "auto")
     rows = [r for r in jsonl(folder / "metrics.jsonl") if "train/success_rate" in r]  # the updates' rows
     last = [r for r in rows if "eval/success_rate" in r][-1]  # the final update's dev evaluation
     metrics, plays, eval_s = test_eval(over, folder)
@@ -361,9 +366,9 @@ def stage_grpo(data: dict) -> None:
     record(data, "grpo", {"updates": updates, "episodes_per_update": cfg.rollout.tasks_per_batch * cfg.rollout.n,
                           "per_update": per_update(rows), "games_per_update": games,
                           "env_failures": env_failures(rows, "rollout/env_"),
-                          "dev_in_loop": {k: last[k] for k in HELDOUT_KEYS if k in last},
+                          "dev_in_loop_2_games": {k: last[k] for k in HELDOUT_KEYS if k in last},
                           "heldout": metrics, "per_game": plays, "resumed_from": resumed[-1] if resumed else None,
-                          "wall_s": {"train": round(train_s, 1), "eval": round(eval_s, 1)}})
+                          "wall_s": {"train_after_timing": round(train_s, 1), "eval": round(eval_s, 1)}})
 
 
 def stage_control(data: dict) -> None:
