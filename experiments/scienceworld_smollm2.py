@@ -54,6 +54,7 @@ from typing import Any
 from benchmarks.common import git_commit, machine_info, write_results
 from experiments import RESULTS_DIR
 from experiments.smollm2_study import BOOT_DRAWS, BOOT_SEED, bootstrap_interval, seed_summary
+from experiments.study import code_changes
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "scienceworld_smollm2"
@@ -240,8 +241,11 @@ def save(data: dict[str, Any]) -> Path:
 
 
 def record(data: dict, stage: str, value: dict) -> None:
+    """A stage's record, with its commit and the code files the tree changed from it when the stage began (others
+    edit this tree: a stage reads what is there), its machine and date."""
     data.setdefault("stages", {})[stage] = {
-        **value, "git_commit": git_commit(), "machine": machine_info(),
+        **value, "git_commit": git_commit(), "tree_changes_at_start": data.get("tree_changes_at_start"),
+        "machine": machine_info(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     save(data)
     print(f"{NAME}: recorded {stage}", flush=True)
@@ -424,6 +428,7 @@ def main() -> None:
     data.setdefault("stages", {})
     todo = [args.stage] if args.stage else [s for s in STAGES if s not in data["stages"]]
     for stage in todo:
+        data["tree_changes_at_start"] = code_changes()
         if stage == "report":
             save(data)
         elif stage == "timing":
