@@ -7,8 +7,14 @@ The recipe is configs/smollm2-135m_textworld_cpu.yaml (SEED, the policy as its o
 trajectories, two mini-batches), on SmolLM2-135M-Instruct as fetched (`seedfast models fetch smollm2-135m`). One
 rollout is made and handed to every variant, each starting from the same weights (benchmarks/step.py's method):
     full-grpo, full-seed       every weight trained (fp32 masters)
-    lora-grpo, lora-seed       model.lora at the recipe's rank, the base frozen
-GRPO's scoring pass is the old-policy scoring alone, so teacher scoring = SEED's scoring minus GRPO's.
+    lora-grpo, lora-seed       model.lora at the recipe's rank, the base frozen (on CPU in fp32 each adapted layer
+                               trains with its merged weight, model/lora.py _MergedLoRA)
+    lora-grpo-unmerged         lora-grpo with the adapters' own products instead: the ablation of the merged weight
+The teacher's branches ride in the same packed forward as the student's, so no call times them alone: after each
+SEED variant's update the benchmark runs its scoring pass again on the same samples, with and without their skills,
+back to back, and the teacher's scoring is the difference (median of 3; its floor is SEED's scoring floor minus
+GRPO's). The LoRA / full update ratios are medians of per-rep ratios (paired: the same rollout); the variants run in
+a rotated order each rep.
 
 A phase's floor is what the GEMMs inside it take on this box, measured in the same run (fp32, the recipe's threads):
     packed forward  its FLOPs over the rate of torch.mm at M = 4096 packed tokens: 2·(block linear parameters) per
@@ -40,8 +46,9 @@ import torch.nn.functional as F
 
 from benchmarks.common import ROOT, machine_info, median, print_table, write_results
 from seedfast.config import load_config
+from seedfast.context.sample import StepSample
 from seedfast.envs.textworld_games import make_games
-from seedfast.model.lora import lora_modules
+from seedfast.model.lora import LoRALinear, adapters_merged, lora_modules
 from seedfast.runtime.profiling import PhaseTimer
 from seedfast.train.draws import seed_everything
 from seedfast.train.rl import Trainer
@@ -49,6 +56,7 @@ from seedfast.train.rl import Trainer
 RECIPE = ROOT / "configs" / "smollm2-135m_textworld_cpu.yaml"
 MODEL = ROOT / ".cache" / "models" / "smollm2-135m-instruct"
 PHASES = ("rollout", "analyze", "score", "advantage", "update", "sync")
+UNMERGED = "lora-grpo-unmerged"  # LoRA's GRPO update without the merged weight: the ablation of that one change
 
 
 class Counter:
@@ -145,6 +153,60 @@ class CountingTimer(PhaseTimer):
             self.counter.phase = before
 
 
+@contextlib.contextmanager
+def adapters_unmerged(on: bool) -> Iterator[None]:
+    """The ablation of LoRA's merged-weight training (model/lora.py _MergedLoRA): within the block every adapted layer
+    trains with the adapters' own products, as a bf16 or GPU layer does."""
+    if not on:
+        yield
+        return
+    merged = LoRALinear._trains_merged
+    LoRALinear._trains_merged = lambda self, x: False
+    try:
+        yield
+    finally:
+        LoRALinear._trains_merged = merged
+
+
+@contextlib.contextmanager
+def scoring_captured() -> Iterator[list[tuple[list, dict]]]:
+    """The scoring pass's calls (samples, keyword arguments) while the block runs (train/rl.py's `score`)."""
+    rl = importlib.import_module("seedfast.train.rl")
+    inner, calls = rl.score, []
+
+    def capturing(model, samples, **kwargs):
+        calls.append((samples, kwargs))
+        return inner(model, samples, **kwargs)
+
+    rl.score = capturing
+    try:
+        yield calls
+    finally:
+        rl.score = inner
+
+
+def teacher_seconds(policy: torch.nn.Module, calls: list[tuple[list, dict]], reps: int = 3) -> float:
+    """The teacher's part of a SEED scoring pass, measured whole: the pass on its samples against the same pass on
+    the same samples stripped of their skills (no teacher branch), back to back as train/rl.py runs it (merged LoRA
+    weights), the median over `reps` of the difference: seconds apart, where SEED's scoring phase minus GRPO's is
+    minutes apart and carries both phases' noise."""
+    score = importlib.import_module("seedfast.train.rl").score
+    stripped = [[StepSample(prompt_ids=s.prompt_ids, response_ids=s.response_ids, sample_id=s.sample_id,
+                            reward=s.reward, penalty=s.penalty, group_id=s.group_id) for s in samples]
+                for samples, _ in calls]
+    differences = []
+    with torch.no_grad(), adapters_merged(policy):
+        for _ in range(reps):
+            took = []
+            for batches in ([c[0] for c in calls], stripped):
+                t = time.perf_counter()
+                for samples, (_, kwargs) in zip(batches, calls):
+                    score(policy, samples, **kwargs)
+                took.append(time.perf_counter() - t)
+            differences.append(took[0] - took[1])
+    return median(differences)
+
+
 def gemm_rate(m: int, k: int, n: int, reps: int = 5) -> float:
     """FLOP/s of fp32 torch.mm [m, k] x [k, n] on this box, best of `reps` after a warm-up."""
     a, b = torch.randn(m, k), torch.randn(k, n)
@@ -201,6 +263,11 @@ def phase_flops(shape: dict[str, float], counter: Counter, phase: str, training:
     return forward + 2 * shape["adapter_params"] * tokens, decode
 
 
+def paired_median(a: list[float], b: list[float], pair) -> float:
+    """The median over reps of pair(a[rep], b[rep])."""
+    return median([pair(x, y) for x, y in zip(a, b)])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=2)
@@ -220,67 +287,96 @@ def main() -> None:
     make_games(args.games_dir, env.game_type, env.levels, env.n_train, env.n_eval, seed=0, workers=1)
     lora = [f"model.lora.rank={args.lora_rank}", f"model.lora.alpha={args.lora_alpha}"]
     variants = {"full-grpo": ["algorithm=grpo"], "full-seed": ["algorithm=seed"],
-                "lora-grpo": ["algorithm=grpo", *lora], "lora-seed": ["algorithm=seed", *lora]}
+                "lora-grpo": ["algorithm=grpo", *lora], "lora-seed": ["algorithm=seed", *lora],
+                UNMERGED: ["algorithm=grpo", *lora]}
     seconds: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
-    counts: dict[str, Counter] = {}
+    teacher_s: dict[str, list[float]] = {}
+    counts: dict[str, list[Counter]] = {v: [] for v in variants}  # per rep: each rep rolls out anew
     shapes: dict[str, dict[str, float]] = {}
-    rollout_counter = Counter()
+    rollout_counters: list[Counter] = []
     for rep in range(args.reps):
         seed_everything(rep)
         roller = Trainer(load_config(RECIPE, [*base, "algorithm=grpo", "run.name=roll"]))
-        timer = CountingTimer(rollout_counter if rep == 0 else Counter())
+        rollout_counters.append(Counter())
+        timer = CountingTimer(rollout_counters[-1])
         with counted(roller.policy, timer.counter):
             result = roller.rollout(rep, timer)
         rollout_s = timer.seconds["rollout"]
         floor_model = roller.policy  # the decode steps' GEMMs are timed on its weights
         roller.close()
-        for name, extra in variants.items():
+        names = list(variants)
+        for name in names[rep % len(names):] + names[:rep % len(names)]:  # each variant in each place in turn
+            extra = variants[name]
             trainer = Trainer(load_config(RECIPE, [*base, *extra, f"run.name={name}"]))
             counter = Counter()
             timer = CountingTimer(counter)
             seed_everything(rep)
-            with counted(trainer.policy, counter):
+            with counted(trainer.policy, counter), adapters_unmerged(name == UNMERGED), \
+                    scoring_captured() as scored:
                 trainer.learn(rep, result, timer)
+            if name.endswith("-seed"):  # outside the phases: the teacher's part of the scoring pass it just ran
+                teacher_s.setdefault(name, []).append(teacher_seconds(trainer.policy, scored))
             shapes[name] = model_shape(trainer.policy)
             trainer.close()
             for k, v in {"rollout": rollout_s, **timer.seconds}.items():
                 seconds[name].setdefault(k, []).append(v)
-            if rep == 0:
-                counts[name] = counter
+            counts[name].append(counter)
         print(f"rep {rep} done", flush=True)
 
     d, inter = int(shapes["full-grpo"]["d"]), int(shapes["full-grpo"]["intermediate"])
     rates = {"packed": gemm_rate(4096, d, inter)}
-    all_counters = [rollout_counter, *counts.values()]
+    all_counters = [*rollout_counters, *(c for cs in counts.values() for c in cs)]
     step_rows = sorted({r for c in all_counters for steps in c.decode_steps.values() for r in steps})
     step_floor = {r: decode_step_seconds(floor_model, r) for r in step_rows}
+
+    def floor_of(name: str, phase: str, rep: int) -> tuple[float, float]:
+        """(the phase's floor in seconds, its GFLOP) in rep `rep`: each rep's rollout is its own, so are its counts."""
+        c = rollout_counters[rep] if phase == "rollout" else counts[name][rep]
+        training = name.split("-")[0] if phase == "update" else None
+        packed, decode = phase_flops(shapes[name], c, phase, training)
+        return packed / rates["packed"] + sum(step_floor[r] for r in c.decode_steps.get(phase, [])), \
+            (packed + decode) / 1e9
+
     rows = []
     for name in variants:
-        med = {k: median(v) for k, v in seconds[name].items()}
-        counter = counts[name]
-        training = name.split("-")[0]
         for phase in PHASES:
-            if phase not in med:
+            if phase not in seconds[name]:
                 continue
-            c = rollout_counter if phase == "rollout" else counter
-            packed, decode = phase_flops(shapes[name], c, phase, training if phase == "update" else None)
+            took = seconds[name][phase]
+            floors = [floor_of(name, phase, rep)[0] for rep in range(len(took))]
+            c = rollout_counters[0] if phase == "rollout" else counts[name][0]
             steps = c.decode_steps.get(phase, [])
-            floor = packed / rates["packed"] + sum(step_floor[r] for r in steps)
-            rows.append({"variant": name, "phase": phase, "seconds": round(med[phase], 3),
-                         "gflop": round((packed + decode) / 1e9, 2), "floor_s": round(floor, 3),
-                         "vs_floor": round(med[phase] / floor, 2) if floor > 0 else None,
+            rows.append({"variant": name, "phase": phase, "seconds": round(median(took), 3),
+                         "gflop": round(floor_of(name, phase, 0)[1], 2), "floor_s": round(median(floors), 3),
+                         "vs_floor": round(median(rated), 2) if (rated := [t / f for t, f in zip(took, floors)
+                                                                           if f > 0]) else None,
                          "tokens": int(c.tokens.get(phase, 0)), "head_rows": int(c.head_rows.get(phase, 0)),
                          "decode_steps": len(steps), "decode_rows": int(sum(steps))})
     print_table(rows, ["variant", "phase", "seconds", "floor_s", "vs_floor", "gflop", "tokens", "head_rows"],
                 title=f"SmolLM2-135M update by phase on this CPU (median of {args.reps}, {args.threads} threads, "
                       "eager)")
-    update = {name: median(seconds[name]["update"]) for name in variants}
-    ratios = {"lora_update_vs_full_grpo": update["lora-grpo"] / update["full-grpo"],
-              "lora_update_vs_full_seed": update["lora-seed"] / update["full-seed"]}
-    teacher = {name: median(seconds[name]["score"]) - median(seconds[name.replace("seed", "grpo")]["score"])
-               for name in variants if name.endswith("seed")}
-    print({k: round(v, 3) for k, v in ratios.items()}, "teacher scoring s:",
-          {k: round(v, 3) for k, v in teacher.items()})
+    # paired within a rep (the same rollout, minutes apart) and then the median: the box's drift between reps
+    # cancels, where a ratio or difference of two medians carries both sides' noise
+    ratios = {f"lora_update_vs_full_{algo}": paired_median(seconds[f"lora-{algo}"]["update"],
+                                                            seconds[f"full-{algo}"]["update"], lambda a, b: a / b)
+              for algo in ("grpo", "seed")}
+    ratios["lora_merged_vs_unmerged_grpo"] = paired_median(seconds["lora-grpo"]["update"], seconds[UNMERGED]["update"],
+                                                           lambda a, b: a / b)
+    ratios_by_rep = {"lora_update_vs_full_grpo": [a / b for a, b in zip(seconds["lora-grpo"]["update"],
+                                                                        seconds["full-grpo"]["update"])],
+                     "lora_update_vs_full_seed": [a / b for a, b in zip(seconds["lora-seed"]["update"],
+                                                                        seconds["full-seed"]["update"])],
+                     "lora_merged_vs_unmerged_grpo": [a / b for a, b in zip(seconds["lora-grpo"]["update"],
+                                                                            seconds[UNMERGED]["update"])]}
+    teacher = {}
+    for name in ("full", "lora"):
+        took = teacher_s[f"{name}-seed"]
+        floors = [floor_of(f"{name}-seed", "score", rep)[0] - floor_of(f"{name}-grpo", "score", rep)[0]
+                  for rep in range(len(took))]
+        rated = [t / f for t, f in zip(took, floors) if f > 0]  # a rep whose skills all failed has no teacher
+        teacher[name] = {"seconds": round(median(took), 3), "floor_s": round(median(floors), 3),
+                         "vs_floor": round(median(rated), 2) if rated else None, "reps_with_a_teacher": len(rated)}
+    print({k: round(v, 3) for k, v in ratios.items()}, "teacher scoring (measured whole):", teacher)
     write_results("real_update", {
         "machine": machine_info(),
         "recipe": str(RECIPE.relative_to(ROOT)),
@@ -290,8 +386,11 @@ def main() -> None:
         "gemm_flops_per_s": rates,
         "decode_step_floor_s": {str(r): v for r, v in step_floor.items()},
         "rows": rows,
+        "seconds_by_rep": seconds,
+        "teacher_scoring_by_rep": teacher_s,
         "ratios": ratios,
-        "teacher_scoring_s": teacher,
+        "ratios_by_rep": ratios_by_rep,
+        "teacher_scoring": teacher,
         "goal": "every phase within 2x of its floor; the LoRA update <= 0.7x the full update (issue #53)",
     })
 
@@ -302,37 +401,50 @@ if __name__ == "__main__":
 
 def docs_table(result: dict) -> str:
     """The table of docs/performance.md (make docs): SEED's update by phase, full vs LoRA, each beside its floor; the
-    scoring pass split into old-policy scoring (GRPO's) and the teacher's (SEED's minus GRPO's)."""
+    scoring pass split into old-policy scoring (GRPO's) and the teacher's (measured whole: `teacher_seconds`)."""
     rows = {(r["variant"], r["phase"]): r for r in result["rows"]}
 
-    def cell(variant: str, phase: str) -> tuple[float, float]:
+    def cell(variant: str, phase: str) -> tuple[float, float, float | None]:
+        """(median seconds, median floor, median over reps of seconds / floor)."""
         if phase == "teacher scoring":
-            seed, grpo = rows[(f"{variant}-seed", "score")], rows[(f"{variant}-grpo", "score")]
-            return seed["seconds"] - grpo["seconds"], seed["floor_s"] - grpo["floor_s"]
+            teacher = result["teacher_scoring"][variant]
+            return teacher["seconds"], teacher["floor_s"], teacher["vs_floor"]
         name, key = (f"{variant}-grpo", "score") if phase == "old-policy scoring" else (f"{variant}-seed", phase)
         r = rows.get((name, key))
-        return (r["seconds"], r["floor_s"]) if r else (0.0, 0.0)
+        return (r["seconds"], r["floor_s"], r["vs_floor"]) if r else (0.0, 0.0, None)
 
-    def ratio(seconds: float, floor: float) -> str:
-        return f"{seconds / floor:.1f}x" if floor > 0 else "—"
+    def ratio(vs_floor: float | None) -> str:
+        return f"{vs_floor:.1f}x" if vs_floor is not None else "—"
 
     lines = ["| phase | full: s | floor s | vs floor | LoRA: s | floor s | vs floor |", "|---|---|---|---|---|---|---|"]
     for phase in ("rollout", "analyze", "old-policy scoring", "teacher scoring", "update", "sync"):
         full, lora = cell("full", phase), cell("lora", phase)
         if phase == "rollout":  # one rollout, made by the full model, is handed to every variant
-            lines.append(f"| {phase} | {full[0]:.2f} | {full[1]:.2f} | {ratio(*full)} | (the full model's) | "
+            lines.append(f"| {phase} | {full[0]:.2f} | {full[1]:.2f} | {ratio(full[2])} | (the full model's) | "
                          f"{lora[1]:.2f} | — |")
             continue
-        lines.append(f"| {phase} | {full[0]:.2f} | {full[1]:.2f} | {ratio(*full)} | {lora[0]:.2f} | {lora[1]:.2f} | "
-                     f"{ratio(*lora)} |")
+        lines.append(f"| {phase} | {full[0]:.2f} | {full[1]:.2f} | {ratio(full[2])} | {lora[0]:.2f} | {lora[1]:.2f} | "
+                     f"{ratio(lora[2])} |")
     m, s = result["machine"], result["settings"]
     lines.append("")
     lines.append(f"LoRA (r {s['lora_rank']}, alpha {s['lora_alpha']:g}) update / full update: "
                  f"{result['ratios']['lora_update_vs_full_seed']:.2f} (SEED), "
-                 f"{result['ratios']['lora_update_vs_full_grpo']:.2f} (GRPO). {m['cpu']}, {s['threads']} threads, "
-                 f"{s['mode']}, {s['dtype']}, median of {s['reps']}; GEMM rate measured in the same run: "
+                 f"{result['ratios']['lora_update_vs_full_grpo']:.2f} (GRPO); per rep "
+                 f"{_spread(result['ratios_by_rep']['lora_update_vs_full_seed'])} (SEED), "
+                 f"{_spread(result['ratios_by_rep']['lora_update_vs_full_grpo'])} (GRPO). LoRA's GRPO update with "
+                 f"the merged weight / with the adapters' own products: "
+                 f"{result['ratios']['lora_merged_vs_unmerged_grpo']:.2f} (per rep "
+                 f"{_spread(result['ratios_by_rep']['lora_merged_vs_unmerged_grpo'])}). "
+                 f"{m['cpu']}, {s['threads']} threads, "
+                 f"{s['mode']}, {s['dtype']}, median of {s['reps']} reps, each rolled out anew (the ratios, to "
+                 "the floor too, paired by rep); "
+                 "GEMM rate measured in the same run: "
                  f"{result['gemm_flops_per_s']['packed'] / 1e9:.0f} GFLOP/s packed; a decode step's GEMMs "
                  f"{1e3 * result['decode_step_floor_s'][max(result['decode_step_floor_s'], key=int)]:.0f} ms at "
                  f"{max(result['decode_step_floor_s'], key=int)} rows "
                  "(`benchmarks/results/real_update.json`).")
     return "\n".join(lines)
+
+
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"
