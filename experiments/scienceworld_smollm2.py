@@ -235,7 +235,8 @@ def save(data: dict[str, Any]) -> Path:
     stages = data.get("stages", {})
     updates = stages.get("timing", {}).get("updates")
     floor = json.loads(FLOOR.read_text(encoding="utf-8")) if FLOOR.exists() else None
-    payload = {"experiment": NAME, "design": design(updates), "stages": stages, "analysis": analysis(stages, floor)}
+    payload = {"experiment": NAME, "design": design(updates), "stages": stages, "analysis": analysis(stages, floor),
+               "notes": data.get("notes", [])}
     return write_results(NAME, payload, packages=("torch", "transformers", "scienceworld", "seedfast"),
                          directory=RESULTS_DIR)
 
@@ -420,12 +421,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--stage", choices=(*STAGES, "report"), default=None, help="run this stage only (again)")
     p.add_argument("--updates", type=int, default=None, help="the GRPO run's updates (default: the timing's choice)")
+    p.add_argument("--note", default=None, help="append a note to the results file (what happened to a run: a pause, "
+                   "a resume), with the date")
     args = p.parse_args()
     model = ROOT / ".cache/models/smollm2-135m-instruct"
     if not (model / "config.json").is_file():
         sys.exit(f"{model} is not there: fetch it first with `.venv/bin/seedfast models fetch smollm2-135m`")
     data = load()
     data.setdefault("stages", {})
+    if args.note:
+        data.setdefault("notes", []).append(
+            {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "note": args.note})
+        if not args.stage:
+            save(data)
+            return
     todo = [args.stage] if args.stage else [s for s in STAGES if s not in data["stages"]]
     for stage in todo:
         data["tree_changes_at_start"] = code_changes()
