@@ -279,13 +279,24 @@ class Inbox:
         self._conn.close()
 
 
-def split_threads(total: int) -> tuple[int, int]:
-    """(trainer, producer) intra-op threads out of the trainer's `total` (torch.get_num_threads(): the cores, or
-    OMP_NUM_THREADS): half each, so that the two processes never oversubscribe the cores. Oversubscribed, the
-    trainer's float results varied from run to run at ~1e-6 (docs/architecture.md, 'Asynchronous rollouts':
-    repeatable); split, two runs with one seed are bitwise equal, as synchronous runs are."""
-    producer = max(1, total // 2)
-    return max(1, total - producer), producer
+def split_threads(total: int, trainer_ranks: int = 1) -> tuple[int, int]:
+    """(each trainer rank's, the producer's) intra-op threads on the node whose `trainer_ranks` ranks each started
+    with `total` threads (torch.get_num_threads(): the cores, or OMP_NUM_THREADS) and share its cores with the
+    producer: the ranks' threads together, split evenly over the ranks and the producer, at least one each, the
+    one process's remainder its own. Oversubscribed, the trainer's float results varied from run to run at ~1e-6
+    (docs/architecture.md, 'Asynchronous rollouts': repeatable); and a rank with fewer threads than the others (rank
+    0 halving its own alone) would hold every collective of the update back."""
+    cores = total * trainer_ranks
+    producer = max(1, cores // (trainer_ranks + 1))
+    return max(1, (cores - producer) // trainer_ranks), producer
+
+
+def ranks_beside_producer(environ: dict[str, str], world: int) -> int:
+    """The trainer ranks on the producer's node (global rank 0's): torchrun's LOCAL_WORLD_SIZE there, every rank of
+    a group started without torchrun (one node), 0 on another node."""
+    if int(environ.get("GROUP_RANK", "0")) != 0:
+        return 0
+    return int(environ.get("LOCAL_WORLD_SIZE", world))
 
 
 class RolloutProducer:

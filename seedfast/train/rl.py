@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ from seedfast.train.async_ranks import rank_share, wait_together
 from seedfast.train.async_rollout import (
     RolloutProducer,
     RolloutProducerError,
+    ranks_beside_producer,
     resume_point,
     split_threads,
     take_part,
@@ -159,6 +161,9 @@ class Trainer:
         self.run_dir = Path(run_dir or cfg.run_dir)
         self.paths = RunPaths(self.run_dir)
         self.device = device_of(cfg)
+        # where the producer runs (runtime/placement.py), refused before anything is built: no model loaded, no
+        # engine or environment started for a run that cannot go
+        check_placement(cfg, self.device)
         start = Path(policy_dir) if policy_dir else policy_path(cfg)
         # `policy` computes (model.dtype); `trained` holds the master weights the optimizer steps and checkpoints
         # save (optim.master_dtype; the same module unless one process computes in a lower dtype: runtime/precision.py)
@@ -195,12 +200,10 @@ class Trainer:
                                     sleep=cfg.rollout.vllm_sleep, lora_sync=cfg.rollout.lora_sync, **vllm_options(cfg))
         # asynchronous RL (train/async_rollout.py): a producer process rolls out ahead, at most max_staleness updates
         self.max_staleness = cfg.rollout.max_staleness
-        # where the producer runs (runtime/placement.py): the trainer's device, or GPUs of its own
-        check_placement(cfg, self.device)
         self.start_dir = start
         self.producer: RolloutProducer | None = None
         self.producer_runs = False  # on every rank: global rank 0 owns a producer (its waits are everyone's)
-        self.threads_before: int | None = None  # the intra-op threads before a producer took half of them
+        self.threads_before: int | None = None  # the intra-op threads before the producer took its share of them
         self.ahead: dict[int, Produced] = {}  # rollouts read from the producer before their update
         self.versions_to_send: set[int] = set()
         make_analyzer = self.plan.algorithm.analyzer
@@ -725,14 +728,19 @@ class Trainer:
         if first_step >= steps:
             return
         self.producer_runs = True
+        # the producer shares the cores of global rank 0's node with that node's ranks, each of which gives it an
+        # equal part of its threads: no core oversubscribed (repeatable runs), no rank slower than the others
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        beside = ranks_beside_producer(dict(os.environ), world)
+        producer_threads = None
+        if beside:
+            self.threads_before = torch.get_num_threads()
+            trainer_threads, producer_threads = split_threads(self.threads_before, beside)
+            torch.set_num_threads(trainer_threads)
         if not self.is_main:
             if start in self.versions_to_send:
                 self._push(start)
             return
-        # the trainer and the producer share the cores without oversubscribing them: repeatable runs (split_threads)
-        self.threads_before = torch.get_num_threads()
-        trainer_threads, producer_threads = split_threads(self.threads_before)
-        torch.set_num_threads(trainer_threads)
         self.producer = RolloutProducer(self.cfg, self.start_dir, first_step=first_step, first_version=start,
                                         device=self.device, threads=producer_threads)
         self.log.event({"event": "rollout_producer", "pid": self.producer.process.pid, "first_step": first_step,

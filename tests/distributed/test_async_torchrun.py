@@ -1,8 +1,8 @@
 """Asynchronous RL under torchrun (docs/architecture.md, 'Asynchronous rollouts', its paragraph Under torchrun), on
 2 gloo CPU ranks: rank 0 owns the rollout producer, each batch is split into whole groups as the synchronous loop
 splits its tasks, 2 ranks learn what one process learns from the same batches, and a rank killed with SIGKILL mid-run
-takes the producer with it while `--resume auto` (the DCP checkpoint with the rollouts kept ahead) repeats the
-uninterrupted run's metrics."""
+(two updates ahead at most) takes the producer with it while `--resume auto` (the DCP checkpoint with the rollouts
+kept ahead) repeats the uninterrupted run's metrics and trained weights."""
 
 from __future__ import annotations
 
@@ -89,8 +89,9 @@ def _overrides(overrides, games, out, policy, *extra) -> list[str]:
             f"trainer.steps={STEPS}", "trainer.keep_checkpoints=10", "env.step_delay_s=0.05", *extra]
 
 
-def _torchrun(overrides, games, out, policy) -> list[str]:
-    return [*TORCHRUN, "-m", "seedfast", "train", *_overrides(overrides, games, out, policy, "dist.strategy=fsdp")]
+def _torchrun(overrides, games, out, policy, *extra) -> list[str]:
+    return [*TORCHRUN, "-m", "seedfast", "train",
+            *_overrides(overrides, games, out, policy, "dist.strategy=fsdp", *extra)]
 
 
 def _producers(out: Path) -> list[dict]:
@@ -98,14 +99,29 @@ def _producers(out: Path) -> list[dict]:
             for r in metrics_lines(out) if r.get("event") == "rollout_producer"]
 
 
-@pytest.fixture(scope="module")
-def straight(overrides, train_games, tiny_policy, tmp_path_factory) -> Path:
-    """An uninterrupted asynchronous run on 2 ranks."""
-    out = tmp_path_factory.mktemp("straight")
-    p = subprocess.run(_torchrun(overrides, train_games, out, tiny_policy), env=one_thread_env(), capture_output=True,
+def _straight(overrides, games, policy, out: Path, *extra: str) -> Path:
+    p = subprocess.run(_torchrun(overrides, games, out, policy, *extra), env=one_thread_env(), capture_output=True,
                        text=True, timeout=600, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def straight(overrides, train_games, tiny_policy, tmp_path_factory) -> Path:
+    """An uninterrupted asynchronous run on 2 ranks."""
+    return _straight(overrides, train_games, tiny_policy, tmp_path_factory.mktemp("straight"))
+
+
+# two updates ahead, and long enough that the producer is still at work at the step_2 checkpoint (with 5 updates it has
+# produced them all by then and exited)
+STEPS_2 = 7
+STALE_2 = ("rollout.max_staleness=2", f"trainer.steps={STEPS_2}")
+
+
+@pytest.fixture(scope="module")
+def straight_2(overrides, train_games, tiny_policy, tmp_path_factory) -> Path:
+    """An uninterrupted asynchronous run on 2 ranks, two updates ahead at most."""
+    return _straight(overrides, train_games, tiny_policy, tmp_path_factory.mktemp("straight_2"), *STALE_2)
 
 
 def _one_process(overrides, games, out, policy, *extra) -> None:
@@ -199,13 +215,13 @@ def _alive(pids: set[int]) -> set[int]:
 
 
 def test_rank_0_killed_mid_run_takes_its_producer_and_resume_repeats_the_run(overrides, train_games, tiny_policy,
-                                                                             straight, tmp_path):
-    """kill -9 of rank 0, the producer's owner, once the step_2 checkpoint is written (it keeps update 2's rollout,
-    produced on version 1): torchrun ends the job, no process of it is left (the producer dies with its rank), and
-    `--resume auto` on 2 ranks trains on the kept rollout, starts a producer after it, and writes the uninterrupted
-    run's metrics."""
+                                                                             straight_2, tmp_path):
+    """max_staleness 2: kill -9 of rank 0, the producer's owner, once the step_2 checkpoint is written (it keeps the
+    rollouts of updates 2 and 3, produced on versions before 2): torchrun ends the job, no process of it is left (the
+    producer dies with its rank), and `--resume auto` on 2 ranks trains on the kept rollouts, starts a producer after
+    them, and writes the uninterrupted run's metrics and trained weights, bit for bit."""
     out = tmp_path / "killed"
-    cmd = _torchrun(overrides, train_games, out, tiny_policy)
+    cmd = _torchrun(overrides, train_games, out, tiny_policy, *STALE_2)
     proc = subprocess.Popen(cmd, env=one_thread_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
     ckpt = out / "t" / "ckpt"
     deadline = time.monotonic() + 300
@@ -229,16 +245,25 @@ def test_rank_0_killed_mid_run_takes_its_producer_and_resume_repeats_the_run(ove
     assert _alive(tree) == set(), "a process of the killed job outlived it"
 
     resume_at = int(list_checkpoints(ckpt)[-1].name.removeprefix("step_"))
-    assert 2 <= resume_at < STEPS
+    assert 2 <= resume_at < STEPS_2
     state = json.loads((ckpt / f"step_{resume_at}" / "trainer_state.json").read_text())
     assert state["policy_version"] == resume_at
-    assert state["rollouts_ahead"] == [[resume_at, resume_at - 1]]  # produced before the kill, on version s - 1
+    kept = [step for step, _ in state["rollouts_ahead"]]
+    assert kept == [s for s in (resume_at, resume_at + 1) if s < STEPS_2]  # the next two updates' rollouts
+    straight_versions = {r["step"]: r["rollout/policy_version"] for r in stable_rows(straight_2)}
+    for step, version in state["rollouts_ahead"]:  # produced before the kill, on the versions the straight run used
+        assert step - 2 <= version <= resume_at and version == straight_versions[step], state["rollouts_ahead"]
     p = subprocess.run([*cmd, "--resume", "auto"], env=one_thread_env(), capture_output=True, text=True, timeout=600,
                        cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     assert _producers(out) == [{"first_step": 0, "first_version": 0, "rollouts_kept": []},
-                               {"first_step": resume_at + 1, "first_version": resume_at,
-                                "rollouts_kept": [resume_at]}]
+                               {"first_step": resume_at + len(kept), "first_version": resume_at,
+                                "rollouts_kept": kept}]
     got = stable_rows(out)
-    assert [r["step"] for r in got] == list(range(STEPS))  # none lost, none repeated
-    assert got == stable_rows(straight)
+    assert [r["step"] for r in got] == list(range(STEPS_2))  # none lost, none repeated
+    assert got == stable_rows(straight_2)
+    # and the weights it trained: the exports, gathered from both ranks' shards, equal bit for bit
+    a, b = load_file(out / "t" / "hf" / "model.safetensors"), load_file(straight_2 / "t" / "hf" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    start = load_file(Path(tiny_policy) / "model.safetensors")
+    assert any(not torch.equal(a[k], start[k]) for k in a)  # it learned

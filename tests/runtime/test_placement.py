@@ -46,6 +46,20 @@ def test_a_placement_the_run_cannot_keep_is_refused_by_its_key(overrides, device
         check_placement(_cfg(*overrides), device, local_world=local_world, gpu_count=gpus)
 
 
+def test_a_trainer_refuses_a_placement_before_it_builds_anything(monkeypatch, tmp_path):
+    """The check runs first in Trainer.__init__: no policy loaded, no engine or environment started for a run that
+    cannot go (a load here would fail anyway: the model folder does not exist)."""
+    from seedfast.train import rl
+
+    def built(*_args, **_kwargs):
+        raise AssertionError("the policy was loaded before the placement was checked")
+
+    monkeypatch.setattr(rl, "load_trainable_policy", built)
+    cfg = _cfg("rollout.devices=1", "trainer.device=cpu", f"run.out_dir={tmp_path}", f"model.path={tmp_path / 'no'}")
+    with pytest.raises(ConfigError, match=r"rollout.devices=\[1\]: GPUs of their own are for the rollout producer"):
+        rl.Trainer(cfg)
+
+
 def test_off_the_node_only_the_placement_itself_is_checked():
     cfg = _cfg("rollout.devices=0", "rollout.max_staleness=1")  # GPU 0 is a trainer rank's on any node
     check_placement(cfg, CUDA, on_node=False)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from seedfast import cli
-from seedfast.train.async_rollout import split_threads
+from seedfast.train.async_rollout import ranks_beside_producer, split_threads
 
 VOLATILE = ("time/", "throughput/", "memory/", "async/")
 
@@ -26,6 +26,17 @@ def test_the_threads_are_split_without_oversubscribing():
     assert split_threads(2) == (1, 1)
     assert split_threads(3) == (2, 1)
     assert split_threads(16) == (8, 8)
+    # every rank on the producer's node gives it an equal part: 3 ranks x 4 threads = 12 cores, 4 sharers of 3
+    assert split_threads(4, trainer_ranks=3) == (3, 3)
+    assert split_threads(8, trainer_ranks=2) == (5, 5)  # 16 cores: 5 + 5 + 5 (one left idle, none oversubscribed)
+    assert split_threads(1, trainer_ranks=4) == (1, 1)  # torchrun's one thread a rank: at least one each
+
+
+def test_the_ranks_beside_the_producer_are_its_nodes():
+    assert ranks_beside_producer({}, world=1) == 1  # one process
+    assert ranks_beside_producer({}, world=2) == 2  # a group started without torchrun: one node
+    assert ranks_beside_producer({"GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "4"}, world=8) == 4
+    assert ranks_beside_producer({"GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, world=8) == 0  # another node
 
 
 @pytest.mark.parametrize("mode", ["token_tis", "none"])
