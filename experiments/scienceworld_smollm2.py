@@ -135,6 +135,29 @@ def heldout_summary(plays: Sequence[dict]) -> dict[str, Any]:
     return {**of(plays), "per_task": {t: of([p for p in plays if task_of(p["game_id"]) == t]) for t in tasks}}
 
 
+TWINS = ("lifespan-longest-lived", "lifespan-shortest-lived")  # the same variations, the same animals, opposite goals
+
+
+def first_focus(actions: Sequence[str]) -> str | None:
+    return next((a for a in actions if a.startswith("focus on")), None)
+
+
+def twins(plays: Sequence[dict], a: str = TWINS[0], b: str = TWINS[1]) -> dict[str, int]:
+    """Does the policy read which of two twin tasks it plays? Over the variations both tasks hold (the same world, the
+    opposite goal): how many pairs it answered with the same first `focus on` (so at most one of the two can win),
+    and how many pairs it won once or twice."""
+    def by_variation(task: str) -> dict[str, dict]:
+        return {p["game_id"].split("/", 1)[1]: p for p in plays if task_of(p["game_id"]) == task}
+
+    x, y = by_variation(a), by_variation(b)
+    both = sorted(set(x) & set(y))
+    same = [v for v in both if first_focus(x[v]["actions"]) is not None
+            and first_focus(x[v]["actions"]) == first_focus(y[v]["actions"])]
+    return {"pairs": len(both), "same_first_focus": len(same),
+            "won_one": sum(x[v]["won"] + y[v]["won"] == 1 for v in both),
+            "won_both": sum(x[v]["won"] and y[v]["won"] for v in both)}
+
+
 def paired(after: Sequence[dict], before: Sequence[dict], key: str) -> dict[str, float]:
     """Per game (one play each), `key` after minus before ('won' counts 1/0); games where either play has no value
     (a score the environment's failure left None) are left out. The two records must hold the same games once."""
@@ -186,6 +209,7 @@ def analysis(stages: dict[str, dict], floor: dict | None) -> dict[str, Any]:
     start = stages.get("start")
     if start:
         out["start"] = heldout_summary(start["per_game"])
+        out["start_twins"] = twins(start["per_game"])
         if floor:
             out["floor"] = {k: floor["summary"][k] for k in ("episodes", "wins", "success", "mean_score")}
             out["floor"]["seeds"] = len(floor["seeds"])
@@ -196,6 +220,7 @@ def analysis(stages: dict[str, dict], floor: dict | None) -> dict[str, Any]:
     grpo, control = stages.get("grpo"), stages.get("control")
     if grpo and start:
         out["heldout"] = {"grpo": heldout_summary(grpo["per_game"]), "control": out["start"],
+                          "grpo_twins": twins(grpo["per_game"]),
                           "success": paired_summary(grpo["per_game"], start["per_game"], "won"),
                           "score": paired_summary(grpo["per_game"], start["per_game"], "score")}
     if grpo and control:

@@ -42,6 +42,20 @@ def test_heldout_summary_by_hand():
     assert s["per_task"]["b"]["mean_score"] == 50 and s["per_task"]["b"]["scored"] == 1
 
 
+def test_twin_tasks_answered_alike():
+    def twin(task: str, v: int, won: bool, actions: list[str]) -> dict:
+        return {**play(f"{task}/{v}[easy]", won, 100 if won else -100), "actions": actions}
+
+    long, short = sw.TWINS
+    plays = [twin(long, 1, False, ["go to outside", "focus on baby mouse"]),
+             twin(short, 1, True, ["go to outside", "focus on baby mouse"]),  # the same answer: one of the two wins
+             twin(long, 2, True, ["focus on elephant"]), twin(short, 2, True, ["focus on mouse"]),
+             twin(long, 3, False, ["look around"]), twin(short, 3, False, ["look around"]),  # no focus: not "same"
+             twin(long, 4, False, ["focus on bee"])]  # no twin in the other task
+    assert sw.twins(plays) == {"pairs": 3, "same_first_focus": 1, "won_one": 1, "won_both": 1}
+    assert sw.first_focus(["go to outside"]) is None
+
+
 def test_paired_differences_by_game_leave_out_a_missing_score():
     assert sw.paired(GRPO, list(reversed(START)), "won") == {"a/1[easy]": 0.0, "a/2[easy]": 1.0, "b/1[easy]": 0.0,
                                                              "b/2[easy]": 0.0}
@@ -82,7 +96,7 @@ def test_analysis_reads_the_stages_there_and_the_control_plays_as_the_start():
              "seeds": [0, 1, 2]}
     stages = {"start": {"per_game": START}}
     a = sw.analysis(stages, floor)
-    assert set(a) == {"start", "floor"} and a["floor"] == {"episodes": 54, "wins": 0, "success": 0.0,
+    assert set(a) == {"start", "start_twins", "floor"} and a["floor"] == {"episodes": 54, "wins": 0, "success": 0.0,
                                                            "mean_score": -36.9, "seeds": 3}
     stages["grpo"] = {"per_game": GRPO, "episodes_per_update": 8,
                       "per_update": {"train/success_rate": [0.5, 0.25, 0.75, 0.5]}}
