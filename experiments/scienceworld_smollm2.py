@@ -267,10 +267,11 @@ def save(data: dict[str, Any]) -> Path:
 
 
 def record(data: dict, stage: str, value: dict) -> None:
-    """A stage's record, with its commit and the code files the tree changed from it when the stage began (others
+    """A stage's record, with the commit and the code files the tree changed from it when the stage began (others
     edit this tree: a stage reads what is there), its machine and date."""
     data.setdefault("stages", {})[stage] = {
-        **value, "git_commit": git_commit(), "tree_changes_at_start": data.get("tree_changes_at_start"),
+        **value, "git_commit": data.get("commit_at_start") or git_commit(),
+        "tree_changes_at_start": data.get("tree_changes_at_start"),
         "machine": machine_info(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     save(data)
@@ -462,7 +463,7 @@ def main() -> None:
             return
     todo = [args.stage] if args.stage else [s for s in STAGES if s not in data["stages"]]
     for stage in todo:
-        data["tree_changes_at_start"] = code_changes()
+        data["commit_at_start"], data["tree_changes_at_start"] = git_commit(), code_changes()
         if stage == "report":
             save(data)
         elif stage == "timing":
